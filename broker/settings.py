@@ -1,0 +1,73 @@
+"""Typed settings the broker room receives from the node wiring.
+
+The broker never reads TOML or the environment itself: ``meshmq.config`` parses and validates the
+file once and hands each room only what it needs (see ``../shared/notes/architecture.md``).
+Defaults follow Mosquitto/EMQX where they agree, and the comment says where they come from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class QueueFullPolicy(StrEnum):
+    """What a persistent session's offline/pending queue does at its bound (never silent: counted)."""
+
+    DROP_OLDEST = "drop_oldest"  # EMQX mqueue behaviour
+    DROP_NEW = "drop_new"  # Mosquitto behaviour for max_queued_messages
+    DISCONNECT = "disconnect"  # close the slow client with v5 0x97 Quota exceeded
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    tcp_bind: str | None = "0.0.0.0:1883"  # None disables
+    tls_bind: str | None = None
+    tls_certfile: str | None = None
+    tls_keyfile: str | None = None
+    tls_cafile: str | None = None  # when set, clients must present a certificate signed by it
+    ws_bind: str | None = None
+    ws_path: str = "/mqtt"
+
+
+@dataclass(frozen=True, slots=True)
+class MqttSettings:
+    # EMQX and Mosquitto both cap packets; 1 MiB is EMQX's default max_packet_size.
+    max_packet_size: int = 1_048_576
+    # Outgoing QoS 1/2 window per session (EMQX max_inflight 32; Mosquitto 20).
+    max_inflight: int = 32
+    # Inbound QoS 1/2 the server accepts unacknowledged (v5 Receive Maximum it announces).
+    receive_maximum: int = 32
+    # Bound of a session's queue of messages waiting for the window or for the client to return
+    # (Mosquitto max_queued_messages 1000; EMQX max_mqueue_len 1000).
+    max_queued_messages: int = 1000
+    queue_full_policy: QueueFullPolicy = QueueFullPolicy.DROP_OLDEST
+    # Upper bound on a client's requested session expiry, seconds; 0 = no cap.
+    max_session_expiry: int = 0
+    # Keepalive above this is answered with v5 Server Keep Alive; 0 = accept what the client asks.
+    max_keepalive: int = 0
+    topic_alias_maximum: int = 10  # Mosquitto max_topic_alias default
+    retain_available: bool = True
+    wildcard_subscriptions: bool = True
+    shared_subscriptions: bool = True
+    max_qos: int = 2
+    # Bytes queued on one socket before its subscriber counts as slow: QoS 0 to it is dropped and
+    # counted; QoS>0 waits in the session queue. Keeps a stalled reader from growing memory.
+    write_buffer_limit: int = 1_048_576
+    allow_zero_length_client_id: bool = True
+    connect_timeout: float = 10.0  # seconds to wait for CONNECT after TCP accept
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    allow_anonymous: bool = True
+    password_file: str | None = None
+    acl_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    node_id: str = "meshmq-1"
+    listeners: ListenerSettings = field(default_factory=ListenerSettings)
+    mqtt: MqttSettings = field(default_factory=MqttSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)

@@ -1,0 +1,58 @@
+"""Plain-integer counters the hot path bumps; the metrics endpoint reads them at scrape time.
+
+prometheus-client counters take a lock and do float maths on every ``inc()``; at 100k+ messages a
+second that is measurable, so the broker counts in plain ints and ``meshmq.metrics`` exposes them
+through a custom collector (the pattern prometheus-client documents for "proxy" metrics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Index = MQTT packet type (1..15); 0 unused. Names for metric labels.
+PACKET_NAMES = (
+    "", "connect", "connack", "publish", "puback", "pubrec", "pubrel", "pubcomp", "subscribe",
+    "suback", "unsubscribe", "unsuback", "pingreq", "pingresp", "disconnect", "auth",
+)
+
+
+class DropReason:
+    """Why a message did not reach a subscriber; each is a label of ``messages_dropped_total``."""
+
+    QUEUE_FULL = "queue_full"  # session queue at max_queued_messages (policy decides which)
+    SLOW_CONSUMER = "slow_consumer"  # QoS 0 to a socket over write_buffer_limit
+    EXPIRED = "expired"  # v5 message expiry interval passed while queued
+    TOO_LARGE = "too_large"  # bigger than the client's Maximum Packet Size
+    NO_SUBSCRIBERS = "no_subscribers"  # published to a topic nobody subscribes to
+    NOT_AUTHORIZED = "not_authorized"  # ACL denied the publish
+
+
+@dataclass(slots=True)
+class ListenerStats:
+    name: str  # "tcp", "tls", "ws"
+    connections_current: int = 0
+    connections_total: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    rejected: int = 0  # connections closed before CONNACK 0 (bad CONNECT, auth, TLS-on-plain)
+
+
+@dataclass(slots=True)
+class BrokerStats:
+    packets_in: list[int] = field(default_factory=lambda: [0] * 16)
+    packets_out: list[int] = field(default_factory=lambda: [0] * 16)
+    messages_in: int = 0  # PUBLISH accepted from clients
+    messages_out: int = 0  # PUBLISH written to subscribers
+    messages_dropped: dict[str, int] = field(default_factory=dict)
+    protocol_errors: int = 0
+    auth_failures: int = 0
+    listeners: dict[str, ListenerStats] = field(default_factory=dict)
+
+    def dropped(self, reason: str, n: int = 1) -> None:
+        self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + n
+
+    def listener(self, name: str) -> ListenerStats:
+        stats = self.listeners.get(name)
+        if stats is None:
+            stats = self.listeners[name] = ListenerStats(name)
+        return stats
