@@ -1,0 +1,647 @@
+"""Node configuration: one TOML file plus ``MESHMQ_<SECTION>__<KEY>`` environment overrides.
+
+Why this shape:
+
+* The file is parsed and validated **once**, at start-up, into typed frozen objects; each room
+  receives only its part (``BrokerSettings`` for the broker). Nothing else reads TOML or the
+  environment, so a bad value fails the start, not the first client that trips over it.
+* Every key is described by one entry of a schema table (``_SCHEMA``). The same entry parses the
+  TOML value, parses the environment string, checks the range and writes the error message, so the
+  file, the environment and the documentation cannot drift apart. The ``[mqtt]`` entries are
+  derived from ``broker.settings.MqttSettings`` itself: a field the broker adds shows up here with
+  its default, and the ``config.example.toml`` test notices that the example lacks it.
+* Environment overrides follow EMQX's convention (``EMQX_MQTT__MAX_INFLIGHT``): sections joined by
+  a double underscore, upper case. A ``MESHMQ_`` variable that names no key is an error, because a
+  typo in a container spec must not be silently ignored.
+* Every error is a ``ConfigError`` whose ``str()`` is one line: the key, what is wrong, what is
+  allowed, and where the value came from. It is what an operator sees in ``journalctl``.
+
+``[commitlog]`` belongs to the commit-log feature, which defines its keys; until then any keys are
+accepted and kept, as a plain dict, in ``NodeConfig.raw``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import math
+import re
+import tomllib
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+from broker.auth import AuthFileError, load_acl, load_passwords
+from broker.settings import AuthSettings, BrokerSettings, ListenerSettings, MqttSettings
+
+__all__ = ["ConfigError", "NodeConfig", "ENV_PREFIX", "LOG_LEVELS", "LOG_FORMATS", "load_config",
+           "parse_bind"]
+
+ENV_PREFIX = "MESHMQ_"
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+LOG_FORMATS = ("text", "json")
+COMMITLOG_SECTION = "commitlog"
+
+# MQTT "Remaining Length" is at most 4 bytes of 7 bits: 268,435,455 bytes (MQTT-2.2.3).
+MAX_MQTT_PACKET = 268_435_455
+_U16 = 65_535
+_U32 = 4_294_967_295
+
+
+class ConfigError(ValueError):
+    """A configuration problem; ``str()`` is one line an operator can act on.
+
+    ``key`` is the dotted key ("mqtt.max_inflight") or section, ``source`` the file or environment
+    variable the value came from (None for cross-key problems with no single origin).
+    """
+
+    def __init__(self, key: str, problem: str, source: str | None = None) -> None:
+        self.key = key
+        self.problem = problem
+        self.source = source
+        text = f"config error: {key}: {problem}"
+        if source:
+            text += f" (from {source})"
+        # One line, always: values are shown JSON-escaped, but OS messages and paths may not be.
+        super().__init__(" ".join(text.split("\n")).replace("\r", " "))
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything ``meshmq serve`` needs, validated. ``raw`` is the ``[commitlog]`` table."""
+
+    node_id: str = "meshmq-1"
+    data_dir: str = "./meshmq-data"
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    admin_bind: str = "127.0.0.1:9883"
+    log_level: str = "info"
+    log_format: str = "text"
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------
+# Bind addresses
+
+_HOSTNAME_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def parse_bind(s: str) -> tuple[str, int]:
+    """Split ``"host:port"`` / ``"[v6]:port"`` into ``(host, port)``; raise ``ValueError``.
+
+    The host is required (write ``0.0.0.0`` or ``[::]`` for "all interfaces") so that a config
+    never binds every interface by accident. An IPv6 address must be bracketed because
+    ``::1:1883`` is ambiguous. Port 0 is allowed: the OS picks a free port (tests use it).
+    The returned host has no brackets, ready for ``loop.create_server(host=...)``.
+    """
+    if not isinstance(s, str) or not s:
+        raise ValueError("expected host:port")
+    if s.startswith("["):
+        end = s.find("]")
+        if end < 0 or s[end + 1:end + 2] != ":":
+            raise ValueError("expected [ipv6-address]:port")
+        host, port_text = s[1:end], s[end + 2:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} is not an IPv6 address") from None
+    else:
+        host, sep, port_text = s.rpartition(":")
+        if not sep or not host:
+            raise ValueError("expected host:port, e.g. 0.0.0.0:1883")
+        if ":" in host:
+            raise ValueError("an IPv6 address must be in brackets, e.g. [::1]:1883")
+        if re.fullmatch(r"[0-9.]+", host):
+            try:
+                ipaddress.IPv4Address(host)
+            except ValueError:
+                raise ValueError(f"{host!r} is not an IPv4 address") from None
+        elif len(host) > 253 or not all(_HOSTNAME_LABEL.match(p) for p in host.split(".")):
+            raise ValueError(f"{host!r} is not a valid host name")
+    if not port_text.isdigit() or not port_text.isascii():
+        raise ValueError(f"port {port_text!r} is not a number")
+    port = int(port_text)
+    if port > _U16:
+        raise ValueError(f"port {port} is out of range 0-65535")
+    return host, port
+
+
+# --------------------------------------------------------------------------------------------
+# Value kinds: each parses a TOML value and an environment string, or raises _Bad(expected).
+
+
+class _Bad(Exception):
+    """Internal: a value did not fit; ``expected`` says what would have."""
+
+    def __init__(self, expected: str) -> None:
+        super().__init__(expected)
+        self.expected = expected
+
+
+def _show(value: object) -> str:
+    """Render a rejected value for a one-line message (strings JSON-quoted, TOML-ish otherwise)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class _Kind:
+    expected: str = ""
+
+    def from_toml(self, value: object) -> object:
+        raise NotImplementedError
+
+    def from_env(self, text: str) -> object:
+        raise NotImplementedError
+
+
+class _Int(_Kind):
+    def __init__(self, lo: int, hi: int | None = None) -> None:
+        self.lo, self.hi = lo, hi
+        if hi is None:
+            self.expected = f"an integer >= {lo}"
+        else:
+            self.expected = f"an integer between {lo} and {hi}"
+
+    def check(self, value: int) -> int:
+        if value < self.lo or (self.hi is not None and value > self.hi):
+            raise _Bad(self.expected)
+        return value
+
+    def from_toml(self, value: object) -> object:
+        # bool is an int subclass in Python; `max_inflight = true` is a mistake, not 1.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Bad(self.expected)
+        return self.check(value)
+
+    def from_env(self, text: str) -> object:
+        t = text.strip().replace("_", "")
+        if not re.fullmatch(r"[+-]?[0-9]+", t):
+            raise _Bad(self.expected)
+        return self.check(int(t))
+
+
+class _Float(_Kind):
+    def __init__(self, lo: float, inclusive: bool) -> None:
+        self.lo, self.inclusive = lo, inclusive
+        self.expected = f"a number {'>=' if inclusive else '>'} {lo:g}"
+
+    def check(self, value: float) -> float:
+        if not math.isfinite(value) or value < self.lo or (value == self.lo and not self.inclusive):
+            raise _Bad(self.expected)
+        return float(value)
+
+    def from_toml(self, value: object) -> object:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _Bad(self.expected)
+        return self.check(value)
+
+    def from_env(self, text: str) -> object:
+        try:
+            return self.check(float(text.strip()))
+        except ValueError:
+            raise _Bad(self.expected) from None
+
+
+class _Bool(_Kind):
+    expected = "true or false (1 or 0 in the environment)"
+    _WORDS = {"true": True, "false": False, "1": True, "0": False}
+
+    def from_toml(self, value: object) -> object:
+        if not isinstance(value, bool):
+            raise _Bad("true or false")
+        return value
+
+    def from_env(self, text: str) -> object:
+        try:
+            return self._WORDS[text.strip().lower()]
+        except KeyError:
+            raise _Bad(self.expected) from None
+
+
+class _Str(_Kind):
+    def __init__(self, expected: str = "a string",
+                 check: Callable[[str], None] | None = None) -> None:
+        self.expected = expected
+        self._check = check
+
+    def from_toml(self, value: object) -> object:
+        if not isinstance(value, str):
+            raise _Bad(self.expected)
+        if self._check is not None:
+            try:
+                self._check(value)
+            except ValueError as exc:
+                raise _Bad(f"{self.expected} ({exc})") from None
+        return value
+
+    def from_env(self, text: str) -> object:
+        return self.from_toml(text)
+
+
+class _Choice(_Kind):
+    def __init__(self, choices: typing.Iterable[str], enum: type[Enum] | None = None) -> None:
+        self.choices = tuple(choices)
+        self.enum = enum
+        self.expected = "one of " + ", ".join(self.choices)
+
+    def from_toml(self, value: object) -> object:
+        if not isinstance(value, str) or value.lower() not in self.choices:
+            raise _Bad(self.expected)
+        v = value.lower()
+        return self.enum(v) if self.enum is not None else v
+
+    def from_env(self, text: str) -> object:
+        return self.from_toml(text.strip())
+
+
+def _check_bind_or_empty(s: str) -> None:
+    if s:
+        parse_bind(s)
+
+
+def _check_bind(s: str) -> None:
+    parse_bind(s)
+
+
+def _check_node_id(s: str) -> None:
+    # The id names the node to its peers and may become part of file names: keep it tame.
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", s):
+        raise ValueError("1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit")
+
+
+def _check_nonempty(s: str) -> None:
+    if not s:
+        raise ValueError("must not be empty")
+
+
+def _check_ws_path(s: str) -> None:
+    if not s.startswith("/") or any(c.isspace() for c in s):
+        raise ValueError("must start with / and contain no spaces")
+
+
+_BIND_OPT = "host:port, [ipv6]:port, or \"\" to disable"
+
+# Known ranges for MqttSettings fields. A field missing here still works: ints default to >= 0,
+# floats to > 0. MQTT fixes several bounds: packet ids and Receive Maximum are 16-bit, the
+# session expiry interval is 32-bit, Remaining Length caps a packet at 268,435,455 bytes.
+_MQTT_KINDS: dict[str, _Kind] = {
+    "max_packet_size": _Int(1, MAX_MQTT_PACKET),
+    "max_inflight": _Int(1, _U16),
+    "receive_maximum": _Int(1, _U16),
+    "max_queued_messages": _Int(1),
+    "max_session_expiry": _Int(0, _U32),
+    "max_keepalive": _Int(0, _U16),
+    "topic_alias_maximum": _Int(0, _U16),
+    "max_qos": _Int(0, 2),
+    "write_buffer_limit": _Int(1),
+    "connect_timeout": _Float(0.0, inclusive=False),
+}
+
+
+def _mqtt_schema() -> dict[str, tuple[_Kind, object]]:
+    """Derive the ``[mqtt]`` keys from ``MqttSettings`` so the two cannot drift apart."""
+    hints = typing.get_type_hints(MqttSettings)
+    out: dict[str, tuple[_Kind, object]] = {}
+    for f in fields(MqttSettings):
+        tp = hints[f.name]
+        kind: _Kind
+        if f.name in _MQTT_KINDS:
+            kind = _MQTT_KINDS[f.name]
+        elif tp is bool:
+            kind = _Bool()
+        elif tp is int:
+            kind = _Int(0)
+        elif tp is float:
+            kind = _Float(0.0, inclusive=False)
+        elif tp is str:
+            kind = _Str()
+        elif isinstance(tp, type) and issubclass(tp, Enum):
+            kind = _Choice([str(m.value) for m in tp], tp)
+        else:  # pragma: no cover - a loud failure for whoever adds an unsupported field type
+            raise TypeError(f"meshmq.config cannot map MqttSettings.{f.name}: {tp!r}")
+        out[f.name] = (kind, f.default)
+    return out
+
+
+_SectionSchema = dict[str, tuple[_Kind, object]]
+
+# Section path -> key -> (kind, default). Defaults here are what config.example.toml must say.
+_SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
+    ("node",): {
+        "id": (_Str("a node id", _check_node_id), "meshmq-1"),
+        "data_dir": (_Str("a directory path", _check_nonempty), "./meshmq-data"),
+    },
+    ("listener", "tcp"): {
+        "bind": (_Str(_BIND_OPT, _check_bind_or_empty), "0.0.0.0:1883"),
+    },
+    ("listener", "tls"): {
+        "bind": (_Str(_BIND_OPT, _check_bind_or_empty), ""),
+        "certfile": (_Str("a file path or \"\""), ""),
+        "keyfile": (_Str("a file path or \"\""), ""),
+        "cafile": (_Str("a file path or \"\""), ""),
+    },
+    ("listener", "ws"): {
+        "bind": (_Str(_BIND_OPT, _check_bind_or_empty), ""),
+        "path": (_Str("a URL path", _check_ws_path), "/mqtt"),
+    },
+    ("admin",): {
+        "bind": (_Str("host:port or [ipv6]:port", _check_bind), "127.0.0.1:9883"),
+    },
+    ("mqtt",): _mqtt_schema(),
+    ("auth",): {
+        "allow_anonymous": (_Bool(), True),
+        "password_file": (_Str("a file path or \"\""), ""),
+        "acl_file": (_Str("a file path or \"\""), ""),
+    },
+    ("log",): {
+        "level": (_Choice(LOG_LEVELS), "info"),
+        "format": (_Choice(LOG_FORMATS), "text"),
+    },
+}
+# Tables that only hold other tables ([listener] holds [listener.tcp] ...).
+_PARENTS = {path[:i] for path in _SCHEMA for i in range(1, len(path))}
+_TOP_SECTIONS = sorted({path[0] for path in _SCHEMA} | {COMMITLOG_SECTION})
+
+
+def _dotted(path: tuple[str, ...]) -> str:
+    return ".".join(path)
+
+
+def _env_name(path: tuple[str, ...]) -> str:
+    return ENV_PREFIX + "__".join(p.upper() for p in path)
+
+
+def _all_keys() -> list[tuple[str, ...]]:
+    return [section + (key,) for section, keys in _SCHEMA.items() for key in keys]
+
+
+def _suggest(word: str, candidates: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError("config file",
+                          f"cannot read {json.dumps(path)}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config file", f"invalid TOML: {exc}", path) from None
+    except UnicodeDecodeError:
+        raise ConfigError("config file", "not UTF-8 text", path) from None
+
+
+def _merge_file(data: Mapping[str, Any], path: str, values: dict[tuple[str, ...], object],
+                raw: dict[str, Any]) -> None:
+    """Check every table and key of the file against the schema and store the parsed values."""
+
+    def walk(table: Mapping[str, Any], prefix: tuple[str, ...]) -> None:
+        for name, value in table.items():
+            here = prefix + (name,)
+            if here == (COMMITLOG_SECTION,):
+                if not isinstance(value, dict):
+                    raise ConfigError(name, "expected a table ([commitlog])", path)
+                raw.update(value)
+            elif here in _SCHEMA:
+                if not isinstance(value, dict):
+                    raise ConfigError(_dotted(here), f"expected a table ([{_dotted(here)}])",
+                                      path)
+                schema = _SCHEMA[here]
+                for key, item in value.items():
+                    full = here + (key,)
+                    if key not in schema:
+                        raise ConfigError(
+                            _dotted(full),
+                            "unknown key; allowed: " + ", ".join(schema) + _suggest(key, schema),
+                            path)
+                    kind = schema[key][0]
+                    try:
+                        values[full] = kind.from_toml(item)
+                    except _Bad as bad:
+                        raise ConfigError(_dotted(full),
+                                          f"expected {bad.expected}, got {_show(item)}",
+                                          path) from None
+            elif here in _PARENTS:
+                if not isinstance(value, dict):
+                    raise ConfigError(_dotted(here), "expected a table", path)
+                walk(value, here)
+            else:
+                if prefix:
+                    allowed = sorted({p[len(prefix)] for p in _SCHEMA if p[:len(prefix)] == prefix})
+                    what = "unknown section"
+                else:
+                    allowed = _TOP_SECTIONS
+                    what = "unknown section" if isinstance(value, dict) else \
+                        "keys must be inside a section"
+                raise ConfigError(_dotted(here),
+                                  f"{what}; allowed: " + ", ".join(allowed)
+                                  + _suggest(name, allowed), path)
+
+    walk(data, ())
+
+
+def _set_nested(table: dict[str, Any], path: list[str], text: str) -> None:
+    """Store an env override under [commitlog]; keep the file value's type when there is one."""
+    for part in path[:-1]:
+        inner = table.get(part)
+        if not isinstance(inner, dict):
+            inner = table[part] = {}
+        table = inner
+    old = table.get(path[-1])
+    value: object = text
+    try:
+        if isinstance(old, bool):
+            value = _Bool().from_env(text)
+        elif isinstance(old, int):
+            value = _Int(-(2**63)).from_env(text)
+        elif isinstance(old, float):
+            value = _Float(-math.inf, inclusive=True).from_env(text)
+    except _Bad:
+        expected = type(old).__name__.replace("int", "an integer").replace("float", "a number")
+        expected = expected.replace("bool", _Bool.expected)
+        raise ConfigError(f"{COMMITLOG_SECTION}.{'.'.join(path)}",
+                          f"expected {expected} (as in the file), got {_show(text)}",
+                          _env_name((COMMITLOG_SECTION, *path))) from None
+    table[path[-1]] = value
+
+
+def _merge_env(environ: Mapping[str, str], values: dict[tuple[str, ...], object],
+               sources: dict[tuple[str, ...], str], raw: dict[str, Any]) -> None:
+    known = {_env_name(k): k for k in _all_keys()}
+    for name in sorted(environ):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        text = environ[name]
+        parts = name[len(ENV_PREFIX):].lower().split("__")
+        if parts[0] == COMMITLOG_SECTION and len(parts) >= 2 and all(parts):
+            # The commit-log feature defines these keys; until it does they pass through as text.
+            _set_nested(raw, parts[1:], text)
+            continue
+        full = known.get(name.upper())
+        if full is None:
+            section = tuple(parts)
+            if section in _SCHEMA or section in _PARENTS or section == (COMMITLOG_SECTION,):
+                problem = "names a section, not a key"
+            else:
+                problem = "names no configuration key"
+            hint = _suggest(name.upper(), known) or "; keys look like MESHMQ_MQTT__MAX_INFLIGHT"
+            raise ConfigError(name, problem + hint, "environment")
+        kind = _SCHEMA[full[:-1]][full[-1]][0]
+        try:
+            values[full] = kind.from_env(text)
+        except _Bad as bad:
+            raise ConfigError(_dotted(full), f"expected {bad.expected}, got {_show(text)}",
+                              name) from None
+        sources[full] = name
+
+
+def _readable_file(key: str, path: str, source: str | None) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except IsADirectoryError:
+        raise ConfigError(key, f"{json.dumps(path)} is a directory, expected a file",
+                          source) from None
+    except OSError as exc:
+        raise ConfigError(key, f"cannot read {json.dumps(path)}: {exc.strerror}",
+                          source) from None
+
+
+def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
+    """Build the validated ``NodeConfig`` from defaults < file < environment.
+
+    ``path=None`` means built-in single-node defaults (no file needed), still overridable from
+    ``environ``. ``environ`` is explicit (pass ``os.environ``) so tests never leak into each other.
+    Raises ``ConfigError`` (one line) on the first problem found.
+    """
+    values: dict[tuple[str, ...], object] = {
+        section + (key,): spec[1] for section, keys in _SCHEMA.items() for key, spec in keys.items()
+    }
+    sources: dict[tuple[str, ...], str] = {}
+    raw: dict[str, Any] = {}
+    if path is not None:
+        data = _read_toml(path)
+        _merge_file(data, path, values, raw)
+        sources.update({k: path for k in values if _was_set(data, k)})
+    _merge_env(environ, values, sources, raw)
+
+    def get(*key: str) -> Any:
+        return values[key]
+
+    def src(*key: str) -> str | None:
+        return sources.get(key)
+
+    # Cross-key checks: things no single value can be wrong about.
+    tls_bind = get("listener", "tls", "bind")
+    if tls_bind:
+        for k in ("certfile", "keyfile"):
+            if not get("listener", "tls", k):
+                raise ConfigError(f"listener.tls.{k}",
+                                  "required when listener.tls.bind is set (TLS is enabled)",
+                                  src("listener", "tls", "bind"))
+        for k in ("certfile", "keyfile", "cafile"):
+            if get("listener", "tls", k):
+                _readable_file(f"listener.tls.{k}", get("listener", "tls", k),
+                               src("listener", "tls", k))
+
+    _check_port_clash(values, sources)
+
+    password_file = get("auth", "password_file")
+    acl_file = get("auth", "acl_file")
+    try:
+        if password_file:
+            _readable_file("auth.password_file", password_file, src("auth", "password_file"))
+            load_passwords(password_file)
+        if acl_file:
+            _readable_file("auth.acl_file", acl_file, src("auth", "acl_file"))
+            load_acl(acl_file)
+    except AuthFileError as exc:
+        key = "auth.password_file" if exc.path == password_file else "auth.acl_file"
+        raise ConfigError(key, exc.detail, exc.where) from None
+    if not get("auth", "allow_anonymous") and not password_file:
+        raise ConfigError("auth.allow_anonymous",
+                          "false with no auth.password_file would reject every client; "
+                          "set auth.password_file or allow_anonymous = true",
+                          src("auth", "allow_anonymous"))
+
+    node_id = get("node", "id")
+    broker = BrokerSettings(
+        node_id=node_id,
+        listeners=ListenerSettings(
+            tcp_bind=get("listener", "tcp", "bind") or None,
+            tls_bind=tls_bind or None,
+            tls_certfile=get("listener", "tls", "certfile") or None,
+            tls_keyfile=get("listener", "tls", "keyfile") or None,
+            tls_cafile=get("listener", "tls", "cafile") or None,
+            ws_bind=get("listener", "ws", "bind") or None,
+            ws_path=get("listener", "ws", "path"),
+        ),
+        mqtt=MqttSettings(**{key: values[("mqtt", key)] for key in _SCHEMA[("mqtt",)]}),
+        auth=AuthSettings(
+            allow_anonymous=get("auth", "allow_anonymous"),
+            password_file=password_file or None,
+            acl_file=acl_file or None,
+        ),
+    )
+    return NodeConfig(
+        node_id=node_id,
+        data_dir=get("node", "data_dir"),
+        broker=broker,
+        admin_bind=get("admin", "bind"),
+        log_level=get("log", "level"),
+        log_format=get("log", "format"),
+        raw=raw,
+    )
+
+
+def _was_set(data: Mapping[str, Any], key: tuple[str, ...]) -> bool:
+    node: Any = data
+    for part in key:
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _check_port_clash(values: Mapping[tuple[str, ...], object],
+                      sources: Mapping[tuple[str, ...], str]) -> None:
+    """Two listeners on one port fail at bind time with EADDRINUSE; say which keys clash now."""
+    binds = [("listener", "tcp", "bind"), ("listener", "tls", "bind"), ("listener", "ws", "bind"),
+             ("admin", "bind")]
+    seen: list[tuple[tuple[str, ...], str, int]] = []
+    wildcard = {"0.0.0.0", "::"}
+    for key in binds:
+        text = values[key]
+        if not isinstance(text, str) or not text:
+            continue
+        host, port = parse_bind(text)
+        if port == 0:
+            continue
+        for other, ohost, oport in seen:
+            if oport == port and (host == ohost or host in wildcard or ohost in wildcard):
+                raise ConfigError(_dotted(key),
+                                  f"port {port} is already used by {_dotted(other)}; "
+                                  "each listener needs its own port", sources.get(key))
+        seen.append((key, host, port))
+
+
+def env_names() -> list[str]:
+    """Every accepted ``MESHMQ_...`` variable name (for docs and the CLI's error hints)."""
+    return sorted(_env_name(k) for k in _all_keys())
+
+
+def defaults() -> NodeConfig:
+    """The built-in single-node configuration, i.e. ``load_config(None, {})``."""
+    return load_config(None, {})
