@@ -12,7 +12,7 @@ from enum import StrEnum
 
 
 class QueueFullPolicy(StrEnum):
-    """What a persistent session's offline/pending queue does at its bound (never silent: counted)."""
+    """What a session's queue does at its bound: never silent, always counted in a metric."""
 
     DROP_OLDEST = "drop_oldest"  # EMQX mqueue behaviour
     DROP_NEW = "drop_new"  # Mosquitto behaviour for max_queued_messages

@@ -1,0 +1,171 @@
+"""A client connection: a thin I/O shell around the sans-I/O protocol.
+
+In the spirit of rumqttd's links, a connection does no MQTT logic: it turns each socket read into a
+*batch* of packets for the router (one call per read, however many packets it holds), and collects
+everything the router writes to it during one loop tick into a single ``transport.write``. There is
+no task, ``await`` or ``drain()`` per message: asyncio's Protocol callbacks are the cheapest path
+uvloop offers. Flow control comes from the transport's write-buffer watermarks: past
+``write_buffer_limit`` the connection reports itself congested and the router stops feeding it
+(QoS 0 is dropped and counted; QoS>0 waits in the session queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from broker.protocol.connection import ServerProtocol
+from broker.protocol.errors import ProtocolError
+from broker.protocol.packets import Disconnect, Packet, Will
+from broker.stats import BrokerStats, ListenerStats
+
+if TYPE_CHECKING:
+    from broker.router import Router
+    from broker.session import Session
+
+log = logging.getLogger("broker.connection")
+
+_TLS_HANDSHAKE = 0x16  # first byte of a TLS record carrying a ClientHello
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, router: Router, listener: ListenerStats, stats: BrokerStats) -> None:
+        settings = router.settings.mqtt
+        self.router = router
+        self.listener = listener
+        self.stats = stats
+        self.proto = ServerProtocol(settings.max_packet_size, settings.topic_alias_maximum)
+        self.write_limit = settings.write_buffer_limit
+        self.transport: asyncio.BaseTransport | Any = None
+        self.peer = "?"
+        self.session: Session | None = None
+        self.client_id: str | None = None
+        self.username: str | None = None
+        self.level = 4
+        self.keepalive = 0
+        self.accepted_at = time.monotonic()
+        self.last_rx = self.accepted_at
+        self.will: Will | None = None
+        self.will_delay = 0
+        # Packets that arrived while CONNECT was still being authenticated (password hashing runs
+        # in a worker thread); replayed in order once the CONNACK is sent.
+        self.pending: list[Packet] | None = None
+        self.out_aliases: dict[str, int] | None = None
+        self.inbound_unacked = 0  # QoS>0 PUBLISH received and not yet acknowledged (v5 Receive Max)
+        self.closing = False
+        self.clean_disconnect = False  # DISCONNECT 0x00 received: the will is discarded
+        self.taken_over = False
+        self._first = True
+        self._out: list[bytes] = []
+        self._out_bytes = 0
+        self._flush_handle: asyncio.Handle | None = None
+        self._write_paused = False
+
+    # -- asyncio.Protocol -------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.peer = f"{peer[0]}:{peer[1]}"
+        set_limits = getattr(transport, "set_write_buffer_limits", None)
+        if set_limits is not None:
+            set_limits(high=self.write_limit)
+        self.listener.connections_current += 1
+        self.listener.connections_total += 1
+        self.router.connection_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.listener.bytes_in += len(data)
+        self.last_rx = time.monotonic()
+        if self._first:
+            self._first = False
+            if data and data[0] == _TLS_HANDSHAKE:
+                log.warning(
+                    "closing connection: the client is speaking TLS to a plain MQTT port; "
+                    "point it at the TLS listener or disable TLS in the client",
+                    extra={"peer": self.peer, "listener": self.listener.name},
+                )
+                self.listener.rejected += 1
+                self.abort()
+                return
+        if self.closing:
+            return
+        try:
+            packets = self.proto.receive_data(data)
+        except ProtocolError as err:
+            self.router.protocol_error(self, err)
+            return
+        if not packets:
+            return
+        if self.pending is not None:
+            self.pending.extend(packets)
+            return
+        self.router.handle_packets(self, packets)
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; the router treats it as an abrupt close
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self.router.writable(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.listener.connections_current -= 1
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self._out.clear()
+        self.closing = True
+        self.router.connection_lost(self)
+
+    # -- writing ------------------------------------------------------------------------------
+    @property
+    def congested(self) -> bool:
+        return self._write_paused or self._out_bytes > self.write_limit
+
+    def write(self, data: bytes) -> None:
+        """Queue bytes for this tick's single write (the flush is scheduled once per tick)."""
+        self._out.append(data)
+        self._out_bytes += len(data)
+        if self._flush_handle is None and not self.closing:
+            self._flush_handle = self.router.loop.call_soon(self._flush)
+
+    def send(self, packet: Packet) -> None:
+        data = self.proto.send(packet)
+        self.stats.packets_out[packet.type] += 1
+        self.write(data)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        out = self._out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        self._out = []
+        self._out_bytes = 0
+        self.listener.bytes_out += len(data)
+        self.transport.write(data)
+
+    def close(self, reason: int | None = None) -> None:
+        """Graceful close: optional v5 DISCONNECT, flush what is queued, then close."""
+        if self.closing:
+            return
+        if reason is not None and self.level == 5 and self.session is not None:
+            self.send(Disconnect(reason_code=reason))
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush()
+        self.closing = True
+        self.transport.close()
+
+    def abort(self) -> None:
+        self.closing = True
+        self.transport.abort()
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.client_id!r} {self.peer}>"

@@ -1,0 +1,833 @@
+"""The router: one per process, the single owner of sessions, subscriptions, retained and wills.
+
+Connections hand it whole batches of packets (one call per socket read) and it answers by queueing
+bytes on connections, which flush once per loop tick. Nothing here awaits per message: the only
+awaits are CONNECT authentication with a password file (scrypt runs in a worker thread) and
+shutdown.
+The router never imports the cluster: the node wiring will hand it a forwarder (rumqttd's
+router/link split; see shared/notes/architecture.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from broker.auth import Authenticator
+from broker.connection import Connection
+from broker.message import Delivery, Message
+from broker.protocol.codec import publish_parts
+from broker.protocol.errors import ProtocolError, UnsupportedProtocolVersion
+from broker.protocol.packets import (
+    Connack,
+    Connect,
+    Disconnect,
+    Packet,
+    PacketType,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    Suback,
+    Subscribe,
+    Unsuback,
+    Unsubscribe,
+    Will,
+)
+from broker.protocol.properties import Prop
+from broker.protocol.reasons import SUBACK_FAILURE_V3, Reason, v3_connack_code
+from broker.protocol.topics import has_wildcards, is_valid_topic_filter, parse_shared
+from broker.retained import RetainedStore
+from broker.session import NEVER, Session, Subscription
+from broker.settings import BrokerSettings, QueueFullPolicy
+from broker.stats import BrokerStats, DropReason
+from broker.trie import SharedGroup, SubscriptionTrie
+
+log = logging.getLogger("broker.router")
+
+_SWEEP_INTERVAL = 0.5  # seconds between keepalive / expiry sweeps
+# Properties a subscriber receives unchanged [MQTT-3.3.2-*]: the rest are per hop.
+_FORWARDED = (
+    Prop.PAYLOAD_FORMAT_INDICATOR, Prop.CONTENT_TYPE, Prop.RESPONSE_TOPIC, Prop.CORRELATION_DATA,
+    Prop.USER_PROPERTY,
+)
+_PUBLISH = PacketType.PUBLISH
+
+
+def _forwarded_properties(props: dict | None) -> dict | None:
+    if not props:
+        return None
+    out = {k: v for k, v in props.items() if k in _FORWARDED}
+    return out or None
+
+
+class Router:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        stats: BrokerStats,
+        authenticator: Authenticator | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.settings = settings
+        self.mqtt = settings.mqtt
+        self.stats = stats
+        self.auth = authenticator
+        self._acl = authenticator if settings.auth.acl_file else None
+        self._slow_auth = bool(settings.auth.password_file)
+        self.loop = loop or asyncio.get_event_loop()
+        self.sessions: dict[str, Session] = {}
+        self.connections: set[Connection] = set()
+        self.trie = SubscriptionTrie()
+        self.retained = RetainedStore(expired=lambda msg, now: msg.expired(now))
+        # (deadline, seq, kind, session): session expiry and delayed wills
+        self._timers: list[tuple[float, int, str, Session]] = []
+        self._seq = itertools.count()
+        self._sweep_handle: asyncio.TimerHandle | None = None
+        self.accepting = True
+        self._handlers: dict[int, Callable[[Connection, Any], None]] = {
+            PacketType.PUBACK: self._on_puback,
+            PacketType.PUBREC: self._on_pubrec,
+            PacketType.PUBREL: self._on_pubrel,
+            PacketType.PUBCOMP: self._on_pubcomp,
+            PacketType.SUBSCRIBE: self._on_subscribe,
+            PacketType.UNSUBSCRIBE: self._on_unsubscribe,
+            PacketType.PINGREQ: self._on_pingreq,
+            PacketType.DISCONNECT: self._on_disconnect,
+            PacketType.AUTH: self._on_auth,
+        }
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._sweep_handle = self.loop.call_later(_SWEEP_INTERVAL, self._sweep)
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """SIGTERM: tell every client we are going (v5 0x8B), flush, and wait for the sockets."""
+        self.accepting = False
+        if self._sweep_handle is not None:
+            self._sweep_handle.cancel()
+        for conn in list(self.connections):
+            conn.close(Reason.SERVER_SHUTTING_DOWN)
+        deadline = time.monotonic() + timeout
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            conn.abort()
+
+    def gauges(self) -> dict[str, int]:
+        return {
+            "sessions": len(self.sessions),
+            "subscriptions": len(self.trie),
+            "retained_messages": len(self.retained),
+            "connections": len(self.connections),
+        }
+
+    # -- connection events ----------------------------------------------------------------------
+    def connection_made(self, conn: Connection) -> None:
+        if not self.accepting:
+            conn.abort()
+            return
+        self.connections.add(conn)
+
+    def protocol_error(self, conn: Connection, err: ProtocolError) -> None:
+        self.stats.protocol_errors += 1
+        log.info(
+            "closing connection on protocol error: %s", err.message,
+            extra={"client_id": conn.client_id, "peer": conn.peer, "reason_code": err.reason_code},
+        )
+        if conn.session is None:
+            conn.listener.rejected += 1
+            if isinstance(err, UnsupportedProtocolVersion):
+                # [MQTT-3.1.2-2]: answer CONNACK 0x01 (3.1.1 format) then close.
+                conn.write(b"\x20\x02\x00\x01")
+            elif conn.proto.protocol_level == 5:
+                conn.level = 5
+                conn.send(Connack(reason_code=err.reason_code))
+            conn.close()
+            return
+        conn.close(err.reason_code)
+
+    def connection_lost(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        session = conn.session
+        if session is None or session.conn is not conn:
+            # never connected, or taken over (the takeover already handled will and session)
+            return
+        session.conn = None
+        self._connection_closed(session, conn, abnormal=not conn.clean_disconnect)
+
+    def writable(self, conn: Connection) -> None:
+        session = conn.session
+        if session is not None and session.queue:
+            self._pump(session)
+
+    # -- packet dispatch ----------------------------------------------------------------------
+    def handle_packets(self, conn: Connection, packets: list[Packet]) -> None:
+        packets_in = self.stats.packets_in
+        handlers = self._handlers
+        for i, packet in enumerate(packets):
+            if conn.closing:
+                return
+            ptype = packet.type
+            packets_in[ptype] += 1
+            if ptype == _PUBLISH:
+                self._on_publish(conn, packet)
+            elif ptype == PacketType.CONNECT:
+                if conn.session is None and conn.pending is None:
+                    self._on_connect(conn, packet, packets[i + 1:])
+                    return
+                self.protocol_error(conn, ProtocolError(Reason.PROTOCOL_ERROR, "second CONNECT"))
+                return
+            else:
+                handlers[ptype](conn, packet)
+
+    # -- CONNECT ------------------------------------------------------------------------------
+    def _on_connect(self, conn: Connection, pkt: Connect, rest: list[Packet]) -> None:
+        conn.level = pkt.protocol_level
+        conn.username = pkt.username
+        if not self.accepting:
+            self._refuse(conn, Reason.SERVER_UNAVAILABLE, "server is shutting down")
+            return
+        if self.auth is not None and self._slow_auth and pkt.password is not None:
+            # scrypt is deliberately slow (~50 ms): keep it off the event loop.
+            conn.pending = list(rest)
+            conn.transport.pause_reading()
+            fut = self.loop.run_in_executor(
+                None, self.auth.authenticate, pkt.username, pkt.password
+            )
+            fut.add_done_callback(lambda f: self._connect_authenticated(conn, pkt, f))
+            return
+        code = self.auth.authenticate(pkt.username, pkt.password) if self.auth else 0
+        self._finish_connect(conn, pkt, code)
+        if rest and conn.session is not None:
+            self.handle_packets(conn, rest)
+
+    def _connect_authenticated(self, conn: Connection, pkt: Connect, fut: asyncio.Future) -> None:
+        if conn.closing:
+            return
+        try:
+            code = fut.result()
+        except Exception:  # noqa: BLE001 - an auth backend failure must refuse, not crash
+            log.exception("authentication failed with an error", extra={"peer": conn.peer})
+            code = Reason.SERVER_UNAVAILABLE
+        pending, conn.pending = conn.pending or [], None
+        self._finish_connect(conn, pkt, code)
+        if conn.session is not None and not conn.closing:
+            conn.transport.resume_reading()
+            if pending:
+                self.handle_packets(conn, pending)
+
+    def _refuse(self, conn: Connection, reason: int, why: str) -> None:
+        conn.listener.rejected += 1
+        log.info("connection refused: %s", why,
+                 extra={"client_id": conn.client_id, "peer": conn.peer, "reason_code": reason})
+        if conn.level == 5:
+            conn.send(Connack(reason_code=reason, properties={Prop.REASON_STRING: why}))
+        else:
+            conn.send(Connack(reason_code=v3_connack_code(reason)))
+        conn.close()
+
+    def _finish_connect(self, conn: Connection, pkt: Connect, auth_code: int) -> None:
+        mqtt = self.mqtt
+        v5 = pkt.protocol_level == 5
+        props = pkt.properties or {}
+        if auth_code:
+            self.stats.auth_failures += 1
+            self._refuse(conn, auth_code, "not authorised" if auth_code == Reason.NOT_AUTHORIZED
+                         else "bad user name or password")
+            return
+        if Prop.AUTHENTICATION_METHOD in props:
+            self._refuse(conn, Reason.BAD_AUTHENTICATION_METHOD,
+                         "enhanced authentication is not supported")
+            return
+        client_id = pkt.client_id
+        ack_props: dict[int, Any] = {}
+        if not client_id:
+            if not mqtt.allow_zero_length_client_id or (not v5 and not pkt.clean_start):
+                # [MQTT-3.1.3-8]: 3.1.1 empty id with clean session 0 → return code 2
+                self._refuse(conn, Reason.CLIENT_IDENTIFIER_NOT_VALID,
+                             "an empty client id needs clean start")
+                return
+            client_id = "auto-" + uuid.uuid4().hex
+            if v5:
+                ack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
+        conn.client_id = client_id
+
+        # Session expiry: v5 property (default 0); 3.1.1 clean session 0 means "keep forever".
+        if v5:
+            expiry = props.get(Prop.SESSION_EXPIRY_INTERVAL, 0)
+        else:
+            expiry = 0 if pkt.clean_start else NEVER
+        if mqtt.max_session_expiry and (expiry == NEVER or expiry > mqtt.max_session_expiry):
+            expiry = mqtt.max_session_expiry
+            if v5:
+                ack_props[Prop.SESSION_EXPIRY_INTERVAL] = expiry
+
+        keepalive = pkt.keepalive
+        if mqtt.max_keepalive and (keepalive == 0 or keepalive > mqtt.max_keepalive):
+            keepalive = mqtt.max_keepalive
+            if v5:
+                ack_props[Prop.SERVER_KEEP_ALIVE] = keepalive
+        conn.keepalive = keepalive
+
+        # Takeover [MQTT-3.1.4-3]: the old connection is told (v5 0x8E) and closed.
+        session = self.sessions.get(client_id)
+        if session is not None and session.conn is not None:
+            old = session.conn
+            old.taken_over = True
+            session.conn = None
+            log.info("session taken over", extra={"client_id": client_id, "peer": conn.peer,
+                                                    "old_peer": old.peer})
+            if old.will is not None and (old.will_delay == 0 or pkt.clean_start):
+                self._publish_will(old.will)
+            old.will = None
+            old.close(Reason.SESSION_TAKEN_OVER)
+
+        session_present = False
+        if session is not None and pkt.clean_start:
+            self._end_session(session)
+            session = None
+        if session is None:
+            session = Session(client_id, pkt.protocol_level)
+            self.sessions[client_id] = session
+        else:
+            session_present = True
+            if session.will is not None:
+                # reconnected within the will delay: the delayed will is cancelled [MQTT-3.1.2-8]
+                session.will = None
+                session.will_due = None
+        session.level = pkt.protocol_level
+        session.expiry_interval = expiry
+        session.expires_at = None
+        session.window = min(mqtt.max_inflight, props.get(Prop.RECEIVE_MAXIMUM, 65535))
+        session.max_packet_size = props.get(Prop.MAXIMUM_PACKET_SIZE, 0)
+        session.alias_max = props.get(Prop.TOPIC_ALIAS_MAXIMUM, 0)
+        conn.out_aliases = {} if session.alias_max else None
+        if pkt.will is not None:
+            conn.will = pkt.will
+            conn.will_delay = (pkt.will.properties or {}).get(Prop.WILL_DELAY_INTERVAL, 0)
+        conn.session = session
+        session.conn = conn
+
+        if v5:
+            ack_props[Prop.RECEIVE_MAXIMUM] = mqtt.receive_maximum
+            ack_props[Prop.MAXIMUM_PACKET_SIZE] = mqtt.max_packet_size
+            ack_props[Prop.TOPIC_ALIAS_MAXIMUM] = mqtt.topic_alias_maximum
+            if mqtt.max_qos < 2:
+                ack_props[Prop.MAXIMUM_QOS] = mqtt.max_qos
+            if not mqtt.retain_available:
+                ack_props[Prop.RETAIN_AVAILABLE] = 0
+            if not mqtt.wildcard_subscriptions:
+                ack_props[Prop.WILDCARD_SUBSCRIPTION_AVAILABLE] = 0
+            if not mqtt.shared_subscriptions:
+                ack_props[Prop.SHARED_SUBSCRIPTION_AVAILABLE] = 0
+        conn.send(Connack(session_present=session_present, reason_code=0,
+                          properties=ack_props or None))
+        log.debug("client connected", extra={"client_id": client_id, "peer": conn.peer,
+                                             "level": pkt.protocol_level,
+                                             "session_present": session_present})
+        if session_present:
+            self._resend_inflight(session, conn)
+            self._pump(session)
+
+    # -- PUBLISH from a client ------------------------------------------------------------------
+    def _on_publish(self, conn: Connection, pkt: Publish) -> None:
+        session = conn.session
+        if session is None:
+            return
+        qos = pkt.qos
+        mqtt = self.mqtt
+        if qos > mqtt.max_qos:
+            self.protocol_error(conn, ProtocolError(Reason.QOS_NOT_SUPPORTED,
+                                                    f"QoS {qos} above the server maximum"))
+            return
+        if pkt.retain and not mqtt.retain_available:
+            self.protocol_error(conn, ProtocolError(Reason.RETAIN_NOT_SUPPORTED,
+                                                    "retain is not available"))
+            return
+        if qos == 2 and pkt.packet_id in session.incoming_qos2:
+            # a resent QoS 2 PUBLISH we already own: acknowledge again, deliver nothing new
+            conn.send(PubRec(pkt.packet_id))
+            return
+        if qos and conn.level == 5:
+            conn.inbound_unacked += 1
+            if conn.inbound_unacked > mqtt.receive_maximum:
+                self.protocol_error(conn, ProtocolError(Reason.RECEIVE_MAXIMUM_EXCEEDED,
+                                                        "receive maximum exceeded"))
+                return
+        acl = self._acl
+        if acl is not None and not acl.can_publish(conn.username, conn.client_id, pkt.topic):
+            self.stats.dropped(DropReason.NOT_AUTHORIZED)
+            log.info("publish denied by ACL", extra={"client_id": conn.client_id,
+                                                     "topic": pkt.topic})
+            self._ack_publish(conn, pkt, Reason.NOT_AUTHORIZED if conn.level == 5 else 0)
+            return
+        self.stats.messages_in += 1
+        props = pkt.properties
+        expiry_at = None
+        if props:
+            interval = props.get(Prop.MESSAGE_EXPIRY_INTERVAL)
+            if interval is not None:
+                expiry_at = time.monotonic() + interval
+            props = _forwarded_properties(props)
+        msg = Message(pkt.topic, pkt.payload, qos, pkt.retain, props, expiry_at, conn.client_id)
+        if pkt.retain:
+            self._retain(msg)
+        self.route(msg)
+        self._ack_publish(conn, pkt, 0)
+
+    def _ack_publish(self, conn: Connection, pkt: Publish, reason: int) -> None:
+        qos = pkt.qos
+        if qos == 1:
+            conn.inbound_unacked -= conn.level == 5
+            conn.send(PubAck(pkt.packet_id, reason))
+        elif qos == 2:
+            if reason < 0x80:
+                conn.session.incoming_qos2.add(pkt.packet_id)
+            else:
+                conn.inbound_unacked -= conn.level == 5
+            conn.send(PubRec(pkt.packet_id, reason))
+
+    def _retain(self, msg: Message) -> None:
+        if not msg.payload:
+            self.retained.delete(msg.topic)
+        else:
+            self.retained.set(msg.topic, msg)
+
+    # -- routing ------------------------------------------------------------------------------
+    def route(self, msg: Message) -> None:
+        """Deliver to every matching session: one copy per session, at the best granted QoS."""
+        match = self.trie.match(msg.topic)
+        subs = match.subs
+        sessions = self.sessions
+        if len(subs) == 1:
+            cid, sub = subs[0]
+            if not (sub.no_local and cid == msg.origin):
+                session = sessions[cid]
+                ids = (sub.sub_id,) if sub.sub_id else None
+                self._deliver(session, msg, sub.qos, sub.retain_as_published and msg.retain, ids)
+        elif subs:
+            merged: dict[str, list] = {}
+            for cid, sub in subs:
+                if sub.no_local and cid == msg.origin:
+                    continue
+                entry = merged.get(cid)
+                if entry is None:
+                    merged[cid] = [sub.qos, sub.retain_as_published, [sub.sub_id]]
+                else:  # overlapping filters: one copy, max QoS, every subscription id
+                    if sub.qos > entry[0]:
+                        entry[0] = sub.qos
+                    entry[1] = entry[1] or sub.retain_as_published
+                    entry[2].append(sub.sub_id)
+            for cid, (qos, rap, ids) in merged.items():
+                sub_ids = tuple(i for i in ids if i) or None
+                self._deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids)
+        for group in match.groups:
+            self._deliver_shared(group, msg)
+
+    def _deliver_shared(self, group: SharedGroup, msg: Message, exclude: str | None = None) -> bool:
+        """Round-robin to one member, preferring connected, uncongested ones."""
+        members = list(group.members.items())
+        n = len(members)
+        if not n:
+            return False
+        start = group.cursor % n
+        chosen = None
+        fallback = None
+        for k in range(n):
+            cid, sub = members[(start + k) % n]
+            if cid == exclude:
+                continue
+            session = self.sessions.get(cid)
+            if session is None:
+                continue
+            conn = session.conn
+            if conn is not None and not conn.congested:
+                chosen = (session, sub, (start + k) % n)
+                break
+            if fallback is None:
+                fallback = (session, sub, (start + k) % n)
+        pick = chosen or fallback
+        if pick is None:
+            return False
+        session, sub, idx = pick
+        group.cursor = idx + 1
+        ids = (sub.sub_id,) if sub.sub_id else None
+        self._deliver(session, msg, sub.qos, False, ids, group)
+        return True
+
+    def _deliver(
+        self,
+        session: Session,
+        msg: Message,
+        granted: int,
+        retain: bool,
+        sub_ids: tuple[int, ...] | None,
+        group: SharedGroup | None = None,
+    ) -> None:
+        qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]
+        conn = session.conn
+        if qos == 0:
+            if conn is None:
+                return  # QoS 0 is not queued for offline sessions (Mosquitto's default too)
+            if conn.congested:
+                self.stats.dropped(DropReason.SLOW_CONSUMER)
+                return
+            self._write_publish(session, conn, Delivery(msg, 0, retain, sub_ids))
+            return
+        delivery = Delivery(msg, qos, retain, sub_ids, group)
+        if conn is not None and not session.queue and len(session.inflight) < session.window:
+            self._send_inflight(session, conn, delivery)
+        else:
+            self._enqueue(session, delivery)
+
+    def _enqueue(self, session: Session, delivery: Delivery) -> None:
+        queue = session.queue
+        if len(queue) >= self.mqtt.max_queued_messages:
+            policy = self.mqtt.queue_full_policy
+            self.stats.dropped(DropReason.QUEUE_FULL)
+            if policy is QueueFullPolicy.DROP_OLDEST:
+                queue.popleft()
+            elif policy is QueueFullPolicy.DROP_NEW:
+                return
+            else:
+                if session.conn is not None:
+                    log.warning("disconnecting client: queue full",
+                                extra={"client_id": session.client_id})
+                    session.conn.close(Reason.QUOTA_EXCEEDED)
+                return
+        queue.append(delivery)
+
+    def _send_inflight(self, session: Session, conn: Connection, delivery: Delivery) -> None:
+        delivery.pid = session.allocate_pid()
+        delivery.state = Delivery.SENT
+        session.inflight[delivery.pid] = delivery
+        if not self._write_publish(session, conn, delivery):
+            # too large for this client: "treated as if sent" [MQTT-3.1.2-25], never retried
+            del session.inflight[delivery.pid]
+
+    def _write_publish(self, session: Session, conn: Connection, d: Delivery,
+                       dup: bool = False) -> bool:
+        msg = d.msg
+        v5 = conn.level == 5
+        aliases = conn.out_aliases
+        if aliases is not None:
+            head, tail = self._aliased_parts(session, aliases, d)
+        else:
+            head, tail = msg.parts(v5, d.qos, d.retain, d.sub_ids)
+        size = len(head) + len(tail) + (2 if d.qos else 0)
+        if session.max_packet_size and size > session.max_packet_size:
+            self.stats.dropped(DropReason.TOO_LARGE)
+            return False
+        if dup:
+            head = bytes((head[0] | 0x08,)) + head[1:]
+        if d.qos:
+            conn.write(head + d.pid.to_bytes(2, "big") + tail)
+        else:
+            conn.write(head + tail)
+        self.stats.packets_out[_PUBLISH] += 1
+        self.stats.messages_out += 1
+        return True
+
+    def _aliased_parts(self, session: Session, aliases: dict[str, int], d: Delivery) -> tuple:
+        """Outbound topic alias (v5): the first send carries topic + alias, later ones only
+        the alias. Per connection, so these bytes are never shared with other subscribers."""
+        msg = d.msg
+        props = dict(msg.properties) if msg.properties else {}
+        if d.sub_ids:
+            props[Prop.SUBSCRIPTION_IDENTIFIER] = list(d.sub_ids)
+        if msg.expiry_at is not None:
+            props[Prop.MESSAGE_EXPIRY_INTERVAL] = max(1, int(msg.expiry_at - time.monotonic()))
+        topic = msg.topic
+        alias = aliases.get(topic)
+        if alias is not None:
+            props[Prop.TOPIC_ALIAS] = alias
+            topic = ""
+        elif len(aliases) < session.alias_max:
+            alias = aliases[topic] = len(aliases) + 1
+            props[Prop.TOPIC_ALIAS] = alias
+        return publish_parts(topic, msg.payload, d.qos, d.retain, False, props or None, 5)
+
+    def _pump(self, session: Session) -> None:
+        """Move queued deliveries into the window while the client can take them."""
+        conn = session.conn
+        if conn is None:
+            return
+        queue = session.queue
+        inflight = session.inflight
+        window = session.window
+        now = time.monotonic()
+        while queue and len(inflight) < window and not conn.congested:
+            delivery = queue.popleft()
+            if delivery.msg.expiry_at is not None and delivery.msg.expired(now):
+                self.stats.dropped(DropReason.EXPIRED)
+                continue
+            self._send_inflight(session, conn, delivery)
+
+    def _resend_inflight(self, session: Session, conn: Connection) -> None:
+        """[MQTT-4.4.0-1]: on a resumed session, resend unacked PUBLISH (DUP=1) and PUBREL."""
+        for delivery in list(session.inflight.values()):
+            if delivery.state == Delivery.RELEASED:
+                conn.send(PubRel(delivery.pid))
+            elif not self._write_publish(session, conn, delivery, dup=True):
+                del session.inflight[delivery.pid]
+
+    # -- acks from subscribers -----------------------------------------------------------------
+    def _on_puback(self, conn: Connection, pkt: PubAck) -> None:
+        session = conn.session
+        if session is None:
+            return
+        delivery = session.inflight.get(pkt.packet_id)
+        if delivery is not None and delivery.qos == 1:
+            del session.inflight[pkt.packet_id]
+            if session.queue:
+                self._pump(session)
+
+    def _on_pubrec(self, conn: Connection, pkt: PubRec) -> None:
+        session = conn.session
+        if session is None:
+            return
+        delivery = session.inflight.get(pkt.packet_id)
+        if delivery is None or delivery.qos != 2:
+            if conn.level == 5:
+                conn.send(PubRel(pkt.packet_id, Reason.PACKET_IDENTIFIER_NOT_FOUND))
+            return
+        if pkt.reason_code >= 0x80:  # the subscriber refused it: the flow ends here
+            del session.inflight[pkt.packet_id]
+            self._pump(session)
+            return
+        delivery.state = Delivery.RELEASED
+        conn.send(PubRel(pkt.packet_id))
+
+    def _on_pubrel(self, conn: Connection, pkt: PubRel) -> None:
+        session = conn.session
+        if session is None:
+            return
+        if pkt.packet_id in session.incoming_qos2:
+            session.incoming_qos2.discard(pkt.packet_id)
+            conn.inbound_unacked -= conn.level == 5
+            conn.send(PubComp(pkt.packet_id))
+        else:
+            conn.send(PubComp(pkt.packet_id,
+                              Reason.PACKET_IDENTIFIER_NOT_FOUND if conn.level == 5 else 0))
+
+    def _on_pubcomp(self, conn: Connection, pkt: PubComp) -> None:
+        session = conn.session
+        if session is None:
+            return
+        delivery = session.inflight.get(pkt.packet_id)
+        if delivery is not None and delivery.state == Delivery.RELEASED:
+            del session.inflight[pkt.packet_id]
+            if session.queue:
+                self._pump(session)
+
+    # -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------------
+    def _on_subscribe(self, conn: Connection, pkt: Subscribe) -> None:
+        session = conn.session
+        if session is None:
+            return
+        mqtt = self.mqtt
+        v5 = conn.level == 5
+        sub_id = None
+        if pkt.properties:
+            ids = pkt.properties.get(Prop.SUBSCRIPTION_IDENTIFIER)
+            if ids:
+                sub_id = ids[0]
+        codes: list[int] = []
+        retained_out: list[tuple[Subscription, list[Message]]] = []
+        for flt, opts in pkt.subscriptions:
+            group, real = parse_shared(flt)
+            if not is_valid_topic_filter(flt):
+                if not v5:  # 3.1.1: a protocol violation closes the connection [MQTT-4.8.0-1]
+                    self.protocol_error(conn, ProtocolError(Reason.TOPIC_FILTER_INVALID,
+                                                            f"invalid topic filter {flt!r}"))
+                    return
+                codes.append(Reason.TOPIC_FILTER_INVALID)
+                continue
+            if group is not None and opts.no_local:
+                # [MQTT-3.8.3-4]: No Local on a shared subscription is a protocol error
+                self.protocol_error(conn, ProtocolError(Reason.PROTOCOL_ERROR,
+                                                        "no local on a shared subscription"))
+                return
+            if group is not None and not mqtt.shared_subscriptions:
+                codes.append(Reason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else SUBACK_FAILURE_V3)
+                continue
+            if not mqtt.wildcard_subscriptions and has_wildcards(real):
+                codes.append(Reason.WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED if v5
+                             else SUBACK_FAILURE_V3)
+                continue
+            acl = self._acl
+            if acl is not None and not acl.can_subscribe(conn.username, conn.client_id, real):
+                log.info("subscribe denied by ACL", extra={"client_id": conn.client_id,
+                                                           "filter": flt})
+                codes.append(Reason.NOT_AUTHORIZED if v5 else SUBACK_FAILURE_V3)
+                continue
+            granted = min(opts.qos, mqtt.max_qos)
+            sub = Subscription(real, granted, opts.no_local, opts.retain_as_published,
+                               opts.retain_handling, sub_id, group)
+            is_new = flt not in session.subscriptions
+            session.subscriptions[flt] = sub
+            self.trie.add(real, session.client_id, sub, group)
+            codes.append(granted)
+            # [MQTT-3.3.1-9..11]: retained messages on subscribe, per Retain Handling; never
+            # for shared subscriptions [MQTT-3.8.4-? / v5 4.8.2].
+            if group is None and (opts.retain_handling == 0
+                                  or (opts.retain_handling == 1 and is_new)):
+                found = self.retained.match(real)
+                if found:
+                    retained_out.append((sub, found))
+        conn.send(Suback(pkt.packet_id, codes))
+        for sub, messages in retained_out:
+            ids = (sub.sub_id,) if sub.sub_id else None
+            for msg in messages:
+                self._deliver(session, msg, sub.qos, True, ids)
+
+    def _on_unsubscribe(self, conn: Connection, pkt: Unsubscribe) -> None:
+        session = conn.session
+        if session is None:
+            return
+        codes = []
+        for flt in pkt.topic_filters:
+            sub = session.subscriptions.pop(flt, None)
+            if sub is None:
+                codes.append(Reason.NO_SUBSCRIPTION_EXISTED)
+                continue
+            self.trie.remove(sub.filter, session.client_id, sub.group)
+            codes.append(Reason.SUCCESS)
+            if sub.group is not None:
+                self._redispatch_shared(session, only_group=sub)
+        conn.send(Unsuback(pkt.packet_id, codes if conn.level == 5 else []))
+
+    def _on_pingreq(self, conn: Connection, _pkt: Packet) -> None:
+        conn.send(PingResp())
+
+    def _on_auth(self, conn: Connection, _pkt: Packet) -> None:
+        self.protocol_error(conn, ProtocolError(Reason.PROTOCOL_ERROR,
+                                                "AUTH without enhanced authentication"))
+
+    def _on_disconnect(self, conn: Connection, pkt: Disconnect) -> None:
+        session = conn.session
+        if session is None:
+            return
+        if conn.level == 5 and pkt.properties:
+            expiry = pkt.properties.get(Prop.SESSION_EXPIRY_INTERVAL)
+            if expiry is not None:
+                if session.expiry_interval == 0 and expiry != 0:
+                    # [MQTT-3.14.2-2]
+                    self.protocol_error(conn, ProtocolError(
+                        Reason.PROTOCOL_ERROR, "session expiry set on DISCONNECT after 0"))
+                    return
+                if self.mqtt.max_session_expiry and expiry > self.mqtt.max_session_expiry:
+                    expiry = self.mqtt.max_session_expiry
+                session.expiry_interval = expiry
+        # 0x04 "disconnect with will message" keeps the will; anything else discards it.
+        conn.clean_disconnect = pkt.reason_code != Reason.DISCONNECT_WITH_WILL
+        if conn.clean_disconnect:
+            conn.will = None
+        conn.close()
+
+    # -- session end, wills, timers ---------------------------------------------------------------
+    def _connection_closed(self, session: Session, conn: Connection, abnormal: bool) -> None:
+        now = time.monotonic()
+        if conn.will is not None and abnormal:
+            delay = conn.will_delay
+            if delay <= 0 or session.expiry_interval == 0:
+                self._publish_will(conn.will)
+            else:
+                session.will = conn.will
+                due = now + min(delay, session.expiry_interval)
+                session.will_due = due
+                heapq.heappush(self._timers, (due, next(self._seq), "will", session))
+            conn.will = None
+        if session.expiry_interval == 0:
+            self._end_session(session)
+            return
+        # a shared subscriber going offline: its unacked shares go to members still online
+        self._redispatch_shared(session)
+        if session.expiry_interval != NEVER:
+            session.expires_at = now + session.expiry_interval
+            heapq.heappush(self._timers, (session.expires_at, next(self._seq), "expiry", session))
+
+    def _end_session(self, session: Session) -> None:
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        for sub in session.subscriptions.values():
+            self.trie.remove(sub.filter, session.client_id, sub.group)
+        self._redispatch_shared(session)
+        if session.will is not None:  # the session ends before the will delay ran out
+            self._publish_will(session.will)
+            session.will = None
+        session.subscriptions.clear()
+        session.inflight.clear()
+        session.queue.clear()
+
+    def _redispatch_shared(self, session: Session, only_group: Subscription | None = None) -> None:
+        """Give a departing shared member's unacked and queued shares to another member."""
+        moved: list[Delivery] = []
+        for pid, d in list(session.inflight.items()):
+            if d.group is not None and d.state == Delivery.SENT and (
+                    only_group is None or d.group.filter == only_group.filter):
+                del session.inflight[pid]
+                moved.append(d)
+        kept = []
+        for d in session.queue:
+            if d.group is not None and (only_group is None or d.group.filter == only_group.filter):
+                moved.append(d)
+            else:
+                kept.append(d)
+        if len(kept) != len(session.queue):
+            session.queue.clear()
+            session.queue.extend(kept)
+        for d in moved:
+            if not self._deliver_shared(d.group, d.msg, exclude=session.client_id):
+                self.stats.dropped(DropReason.QUEUE_FULL)
+
+    def _publish_will(self, will: Will) -> None:
+        props = will.properties or {}
+        interval = props.get(Prop.MESSAGE_EXPIRY_INTERVAL)
+        expiry_at = time.monotonic() + interval if interval is not None else None
+        msg = Message(will.topic, will.payload, will.qos, will.retain,
+                      _forwarded_properties(props), expiry_at, None)
+        if will.retain:
+            self._retain(msg)
+        self.route(msg)
+
+    def _sweep(self) -> None:
+        """Keepalive, connect timeout, delayed wills and session expiry, twice a second."""
+        now = time.monotonic()
+        connect_timeout = self.mqtt.connect_timeout
+        for conn in list(self.connections):
+            if conn.closing:
+                continue
+            if conn.session is None:
+                if conn.pending is None and now - conn.accepted_at > connect_timeout:
+                    log.info("closing connection: no CONNECT within %.0f s", connect_timeout,
+                             extra={"peer": conn.peer})
+                    conn.listener.rejected += 1
+                    conn.abort()
+            elif conn.keepalive and now - conn.last_rx > conn.keepalive * 1.5:
+                # [MQTT-3.1.2-24]: 1.5 × keepalive without a packet → disconnect (will is sent)
+                log.info("keepalive timeout", extra={"client_id": conn.client_id,
+                                                     "peer": conn.peer})
+                conn.close(Reason.KEEP_ALIVE_TIMEOUT)
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, kind, session = heapq.heappop(timers)
+            if kind == "will":
+                due = session.will_due
+                if session.will is not None and due is not None and due <= now:
+                    will, session.will, session.will_due = session.will, None, None
+                    self._publish_will(will)
+            elif session.conn is None and session.expires_at is not None \
+                    and session.expires_at <= now:
+                log.debug("session expired", extra={"client_id": session.client_id})
+                self._end_session(session)
+        self._sweep_handle = self.loop.call_later(_SWEEP_INTERVAL, self._sweep)

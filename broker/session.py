@@ -1,0 +1,84 @@
+"""Per-client session state that outlives a network connection.
+
+Everything the MQTT spec says survives a reconnect lives here (subscriptions, the outgoing QoS 1/2
+window and queue, inbound QoS 2 packet ids) so that a persistent session is simply a
+``Session`` whose ``conn`` is ``None`` for a while. The router owns every session;
+connections only point at one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from broker.message import Delivery
+from broker.protocol.packets import Will
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+
+NEVER = 0xFFFFFFFF  # v5 session expiry interval meaning "does not expire"
+
+
+class Subscription:
+    __slots__ = ("filter", "qos", "no_local", "retain_as_published", "retain_handling", "sub_id",
+                 "group")
+
+    def __init__(
+        self,
+        flt: str,
+        qos: int,
+        no_local: bool,
+        retain_as_published: bool,
+        retain_handling: int,
+        sub_id: int | None,
+        group: str | None,
+    ) -> None:
+        self.filter = flt  # the real filter, without "$share/group/"
+        self.qos = qos  # granted maximum QoS
+        self.no_local = no_local
+        self.retain_as_published = retain_as_published
+        self.retain_handling = retain_handling
+        self.sub_id = sub_id
+        self.group = group
+
+
+class Session:
+    __slots__ = (
+        "client_id", "conn", "level", "expiry_interval", "subscriptions", "inflight", "queue",
+        "next_pid", "incoming_qos2", "window", "max_packet_size", "alias_max", "expires_at",
+        "will", "will_due", "created",
+    )
+
+    def __init__(self, client_id: str, level: int) -> None:
+        self.client_id = client_id
+        self.conn: Connection | None = None
+        self.level = level
+        self.expiry_interval = 0  # seconds after disconnect; NEVER = keep forever
+        # key: the filter as subscribed (including "$share/g/" prefix) -> Subscription
+        self.subscriptions: dict[str, Subscription] = {}
+        self.inflight: dict[int, Delivery] = {}  # packet id -> delivery, oldest first
+        self.queue: deque[Delivery] = deque()
+        self.next_pid = 1
+        self.incoming_qos2: set[int] = set()  # PUBLISH QoS 2 received, PUBREL not yet
+        self.window = 65535  # min(max_inflight, client's Receive Maximum)
+        self.max_packet_size = 0  # client's Maximum Packet Size; 0 = protocol limit
+        self.alias_max = 0  # client's Topic Alias Maximum (outbound aliases we may use)
+        self.expires_at: float | None = None  # monotonic deadline while offline
+        self.will: Will | None = None  # pending delayed will (v5 Will Delay Interval)
+        self.will_due: float | None = None
+        self.created = time.monotonic()
+
+    @property
+    def v5(self) -> bool:
+        return self.level == 5
+
+    def allocate_pid(self) -> int:
+        """Next free packet id; the window (≤ 65535) guarantees one exists."""
+        pid = self.next_pid
+        inflight = self.inflight
+        while pid in inflight:
+            pid = pid + 1 if pid < 65535 else 1
+        self.next_pid = pid + 1 if pid < 65535 else 1
+        return pid

@@ -1,0 +1,104 @@
+"""Node assembly: builds one meshmq node from a validated config and runs it until a signal.
+
+This is the only place that knows every room; each room receives just its own settings. Signals:
+SIGTERM/SIGINT drain gracefully (stop accepting, v5 DISCONNECT 0x8B to clients, flush, exit 0);
+SIGHUP reloads the password and ACL files (Mosquitto reloads the same on SIGHUP).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvloop
+
+from broker.auth import Authenticator
+from broker.listener import Listeners
+from broker.router import Router
+from broker.stats import BrokerStats
+from meshmq.admin import AdminServer
+from meshmq.config import NodeConfig
+from meshmq.metrics import LoopLagMonitor, MetricsRegistry
+
+log = logging.getLogger("meshmq.node")
+
+
+class Node:
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.stats = BrokerStats()
+        auth_settings = config.broker.auth
+        needs_auth = (not auth_settings.allow_anonymous or auth_settings.password_file
+                      or auth_settings.acl_file)
+        self.auth = Authenticator(auth_settings) if needs_auth else None
+        self.router: Router | None = None
+        self.listeners: Listeners | None = None
+        self.metrics = MetricsRegistry()
+        self.lag = LoopLagMonitor(self.metrics)
+        self.admin = AdminServer(config.admin_bind, self.metrics.registry, self.ready)
+        self._ready = False
+        self._stop = asyncio.Event()
+
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.router = Router(self.config.broker, self.stats, self.auth, loop)
+        self.metrics.add_broker(self.stats, self.router.gauges)
+        self.listeners = Listeners(self.router, self.config.broker.listeners, self.stats)
+        await self.admin.start()
+        await self.listeners.start()
+        self.router.start()
+        self.lag.start()
+        self._ready = True
+        log.info("meshmq node ready", extra={"node_id": self.config.node_id,
+                                              "mqtt": self.config.broker.listeners.tcp_bind,
+                                              "admin": self.config.admin_bind})
+
+    async def stop(self) -> None:
+        """Graceful drain; safe to call once start() got as far as it did."""
+        self._ready = False
+        log.info("draining: no new connections, disconnecting clients")
+        if self.listeners is not None:
+            self.listeners.stop_accepting()
+        if self.router is not None:
+            await self.router.drain()
+        if self.listeners is not None:
+            await self.listeners.close()
+        self.lag.stop()
+        await self.admin.stop()
+        log.info("meshmq node stopped")
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def reload(self) -> None:
+        if self.auth is not None:
+            log.info("SIGHUP: reloading password and ACL files")
+            self.auth.reload()
+        else:
+            log.info("SIGHUP: nothing to reload (no password or ACL file configured)")
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        try:
+            await self.start()
+        except OSError as err:
+            log.error("cannot start: %s (is another broker already listening there?)", err)
+            await self.stop()
+            return 1
+        await self._stop.wait()
+        await self.stop()
+        return 0
+
+
+def run_node(config: NodeConfig) -> int:
+    async def main() -> int:
+        return await Node(config).run()
+
+    return uvloop.run(main())
