@@ -95,6 +95,10 @@ class Connection(asyncio.Protocol):
         try:
             packets = self.proto.receive_data(data)
         except ProtocolError as err:
+            # Valid packets that arrived ahead of the bad bytes are still handled: a QoS 1
+            # publish before garbage is stored and acknowledged, not silently lost.
+            if err.packets and self.pending is None:
+                self.router.handle_packets(self, err.packets)
             self.router.protocol_error(self, err)
             return
         if not packets:

@@ -146,8 +146,8 @@ class Router:
         if conn.session is None:
             conn.listener.rejected += 1
             if isinstance(err, UnsupportedProtocolVersion):
-                # [MQTT-3.1.2-2]: answer CONNACK 0x01 (3.1.1 format) then close.
-                conn.write(b"\x20\x02\x00\x01")
+                # [MQTT-3.1.2-2]: answer CONNACK 0x01 (0x84 for v5 framing), then close.
+                conn.write(err.connack)
             elif conn.proto.protocol_level == 5:
                 conn.level = 5
                 conn.send(Connack(reason_code=err.reason_code))
@@ -305,6 +305,7 @@ class Router:
                 session.will = None
                 session.will_due = None
         session.level = pkt.protocol_level
+        session.username = pkt.username
         session.expiry_interval = expiry
         session.expires_at = None
         session.window = min(mqtt.max_inflight, props.get(Prop.RECEIVE_MAXIMUM, 65535))
@@ -473,6 +474,13 @@ class Router:
         sub_ids: tuple[int, ...] | None,
         group: SharedGroup | None = None,
     ) -> None:
+        acl = self._acl
+        if acl is not None and not acl.can_deliver(session.username, session.client_id,
+                                                   msg.topic):
+            # A wildcard subscription may cover a topic whose read is denied (Mosquitto checks
+            # read access per message for the same reason).
+            self.stats.dropped(DropReason.NOT_AUTHORIZED)
+            return
         qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]
         conn = session.conn
         if qos == 0:

@@ -48,7 +48,7 @@ class Session:
     __slots__ = (
         "client_id", "conn", "level", "expiry_interval", "subscriptions", "inflight", "queue",
         "next_pid", "incoming_qos2", "window", "max_packet_size", "alias_max", "expires_at",
-        "will", "will_due", "created",
+        "will", "will_due", "created", "username",
     )
 
     def __init__(self, client_id: str, level: int) -> None:
@@ -69,6 +69,7 @@ class Session:
         self.will: Will | None = None  # pending delayed will (v5 Will Delay Interval)
         self.will_due: float | None = None
         self.created = time.monotonic()
+        self.username: str | None = None  # for per-message read ACL checks
 
     @property
     def v5(self) -> bool:

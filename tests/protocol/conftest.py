@@ -1,0 +1,11 @@
+"""Make this folder importable (pytest runs with --import-mode=importlib), for the shared
+hypothesis strategies in ``protocol_strategies.py``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
