@@ -3,8 +3,8 @@
 One class per packet type covers all three protocol levels (3 = MQTT 3.1, 4 = 3.1.1, 5 = 5.0);
 fields that only exist in v5 (reason codes, properties) are simply ignored when encoding for 3.x.
 Properties are a dict keyed by property id (see ``properties.py``) or ``None`` when empty, so the
-hot path (PUBLISH without properties) allocates nothing for them. Repeatable properties (user property,
-subscription identifier) hold a list.
+hot path (PUBLISH without properties) allocates nothing for them. Repeatable properties (user
+property, subscription identifier) hold a list.
 """
 
 from __future__ import annotations
