@@ -1,0 +1,170 @@
+"""The fetch response format served by the admin HTTP fetch API and decoded by Spark.
+
+Pure Python, no imports from the rest of meshmq except the record framing, so the
+Spark connector (and any other client) can vendor or import just this module and
+``commitlog.record``.
+
+Layout (little-endian)::
+
+    off  size  field
+    0    4     magic         b"MQF1"
+    4    4     record_count  u32
+    8    8     log_start     i64   first offset still retained (-1: not given)
+    16   8     high_water    i64   committed end offset at response time (-1: not given)
+    24   ...   record_count records in the record framing of commitlog.record
+
+The response reuses the store's record framing byte for byte, so a server can later
+send stored bytes without re-encoding, and every record keeps its CRC end to end.
+``log_start`` and ``high_water`` let a reader detect data loss to retention
+(requested offset < log_start) and compute lag without a second request.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from commitlog.record import (
+    ATTR_QOS_MASK,
+    ATTR_RETAIN,
+    FLAG_CONTROL,
+    HDR_ENTRY,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    CorruptRecordError,
+    Record,
+    decode_batch,
+    encode_batch,
+)
+
+FETCH_MAGIC = b"MQF1"
+FETCH_HEADER = struct.Struct("<4sIqq")
+
+
+class FetchMeta(NamedTuple):
+    """The response header: how many records follow and where the log stands."""
+
+    record_count: int
+    log_start: int
+    high_water: int
+
+
+def encode_fetch_response(
+    records: Sequence[Record], log_start: int = -1, high_water: int = -1
+) -> bytes:
+    """Encode records (any keys) into one response body."""
+    return FETCH_HEADER.pack(FETCH_MAGIC, len(records), log_start, high_water) + encode_batch(
+        list(records)
+    )
+
+
+def decode_fetch_meta(data: bytes | bytearray | memoryview) -> FetchMeta:
+    """Read only the header (cheap: used to plan the next request)."""
+    if len(data) < FETCH_HEADER.size:
+        raise CorruptRecordError("fetch response shorter than its header", 0)
+    magic, count, start, hw = FETCH_HEADER.unpack_from(data, 0)
+    if magic != FETCH_MAGIC:
+        raise CorruptRecordError("not a meshmq fetch response (bad magic)", 0)
+    return FetchMeta(count, start, hw)
+
+
+def decode_fetch_response(
+    data: bytes | bytearray | memoryview, verify: bool = True
+) -> list[Record]:
+    """Decode a whole response into Records; checks the count and every CRC."""
+    meta = decode_fetch_meta(data)
+    recs = decode_batch(data, FETCH_HEADER.size, verify=verify)
+    if len(recs) != meta.record_count:
+        raise CorruptRecordError(
+            f"fetch response says {meta.record_count} records, holds {len(recs)}", 0
+        )
+    return recs
+
+
+class FetchColumns(NamedTuple):
+    """Column lists, ready for ``pyarrow.array`` / ``RecordBatch.from_arrays``."""
+
+    keys: list[str]
+    offsets: list[int]
+    timestamps_us: list[int]
+    topics: list[str]
+    qos: list[int]
+    retain: list[bool]
+    payloads: list[bytes]
+    headers: list[list[tuple[str, bytes]]]
+
+
+def decode_fetch_columns(
+    data: bytes | bytearray | memoryview, verify: bool = True, with_headers: bool = False
+) -> FetchColumns:
+    """Decode straight into per-column lists (no Record objects): the Arrow path.
+
+    QoS and retain come from the broker's attrs convention (``ATTR_*`` in record.py).
+    Keys repeat across records, so each distinct key is decoded once."""
+    meta = decode_fetch_meta(data)
+    buf = data if isinstance(data, bytes) else bytes(data)
+    mv = memoryview(buf)
+    keys: list[str] = []
+    offsets: list[int] = []
+    tss: list[int] = []
+    topics: list[str] = []
+    qos: list[int] = []
+    retain: list[bool] = []
+    payloads: list[bytes] = []
+    hdrs: list[list[tuple[str, bytes]]] = []
+    kcache: dict[bytes, str] = {}
+    tcache: dict[bytes, str] = {}
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    pos = FETCH_HEADER.size
+    end = len(buf)
+    while pos < end:
+        if end - pos < HEADER_SIZE:
+            raise CorruptRecordError("truncated record header", pos)
+        (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(buf, pos)
+        rend = pos + 4 + length
+        if length < HEADER_SIZE - 4 or rend > end or magic != MAGIC:
+            raise CorruptRecordError("bad record length or magic", pos)
+        if verify and crc32(mv[pos + 8 : rend]) != crc:
+            raise CorruptRecordError("CRC mismatch", pos)
+        if flags & FLAG_CONTROL:
+            pos = rend
+            continue
+        p = pos + HEADER_SIZE
+        kb = buf[p : p + kl]
+        k = kcache.get(kb)
+        if k is None:
+            k = kcache[kb] = kb.decode()
+        p += kl
+        tb = buf[p : p + tl]
+        t = tcache.get(tb)
+        if t is None:
+            t = tcache[tb] = tb.decode()
+        p += tl
+        hl: list[tuple[str, bytes]] = []
+        for _ in range(hc):
+            nl, vl = HDR_ENTRY.unpack_from(buf, p)
+            p += 6
+            name = buf[p : p + nl].decode()
+            p += nl
+            hl.append((name, buf[p : p + vl]))
+            p += vl
+        keys.append(k)
+        offsets.append(off)
+        tss.append(ts)
+        topics.append(t)
+        qos.append(attrs & ATTR_QOS_MASK)
+        retain.append(bool(attrs & ATTR_RETAIN))
+        payloads.append(buf[p:rend])
+        if with_headers:
+            hdrs.append(hl)
+        pos = rend
+    mv.release()
+    if len(offsets) != meta.record_count:
+        raise CorruptRecordError(
+            f"fetch response says {meta.record_count} records, holds {len(offsets)}", 0
+        )
+    return FetchColumns(keys, offsets, tss, topics, qos, retain, payloads, hdrs)

@@ -1,0 +1,1204 @@
+"""LogStore: one shared, segmented append-only store holding the logs of many devices.
+
+Why one shared store and not a directory per device: a QoS 1 ack needs its record to be
+durable, and a busy event-loop tick carries publishes of hundreds of devices. With one
+file per device that is one fsync per device per tick; with a shared store it is ONE
+write and ONE fsync for the whole tick (group commit). It also keeps the number of open
+files constant (1 writer + a small read cache) whatever the number of devices, and
+recovery reads one sequential tail instead of opening 100k directories.
+
+What makes per-device reads cheap in a shared store is a per-device in-memory sparse
+index (offset -> store position, running max timestamp, cumulative bytes), checkpointed
+to disk, plus a per-device tail cache of the newest records. See README.md.
+
+Threading: everything runs on one thread (the event loop) except :meth:`sync`, which may
+run concurrently on ONE other thread (the group committer's fsync worker). The state the
+two share (flushed position, the writer fd and retired fds) is guarded by ``_lock``.
+:meth:`rollback`, :meth:`truncate`, :meth:`close` must not overlap a running sync.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import fcntl
+import logging
+import os
+import struct
+import threading
+import time
+import zlib
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
+
+from commitlog.record import (
+    FLAG_CONTROL,
+    HDR_ENTRY,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    U32,
+    CorruptRecordError,
+    Header,
+    Record,
+    decode_one,
+    encode_into,
+    headers_size,
+)
+from commitlog.settings import LogSettings
+from commitlog.stats import LogStats
+
+log = logging.getLogger("meshmq.commitlog")
+
+SEGMENT_SUFFIX = ".log"
+CHECKPOINT_NAME = "index.ckpt"
+LOCK_NAME = "LOCK"
+READ_CHUNK = 256 * 1024
+MIN_TS = -(2**63)
+_new_record = tuple.__new__
+
+CKPT_MAGIC = b"MQCK"
+CKPT_VERSION = 1
+CKPT_HEAD = struct.Struct("<4sIqI")  # magic, version, checkpoint_pos, n_segments
+CKPT_SEG = struct.Struct("<qq")  # base, max_ts
+CKPT_DEV = struct.Struct("<Hqqqqqqq II")  # key_len start next total since seg max_ts _ n_ent n_mark
+
+
+class LogStoreError(Exception):
+    """Base class of the store's own errors."""
+
+
+class LogWriteError(LogStoreError, OSError):
+    """The store could not write; nothing after the last commit is durable. An OSError
+    carrying the original errno (ENOSPC, EIO...) so callers can map it to a reason code."""
+
+
+class OffsetOutOfRangeError(LogStoreError):
+    """Requested offset is below the retained start or above the high-water mark."""
+
+    def __init__(self, key: str, offset: int, start: int, end: int) -> None:
+        super().__init__(f"offset {offset} of {key!r} outside retained range [{start}, {end}]")
+        self.key = key
+        self.offset = offset
+        self.start = start
+        self.end = end
+
+
+def segment_name(base: int) -> str:
+    """Segment files are named by the global store position of their first byte."""
+    return f"{base:020d}{SEGMENT_SUFFIX}"
+
+
+class Segment:
+    """One file of the store: bytes [base, base + size) of the global position space."""
+
+    __slots__ = ("base", "size", "max_ts", "path")
+
+    def __init__(self, base: int, path: str, size: int = 0, max_ts: int = MIN_TS) -> None:
+        self.base = base
+        self.path = path
+        self.size = size
+        self.max_ts = max_ts
+
+    @property
+    def end(self) -> int:
+        """Global position one past the last byte."""
+        return self.base + self.size
+
+
+class DeviceLog:
+    """In-memory state of one device's log.
+
+    Fields without prefix describe everything *flushed* (written); ``c_*`` fields the
+    same at the last commit (durable), which is what checkpoints and rollbacks use.
+    The index arrays hold one entry per ``index_interval_bytes`` of this device's data
+    and one at its first record in each segment (so retention that drops a segment can
+    find the device's first surviving record exactly)."""
+
+    __slots__ = (
+        "key", "kb", "next", "hwm", "start",
+        "idx_off", "idx_pos", "idx_ts", "idx_cum",
+        "total", "since_idx", "seg_base", "max_ts",
+        "c_total", "c_since", "c_seg", "c_max",
+        "cache", "cache_start", "cache_bytes", "markers", "last_topic", "last_kt",
+    )
+
+    def __init__(self, key: str, first_offset: int = 0) -> None:
+        self.key = key
+        self.kb = key.encode()
+        self.next = first_offset  # next offset to assign (includes pending appends)
+        self.hwm = first_offset  # committed end: readers see [start, hwm)
+        self.start = first_offset  # first retained offset
+        self.idx_off = array("q")
+        self.idx_pos = array("q")
+        self.idx_ts = array("q")  # max timestamp of all records before idx_off[i]
+        self.idx_cum = array("q")  # this device's bytes before idx_off[i]
+        self.total = 0
+        self.since_idx = 0
+        self.seg_base = -1
+        self.max_ts = MIN_TS
+        self.c_total = 0
+        self.c_since = 0
+        self.c_seg = -1
+        self.c_max = MIN_TS
+        self.cache: list[Record] = []
+        self.cache_start = first_offset
+        self.cache_bytes = 0
+        self.markers: list[tuple[int, int]] | None = None  # (boundary_pos, from_offset)
+        # Devices publish to the same topic again and again: the encoded key+topic is
+        # reused instead of encoding the topic per record.
+        self.last_topic: str | None = None
+        self.last_kt = b""
+
+    def trim_index_from(self, offset: int) -> None:
+        """Drop index entries at or after ``offset`` (rollback, truncation)."""
+        j = bisect.bisect_left(self.idx_off, offset)
+        if j < len(self.idx_off):
+            del self.idx_off[j:], self.idx_pos[j:], self.idx_ts[j:], self.idx_cum[j:]
+
+    def drop_index_before(self, j: int) -> None:
+        """Drop the first ``j`` entries (retention)."""
+        if j > 0:
+            del self.idx_off[:j], self.idx_pos[:j], self.idx_ts[:j], self.idx_cum[:j]
+
+    def is_stale(self, pos: int, offset: int) -> bool:
+        """True for a record superseded by a key truncation (written before its marker)."""
+        for boundary, frm in self.markers or ():
+            if pos < boundary and offset >= frm:
+                return True
+        return False
+
+
+def _cache_size(r: Record, klen: int) -> int:
+    """Bytes a cached record is charged (close to its encoded size, cheap to compute)."""
+    n = HEADER_SIZE + klen + len(r[3]) + len(r[6])
+    if r[5]:
+        n += headers_size(r[5])
+    return n
+
+
+class LogStore:
+    """The storage engine. See the module docstring for the design and threading rules."""
+
+    def __init__(self, directory: str, settings: LogSettings) -> None:
+        """Use :meth:`open`; this only sets fields."""
+        self.directory = directory
+        self.settings = settings
+        self.stats = LogStats()
+        self._devices: dict[str, DeviceLog] = {}
+        self._segments: list[Segment] = []
+        self._seg_bases: list[int] = []
+        self._lock = threading.Lock()
+        self._wfd = -1
+        self._retired: list[int] = []
+        self._dir_dirty = False
+        self._flushed_pos = 0
+        self._synced_pos = 0
+        self._committed_pos = 0
+        self._pend_recs: list[Record] = []
+        self._pend_devs: list[DeviceLog | None] = []
+        self._pend_bound = 0
+        self._inflight: deque[tuple[int, list[tuple]]] = deque()
+        self._read_fds: OrderedDict[int, int] = OrderedDict()
+        self._lru: OrderedDict[DeviceLog, None] = OrderedDict()
+        self._cache_total = 0
+        self._broken: BaseException | None = None
+        self._cache_on = settings.tail_cache_bytes_per_device > 0
+        self._lock_fd = -1
+        self._closed = False
+
+    # ------------------------------------------------------------------ open / recovery
+
+    @classmethod
+    def open(cls, directory: str, settings: LogSettings | None = None) -> LogStore:
+        """Open (creating if needed) and recover the store in ``directory``.
+
+        Recovery: load the checkpoint (if valid and consistent with the segment files),
+        scan every record written after it, verifying CRCs and offsets; the first bad
+        record ends the log: its segment is truncated there, later segments are set aside
+        as ``*.log.orphaned-<ts>``, a WARNING names the position and
+        ``stats.recovery_truncations`` counts it. No valid checkpoint: full rescan."""
+        st = cls(directory, settings or LogSettings())
+        os.makedirs(directory, exist_ok=True)
+        st._lock_fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(st._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(st._lock_fd)
+            raise LogStoreError(f"{directory} is already open by another process") from exc
+        try:
+            st._recover()
+        except BaseException:
+            st._release_fds()
+            raise
+        return st
+
+    def _list_segments(self) -> list[Segment]:
+        segs = []
+        for name in os.listdir(self.directory):
+            if name.endswith(SEGMENT_SUFFIX) and name[: -len(SEGMENT_SUFFIX)].isdigit():
+                path = os.path.join(self.directory, name)
+                segs.append(Segment(int(name[: -len(SEGMENT_SUFFIX)]), path, os.path.getsize(path)))
+        segs.sort(key=lambda s: s.base)
+        return segs
+
+    def _recover(self) -> None:
+        segs = self._list_segments()
+        # Contiguity: a gap means something removed data in the middle; keep the prefix.
+        for i in range(1, len(segs)):
+            if segs[i].base != segs[i - 1].end:
+                log.warning(
+                    "commitlog %s: segment %s does not start where %s ends; setting aside "
+                    "it and later segments", self.directory, segs[i].path, segs[i - 1].path)
+                self._orphan(segs[i:])
+                segs = segs[:i]
+                break
+        if not segs:
+            segs = [Segment(0, os.path.join(self.directory, segment_name(0)))]
+            open(segs[0].path, "ab").close()
+            self._dir_dirty = True
+        self._segments = segs
+        self._seg_bases = [s.base for s in segs]
+        scan_from = self._load_checkpoint()
+        if scan_from is None:
+            self.stats.index_rebuilds += 1
+            self._devices.clear()
+            for s in segs:
+                s.max_ts = MIN_TS
+            scan_from = segs[0].base
+            if scan_from != 0 or segs[-1].end > 0:
+                log.info("commitlog %s: rebuilding indexes from %d bytes of segments",
+                         self.directory, segs[-1].end - segs[0].base)
+        self._scan_tail(scan_from)
+        end = self._segments[-1].end
+        self._flushed_pos = self._synced_pos = self._committed_pos = end
+        for dev in self._devices.values():
+            dev.cache_start = dev.next
+        active = self._segments[-1]
+        self._wfd = os.open(active.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.stats.segments = len(self._segments)
+        # Make recovery's truncations and the first segment durable before any ack.
+        os.fsync(self._wfd)
+        self._fsync_dir()
+
+    def _orphan(self, segs: Sequence[Segment]) -> None:
+        stamp = int(time.time())
+        for s in segs:
+            os.rename(s.path, f"{s.path}.orphaned-{stamp}")
+
+    def _load_checkpoint(self) -> int | None:
+        """Load index.ckpt; return the position to scan from, or None to rebuild."""
+        path = os.path.join(self.directory, CHECKPOINT_NAME)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            if self._segments[-1].end > 0:
+                log.warning("commitlog %s: no checkpoint; rebuilding the index", self.directory)
+            return None
+        try:
+            return self._parse_checkpoint(data)
+        except (ValueError, struct.error, UnicodeDecodeError) as exc:
+            log.warning("commitlog %s: checkpoint unusable (%s); rebuilding the index",
+                        self.directory, exc)
+            self._devices.clear()
+            return None
+
+    def _parse_checkpoint(self, data: bytes) -> int:
+        if len(data) < CKPT_HEAD.size + 4 or zlib.crc32(data[:-4]) != int.from_bytes(
+            data[-4:], "little"
+        ):
+            raise ValueError("checksum mismatch")
+        magic, version, ckpt_pos, nseg = CKPT_HEAD.unpack_from(data, 0)
+        if magic != CKPT_MAGIC or version != CKPT_VERSION:
+            raise ValueError("bad magic/version")
+        segs = self._segments
+        if ckpt_pos < segs[0].base or ckpt_pos > segs[-1].end:
+            raise ValueError(f"checkpoint position {ckpt_pos} outside the segments on disk")
+        p = CKPT_HEAD.size
+        seg_ts: dict[int, int] = {}
+        for _ in range(nseg):
+            base, mts = CKPT_SEG.unpack_from(data, p)
+            p += CKPT_SEG.size
+            seg_ts[base] = mts
+        for s in segs:
+            if s.base < ckpt_pos:
+                if s.base not in seg_ts:
+                    raise ValueError(f"segment {s.base} unknown to the checkpoint")
+                s.max_ts = seg_ts[s.base]
+        (ndev,) = struct.unpack_from("<I", data, p)
+        p += 4
+        devices: dict[str, DeviceLog] = {}
+        for _ in range(ndev):
+            (kl, start, nxt, total, since, segb, mts, _r, nent, nmark) = CKPT_DEV.unpack_from(
+                data, p)
+            p += CKPT_DEV.size
+            key = data[p : p + kl].decode()
+            p += kl
+            dev = DeviceLog(key, start)
+            dev.next = dev.hwm = nxt
+            dev.total = dev.c_total = total
+            dev.since_idx = dev.c_since = since
+            dev.seg_base = dev.c_seg = segb
+            dev.max_ts = dev.c_max = mts
+            for arr in (dev.idx_off, dev.idx_pos, dev.idx_ts, dev.idx_cum):
+                arr.frombytes(data[p : p + 8 * nent])
+                p += 8 * nent
+            if nmark:
+                flat = struct.unpack_from(f"<{2 * nmark}q", data, p)
+                p += 16 * nmark
+                dev.markers = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+            devices[key] = dev
+        if p != len(data) - 4:
+            raise ValueError("trailing bytes")
+        self._devices = devices
+        # Segments deleted by retention after this checkpoint was written.
+        self._advance_devices_past(segs[0].base)
+        return ckpt_pos
+
+    def _scan_tail(self, pos: int) -> None:
+        """Replay records from ``pos`` to the end into the indexes; cut at the first bad one."""
+        by_kb: dict[bytes, DeviceLog] = {d.kb: d for d in self._devices.values()}
+        interval = self.settings.index_interval_bytes
+        i = bisect.bisect_right(self._seg_bases, pos) - 1
+        while i < len(self._segments):
+            seg = self._segments[i]
+            with open(seg.path, "rb") as f:
+                f.seek(pos - seg.base)
+                data = f.read()
+            p = 0
+            n = len(data)
+            bad: str | None = None
+            unpack = HEADER.unpack_from
+            mv = memoryview(data)
+            while p < n:
+                if n - p < HEADER_SIZE:
+                    bad = "torn record header"
+                    break
+                (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(data, p)
+                end = p + 4 + length
+                if length < HEADER_SIZE - 4 or end > n or magic != MAGIC:
+                    bad = "bad length or torn record"
+                    break
+                if zlib.crc32(mv[p + 8 : end]) != crc:
+                    bad = "CRC mismatch"
+                    break
+                kb = data[p + HEADER_SIZE : p + HEADER_SIZE + kl]
+                dev = by_kb.get(kb)
+                gpos = pos + p
+                if dev is None:
+                    try:
+                        dev = DeviceLog(kb.decode(), off)
+                    except UnicodeDecodeError:
+                        bad = "undecodable key"
+                        break
+                    self._devices[dev.key] = dev
+                    by_kb[kb] = dev
+                size = 4 + length
+                if flags & FLAG_CONTROL:
+                    if off < dev.start:
+                        bad = "truncation marker below the log start"
+                        break
+                    self._truncate_state(dev, off, gpos)
+                elif off != dev.next:
+                    bad = f"offset {off} of {dev.key!r} where {dev.next} was expected"
+                    break
+                else:
+                    if dev.since_idx >= interval or dev.seg_base != seg.base:
+                        dev.idx_off.append(off)
+                        dev.idx_pos.append(gpos)
+                        dev.idx_ts.append(dev.max_ts)
+                        dev.idx_cum.append(dev.total)
+                        dev.since_idx = 0
+                        dev.seg_base = seg.base
+                    dev.since_idx += size
+                    dev.total += size
+                    if ts > dev.max_ts:
+                        dev.max_ts = ts
+                    if ts > seg.max_ts:
+                        seg.max_ts = ts
+                    dev.next = dev.hwm = off + 1
+                p = end
+            mv.release()
+            if bad is not None:
+                cut = pos + p
+                lost = seg.end - cut + sum(s.size for s in self._segments[i + 1 :])
+                log.warning(
+                    "commitlog %s: %s at store position %d (segment %s, byte %d); truncating "
+                    "%d bytes there (a write torn by a crash loses only unacknowledged "
+                    "records; otherwise check the disk)", self.directory, bad, cut, seg.path,
+                    cut - seg.base, lost)
+                self.stats.recovery_truncations += 1
+                self.stats.recovery_truncated_bytes += lost
+                os.truncate(seg.path, cut - seg.base)
+                seg.size = cut - seg.base
+                if i + 1 < len(self._segments):
+                    self._orphan(self._segments[i + 1 :])
+                    del self._segments[i + 1 :]
+                    del self._seg_bases[i + 1 :]
+                break
+            i += 1
+            if i < len(self._segments):
+                pos = self._segments[i].base
+        for dev in self._devices.values():
+            dev.c_total, dev.c_since, dev.c_seg, dev.c_max = (
+                dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
+
+    # ------------------------------------------------------------------ write path
+
+    def append(
+        self,
+        key: str,
+        timestamp_us: int,
+        topic: str,
+        attrs: int,
+        headers: Sequence[Header] | None,
+        payload: bytes,
+    ) -> int:
+        """Assign the next offset of ``key`` and buffer the record; return the offset.
+
+        Nothing is written yet (that is :meth:`flush`) and readers cannot see it until
+        :meth:`commit`. Kept minimal: this is the per-publish hot path."""
+        if self._broken is not None:
+            raise LogWriteError(getattr(self._broken, "errno", None),
+                                f"commit log is failing: {self._broken}") from self._broken
+        dev = self._devices.get(key)
+        if dev is None:
+            dev = self._devices[key] = DeviceLog(key)
+        off = dev.next
+        dev.next = off + 1
+        rec = _new_record(Record, (off, timestamp_us, key, topic, attrs, headers or (), payload))
+        self._pend_recs.append(rec)
+        self._pend_devs.append(dev)
+        size = HEADER_SIZE + len(dev.kb) + len(topic) + len(payload)
+        if headers:
+            size += headers_size(headers)
+        self._pend_bound += size + 3 * len(topic)
+        if self._cache_on:
+            dev.cache.append(rec)
+            dev.cache_bytes += size
+            self._cache_total += size
+        return off
+
+    def pending(self) -> int:
+        """Records appended but not yet flushed."""
+        return len(self._pend_recs)
+
+    def flush(self) -> int:
+        """Write every buffered record with ONE write; return the commit token.
+
+        The token is the global store position after the write: :meth:`sync` makes
+        positions durable, :meth:`commit` publishes them to readers. On a write error the
+        store refuses further appends until :meth:`rollback` (raises LogWriteError)."""
+        if self._broken is not None:
+            raise LogWriteError(getattr(self._broken, "errno", None),
+                                f"commit log is failing: {self._broken}") from self._broken
+        recs = self._pend_recs
+        if not recs:
+            return self._flushed_pos
+        devs = self._pend_devs
+        bound = self._pend_bound
+        self._pend_recs = []
+        self._pend_devs = []
+        self._pend_bound = 0
+        seg = self._segments[-1]
+        if seg.size and seg.size + bound > self.settings.segment_bytes:
+            seg = self._roll()
+        base_pos = self._flushed_pos
+        segb = seg.base
+        interval = self.settings.index_interval_bytes
+        buf = bytearray(bound)
+        mv = memoryview(buf)
+        p = 0
+        bmax = seg.max_ts
+        touched: dict[DeviceLog, None] = {}
+        hpack = HEADER.pack_into
+        u32pack = U32.pack_into
+        crc32 = zlib.crc32
+        for rec, dev in zip(recs, devs, strict=True):
+            if dev is None:  # control record (key truncation marker)
+                p = encode_into(buf, p, rec[0], rec[1], rec[2].encode(), "", 0, (), b"",
+                                FLAG_CONTROL, mv)
+                continue
+            # Inlined record encoding (see record.encode_into; this is the hot path).
+            topic = rec[3]
+            if topic is not dev.last_topic and topic != dev.last_topic:
+                dev.last_topic = topic
+                dev.last_kt = dev.kb + topic.encode()
+            kt = dev.last_kt
+            q = p + HEADER_SIZE
+            e = q + len(kt)
+            buf[q:e] = kt
+            hdrs = rec[5]
+            if hdrs:
+                for name, value in hdrs:
+                    nb = name.encode()
+                    HDR_ENTRY.pack_into(buf, e, len(nb), len(value))
+                    e += 6
+                    buf[e : e + len(nb)] = nb
+                    e += len(nb)
+                    buf[e : e + len(value)] = value
+                    e += len(value)
+            payload = rec[6]
+            end = e + len(payload)
+            buf[e:end] = payload
+            hpack(buf, p, end - p - 4, 0, MAGIC, 0, rec[4], rec[0], rec[1], len(dev.kb),
+                  len(kt) - len(dev.kb), len(hdrs))
+            u32pack(buf, p + 4, crc32(mv[p + 8 : end]))
+            if dev.since_idx >= interval or dev.seg_base != segb:
+                dev.idx_off.append(rec[0])
+                dev.idx_pos.append(base_pos + p)
+                dev.idx_ts.append(dev.max_ts)
+                dev.idx_cum.append(dev.total)
+                dev.since_idx = 0
+                dev.seg_base = segb
+            n = end - p
+            dev.since_idx += n
+            dev.total += n
+            ts = rec[1]
+            if ts > dev.max_ts:
+                dev.max_ts = ts
+            if ts > bmax:
+                bmax = ts
+            touched[dev] = None
+            p = end
+        mv.release()
+        del buf[p:]
+        try:
+            self._write_all(buf)
+        except OSError as exc:
+            self._broken = exc
+            self.stats.write_errors += 1
+            log.error(
+                "commitlog %s: write failed (%s). Nothing after the last commit is "
+                "acknowledged; publishes are refused until space/permissions are fixed "
+                "(free disk space under %s, or lower retention)",
+                self.directory, exc, self.directory)
+            raise LogWriteError(exc.errno, f"commit log write failed: {exc.strerror}") from exc
+        seg.max_ts = bmax
+        with self._lock:
+            seg.size += p
+            self._flushed_pos = base_pos + p
+        self._inflight.append(
+            (self._flushed_pos,
+             [(d, d.next, d.total, d.since_idx, d.seg_base, d.max_ts) for d in touched]))
+        st = self.stats
+        st.batches += 1
+        st.appends += len(recs)
+        st.batch_records_sum += len(recs)
+        st.append_bytes += p
+        return self._flushed_pos
+
+    def _write_all(self, buf: bytearray) -> None:
+        mv = memoryview(buf)
+        try:
+            while mv:
+                n = os.write(self._wfd, mv)
+                if n <= 0:
+                    raise OSError(errno.EIO, "short write")
+                mv = mv[n:]
+        finally:
+            mv.release()
+
+    def _roll(self) -> Segment:
+        """Start a new segment at the current end. The old writer fd is handed to the
+        next sync, which fsyncs and closes it (never closed under a running fsync)."""
+        base = self._flushed_pos
+        seg = Segment(base, os.path.join(self.directory, segment_name(base)))
+        fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+        with self._lock:
+            self._retired.append(self._wfd)
+            self._wfd = fd
+            self._dir_dirty = True
+            self._segments.append(seg)
+            self._seg_bases.append(base)
+        self.stats.segments = len(self._segments)
+        self.stats.segments_rolled += 1
+        return seg
+
+    def sync(self) -> int:
+        """fsync everything flushed so far; return the position now durable.
+
+        Safe to call from one worker thread while the loop thread keeps appending and
+        flushing: the token is taken under the lock BEFORE the fsync, so it never claims
+        bytes written after the fsync started."""
+        with self._lock:
+            token = self._flushed_pos
+            retired = self._retired
+            self._retired = []
+            fd = self._wfd
+            dirty = self._dir_dirty
+            self._dir_dirty = False
+        t0 = time.perf_counter()
+        try:
+            for rfd in retired:
+                self._fsync(rfd)
+            self._fsync(fd)
+            if dirty:
+                self._fsync_dir()
+        except BaseException:
+            with self._lock:
+                self._retired[:0] = retired
+                self._dir_dirty = self._dir_dirty or dirty
+            self.stats.fsync_errors += 1
+            raise
+        for rfd in retired:
+            os.close(rfd)
+        self.stats.observe_fsync(time.perf_counter() - t0)
+        with self._lock:
+            if token > self._synced_pos:
+                self._synced_pos = token
+        return token
+
+    def _fsync(self, fd: int) -> None:
+        """The one place data fsyncs happen (a seam for fault-injection tests)."""
+        os.fsync(fd)
+
+    def _fsync_dir(self) -> None:
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def commit(self, token: int) -> None:
+        """Make everything flushed up to ``token`` (a position returned by sync) visible:
+        moves each touched device's high-water mark and trims tail caches."""
+        infl = self._inflight
+        if token > self._synced_pos:
+            raise ValueError(f"commit({token}) beyond the synced position {self._synced_pos}")
+        per_dev_cap = self.settings.tail_cache_bytes_per_device
+        lru = self._lru
+        while infl and infl[0][0] <= token:
+            _end, infos = infl.popleft()
+            for dev, nxt, total, since, segb, mx in infos:
+                dev.hwm = nxt
+                dev.c_total = total
+                dev.c_since = since
+                dev.c_seg = segb
+                dev.c_max = mx
+                if per_dev_cap:
+                    if dev.cache_bytes > per_dev_cap:
+                        self._trim_cache_front(dev, per_dev_cap)
+                    if dev in lru:
+                        lru.move_to_end(dev)
+                    else:
+                        lru[dev] = None
+        if token > self._committed_pos:
+            self._committed_pos = token
+        if self._cache_total > self.settings.tail_cache_bytes_total:
+            self._evict_global()
+        self.stats.tail_cache_bytes = self._cache_total
+
+    def _trim_cache_front(self, dev: DeviceLog, cap: int) -> None:
+        klen = len(dev.kb)
+        cache = dev.cache
+        k = 0
+        freed = 0
+        while k < len(cache) and dev.cache_bytes - freed > cap:
+            freed += _cache_size(cache[k], klen)
+            k += 1
+        del cache[:k]
+        dev.cache_start += k
+        dev.cache_bytes -= freed
+        self._cache_total -= freed
+
+    def _drop_cache(self, dev: DeviceLog) -> None:
+        self._cache_total -= dev.cache_bytes
+        dev.cache_start += len(dev.cache)
+        dev.cache = []
+        dev.cache_bytes = 0
+
+    def _evict_global(self) -> None:
+        """Least recently used devices lose their whole cache until under the global cap."""
+        cap = self.settings.tail_cache_bytes_total
+        lru = self._lru
+        while self._cache_total > cap and lru:
+            dev, _ = lru.popitem(last=False)
+            self._drop_cache(dev)
+            self.stats.tail_cache_evictions += 1
+
+    def flush_sync_commit(self) -> int:
+        """Synchronous convenience (tests, tools, close): flush, fsync, publish."""
+        self.flush()
+        token = self.sync()
+        self.commit(token)
+        return token
+
+    def rollback(self) -> None:
+        """Discard everything not committed (pending appends and flushed, unsynced bytes)
+        after a write/fsync failure, and truncate the file back to the durable end.
+
+        Appends work again afterwards if the truncation succeeded; otherwise the store
+        stays failed (every append raises) until it is reopened, where recovery cleans up."""
+        pos = self._committed_pos
+        self._pend_recs = []
+        self._pend_devs = []
+        self._pend_bound = 0
+        self._inflight.clear()
+        for dev in self._devices.values():
+            if dev.next != dev.hwm or dev.total != dev.c_total:
+                dev.next = dev.hwm
+                dev.total, dev.since_idx, dev.seg_base, dev.max_ts = (
+                    dev.c_total, dev.c_since, dev.c_seg, dev.c_max)
+                dev.trim_index_from(dev.hwm)
+                self._trim_cache_back(dev)
+        try:
+            while len(self._segments) > 1 and self._segments[-1].base >= pos:
+                seg = self._segments.pop()
+                self._seg_bases.pop()
+                self._close_read_fd(seg.base)
+                with self._lock:
+                    self._retired.append(self._wfd)
+                    self._wfd = -1
+                os.unlink(seg.path)
+            active = self._segments[-1]
+            with self._lock:
+                retired, self._retired = self._retired, []
+            for rfd in retired:
+                if rfd >= 0:
+                    os.close(rfd)
+            if self._wfd < 0:
+                self._wfd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+            os.ftruncate(self._wfd, pos - active.base)
+            os.fsync(self._wfd)
+            self._fsync_dir()
+            active.size = pos - active.base
+            with self._lock:
+                self._flushed_pos = self._synced_pos = pos
+            self._broken = None
+            self.stats.segments = len(self._segments)
+        except OSError as exc:
+            self._broken = exc
+            log.error("commitlog %s: could not truncate after a failed write (%s); the log "
+                      "refuses appends until the broker is restarted", self.directory, exc)
+
+    def _trim_cache_back(self, dev: DeviceLog) -> None:
+        keep = dev.hwm - dev.cache_start
+        if keep < 0:
+            self._drop_cache(dev)
+            dev.cache_start = dev.hwm
+            return
+        if keep < len(dev.cache):
+            klen = len(dev.kb)
+            freed = sum(_cache_size(r, klen) for r in dev.cache[keep:])
+            del dev.cache[keep:]
+            dev.cache_bytes -= freed
+            self._cache_total -= freed
+
+    # ------------------------------------------------------------------ read path
+
+    def keys(self) -> list[str]:
+        """Every key with a log (possibly empty after retention)."""
+        return list(self._devices)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._devices
+
+    def log_range(self, key: str) -> tuple[int, int]:
+        """(first retained offset, committed end offset); (0, 0) for an unknown key."""
+        dev = self._devices.get(key)
+        if dev is None:
+            return (0, 0)
+        return (dev.start, dev.hwm)
+
+    def high_watermark(self, key: str) -> int:
+        """Committed end offset: readers see offsets below it. Replication will later
+        lower this to the ISR's minimum; today it is the durable end."""
+        dev = self._devices.get(key)
+        return 0 if dev is None else dev.hwm
+
+    def log_end(self, key: str) -> int:
+        """Next offset to be assigned (includes appends not yet durable)."""
+        dev = self._devices.get(key)
+        return 0 if dev is None else dev.next
+
+    def read(
+        self, key: str, offset: int, max_records: int = 1000, max_bytes: int = 1 << 20
+    ) -> list[Record]:
+        """Committed records of ``key`` from ``offset``: at most ``max_records``, and at
+        most ``max_bytes`` (but always at least one record if one exists).
+
+        Served from the tail cache when ``offset`` is inside it; otherwise from disk via
+        the sparse index. Raises OffsetOutOfRangeError below the start or above the end."""
+        dev = self._devices.get(key)
+        if dev is None:
+            if offset == 0:
+                return []
+            raise OffsetOutOfRangeError(key, offset, 0, 0)
+        hwm = dev.hwm
+        if offset < dev.start or offset > hwm:
+            raise OffsetOutOfRangeError(key, offset, dev.start, hwm)
+        upto = min(hwm, offset + max_records)
+        if upto <= offset:
+            return []
+        cs = dev.cache_start
+        cend = cs + len(dev.cache)
+        if cs <= offset and upto <= cend:
+            self.stats.tail_cache_hits += 1
+            if dev in self._lru:
+                self._lru.move_to_end(dev)
+            out = dev.cache[offset - cs : upto - cs]
+            if dev.cache_bytes > max_bytes:
+                out = self._cap_bytes(out, len(dev.kb), max_bytes, 0)
+            return out
+        self.stats.tail_cache_misses += 1
+        out: list[Record] = []
+        # Disk up to where the cache starts (if the cache holds the rest), else all of it.
+        disk_upto = cs if (offset < cs < upto <= cend) else upto
+        used = self._read_disk(dev, offset, disk_upto, max_bytes, out)
+        if disk_upto < upto and len(out) == disk_upto - offset and used < max_bytes:
+            out.extend(self._cap_bytes(dev.cache[: upto - cs], len(dev.kb), max_bytes, used))
+        return out
+
+    @staticmethod
+    def _cap_bytes(recs: list[Record], klen: int, max_bytes: int, used: int) -> list[Record]:
+        """Cut ``recs`` where ``max_bytes`` would be exceeded; keep one if none came before."""
+        for i, r in enumerate(recs):
+            used += _cache_size(r, klen)
+            if used > max_bytes:
+                return recs[: i if (i or used > _cache_size(r, klen)) else 1]
+        return recs
+
+    def _read_fd(self, seg: Segment) -> int:
+        fds = self._read_fds
+        fd = fds.get(seg.base)
+        if fd is not None:
+            fds.move_to_end(seg.base)
+            return fd
+        fd = os.open(seg.path, os.O_RDONLY)
+        fds[seg.base] = fd
+        while len(fds) > self.settings.read_fd_cache:
+            _, old = fds.popitem(last=False)
+            os.close(old)
+        return fd
+
+    def _close_read_fd(self, base: int) -> None:
+        fd = self._read_fds.pop(base, None)
+        if fd is not None:
+            os.close(fd)
+
+    def _read_disk(
+        self, dev: DeviceLog, offset: int, upto: int, max_bytes: int, out: list[Record]
+    ) -> int:
+        """Scan the store from the index entry at or before ``offset``, picking this
+        device's records out of the interleaved stream, until ``upto`` or ``max_bytes``.
+
+        Other devices' records are skipped by header only (no CRC, no decode); each
+        record returned is CRC-checked. Returns the bytes read into ``out``."""
+        if upto <= offset:
+            return 0
+        self.stats.disk_reads += 1
+        i = bisect.bisect_right(dev.idx_off, offset) - 1
+        if i < 0:
+            raise CorruptRecordError(f"no index entry for {dev.key!r} offset {offset}", 0)
+        pos = dev.idx_pos[i]
+        limit = self._committed_pos
+        kb = dev.kb
+        klen = len(kb)
+        markers = dev.markers
+        used = 0
+        want = offset
+        unpack = HEADER.unpack_from
+        size = READ_CHUNK
+        retried = False
+        while want < upto and pos < limit:
+            si = bisect.bisect_right(self._seg_bases, pos) - 1
+            seg = self._segments[si]
+            seg_limit = min(seg.end, limit)
+            if pos >= seg_limit:
+                break
+            fd = self._read_fd(seg)
+            data = os.pread(fd, min(size, seg_limit - pos), pos - seg.base)
+            n = len(data)
+            p = 0
+            while p + HEADER_SIZE <= n:
+                (length, _c, _m, flags, _a, off, _t, kl, _tl, _hc) = unpack(data, p)
+                end = p + 4 + length
+                if end > n:
+                    break
+                if kl == klen and data[p + HEADER_SIZE : p + HEADER_SIZE + kl] == kb and not (
+                    flags & FLAG_CONTROL
+                ):
+                    if off >= want and not (markers and dev.is_stale(pos + p, off)):
+                        if off != want:
+                            raise CorruptRecordError(
+                                f"{dev.key!r}: found offset {off} while reading {want}", pos + p)
+                        if out and used + length + 4 > max_bytes:
+                            return used
+                        rec, _f, _e = decode_one(data, p)
+                        out.append(rec)
+                        used += length + 4
+                        want += 1
+                        if want >= upto or used >= max_bytes:
+                            return used
+                p = end
+            if p == 0:
+                # One record larger than the chunk: re-read exactly it.
+                if n < HEADER_SIZE or retried:
+                    raise CorruptRecordError("truncated record in a committed segment", pos)
+                (length,) = struct.unpack_from("<I", data, 0)
+                size = 4 + length
+                retried = True
+                continue
+            size = READ_CHUNK
+            retried = False
+            pos += p
+        return used
+
+    def offset_for_timestamp(self, key: str, timestamp_us: int) -> int:
+        """First committed offset whose timestamp is >= ``timestamp_us``; the end offset
+        if none. Uses the time index (running max) to start the scan close to it."""
+        dev = self._devices.get(key)
+        if dev is None:
+            return 0
+        hwm = dev.hwm
+        n = bisect.bisect_left(dev.idx_off, hwm)
+        i = bisect.bisect_left(dev.idx_ts, timestamp_us, 0, n) - 1
+        off = dev.idx_off[i] if i >= 0 else dev.start
+        off = max(off, dev.start)
+        while off < hwm:
+            recs = self.read(key, off, 512, 1 << 22)
+            if not recs:
+                break
+            for r in recs:
+                if r[1] >= timestamp_us:
+                    return r[0]
+            off = recs[-1][0] + 1
+        return hwm
+
+    def iter_records(self, key: str, offset: int | None = None) -> Iterator[Record]:
+        """All committed records of ``key`` from ``offset`` (default: start)."""
+        dev = self._devices.get(key)
+        if dev is None:
+            return
+        off = dev.start if offset is None else offset
+        while off < dev.hwm:
+            recs = self.read(key, off, 4096, 1 << 24)
+            if not recs:
+                return
+            yield from recs
+            off = recs[-1][0] + 1
+
+    # ------------------------------------------------------------------ truncation
+
+    def truncate(self, key: str, offset: int, timestamp_us: int | None = None) -> None:
+        """Cut ``key``'s log to end at ``offset`` (leader-epoch truncation of a diverged
+        tail). Writes a control record so recovery replays the cut; it becomes durable
+        with the next sync. The key must have no uncommitted appends."""
+        dev = self._devices.get(key)
+        if dev is None:
+            if offset == 0:
+                return
+            raise OffsetOutOfRangeError(key, offset, 0, 0)
+        if dev.next != dev.hwm:
+            raise LogStoreError(f"{key!r} has uncommitted appends; commit before truncating")
+        if not dev.start <= offset <= dev.hwm:
+            raise OffsetOutOfRangeError(key, offset, dev.start, dev.hwm)
+        if offset == dev.hwm:
+            return
+        self._truncate_state(dev, offset, self._flushed_pos)
+        dev.c_total, dev.c_since, dev.c_seg, dev.c_max = (
+            dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
+        self._trim_cache_back(dev)
+        ts = time.time_ns() // 1000 if timestamp_us is None else timestamp_us
+        self._pend_recs.append(_new_record(Record, (offset, ts, key, "", 0, (), b"")))
+        self._pend_devs.append(None)
+        self._pend_bound += HEADER_SIZE + len(dev.kb)
+
+    def _truncate_state(self, dev: DeviceLog, offset: int, boundary: int) -> None:
+        j = bisect.bisect_left(dev.idx_off, offset)
+        if j < len(dev.idx_cum):
+            dev.total = dev.idx_cum[j]
+        dev.trim_index_from(offset)
+        if dev.markers is None:
+            dev.markers = []
+        dev.markers.append((boundary, offset))
+        dev.next = dev.hwm = offset
+        dev.since_idx = 0
+        dev.seg_base = -1  # the next record gets an index entry past the marker
+        if dev.start > offset:
+            dev.start = offset
+
+    # ------------------------------------------------------------------ retention
+
+    def apply_retention(self, now_us: int) -> int:
+        """Enforce retention; return the number of segment files deleted.
+
+        Byte limit: each device's start advances to the first index entry leaving at most
+        ``retention_bytes_per_device`` bytes. Age: the oldest sealed segments whose newest
+        record is older than ``retention_ms`` are dropped, moving every device's start
+        past them. A sealed, committed segment no device still needs is deleted."""
+        s = self.settings
+        if s.retention_bytes_per_device:
+            limit = s.retention_bytes_per_device
+            for dev in self._devices.values():
+                if not dev.idx_cum or dev.c_total - dev.idx_cum[0] <= limit:
+                    continue
+                ncommitted = bisect.bisect_left(dev.idx_off, dev.hwm)
+                j = bisect.bisect_left(dev.idx_cum, dev.c_total - limit, 0, ncommitted)
+                j = min(j, ncommitted - 1)
+                if j > 0:
+                    self._set_start(dev, dev.idx_off[j], j)
+        segs = self._segments
+        cut = segs[0].base
+        if s.retention_ms:
+            horizon = now_us - s.retention_ms * 1000
+            for seg in segs[:-1]:
+                if seg.max_ts < horizon and seg.end <= self._committed_pos:
+                    cut = seg.end
+                else:
+                    break
+            if cut > segs[0].base:
+                self._advance_devices_past(cut)
+        min_live = self._committed_pos
+        for dev in self._devices.values():
+            if dev.idx_pos and dev.idx_pos[0] < min_live:
+                min_live = dev.idx_pos[0]
+        deleted = 0
+        while len(segs) > 1 and segs[0].end <= min_live:
+            seg = segs.pop(0)
+            self._seg_bases.pop(0)
+            self._close_read_fd(seg.base)
+            try:
+                os.unlink(seg.path)
+            except FileNotFoundError:
+                pass
+            deleted += 1
+            self.stats.retention_segments_deleted += 1
+            self.stats.retention_bytes_deleted += seg.size
+        self.stats.segments = len(segs)
+        return deleted
+
+    def _advance_devices_past(self, pos: int) -> None:
+        """Move every device's start to its first record at or after store ``pos``."""
+        for dev in self._devices.values():
+            if dev.idx_pos and dev.idx_pos[0] < pos:
+                j = bisect.bisect_left(dev.idx_pos, pos)
+                if j < len(dev.idx_pos):
+                    self._set_start(dev, dev.idx_off[j], j)
+                else:
+                    dev.drop_index_before(j)
+                    self._set_start(dev, dev.hwm, 0)
+
+    def _set_start(self, dev: DeviceLog, offset: int, drop_entries: int) -> None:
+        dev.drop_index_before(drop_entries)
+        dev.start = offset
+        if dev.markers:
+            first = dev.idx_pos[0] if dev.idx_pos else self._flushed_pos
+            dev.markers = [m for m in dev.markers if m[0] > first] or None
+        k = offset - dev.cache_start
+        if k > 0:
+            if k >= len(dev.cache):
+                self._drop_cache(dev)
+                dev.cache_start = offset
+            else:
+                klen = len(dev.kb)
+                freed = sum(_cache_size(r, klen) for r in dev.cache[:k])
+                del dev.cache[:k]
+                dev.cache_start = offset
+                dev.cache_bytes -= freed
+                self._cache_total -= freed
+
+    # ------------------------------------------------------------------ checkpoint / close
+
+    def snapshot_checkpoint(self) -> bytes:
+        """Serialize the committed index state (on the loop thread: it reads live state).
+        Writing it (:meth:`write_checkpoint`) may happen on the fsync worker."""
+        pos = self._committed_pos
+        parts: list[bytes] = [CKPT_HEAD.pack(CKPT_MAGIC, CKPT_VERSION, pos, 0)]
+        nseg = 0
+        for seg in self._segments:
+            if seg.base < pos or seg.base == self._segments[0].base:
+                parts.append(CKPT_SEG.pack(seg.base, seg.max_ts))
+                nseg += 1
+        parts[0] = CKPT_HEAD.pack(CKPT_MAGIC, CKPT_VERSION, pos, nseg)
+        parts.append(struct.pack("<I", len(self._devices)))
+        pack = CKPT_DEV.pack
+        for dev in self._devices.values():
+            n = bisect.bisect_left(dev.idx_off, dev.hwm)
+            marks = dev.markers or ()
+            parts.append(pack(len(dev.kb), dev.start, dev.hwm, dev.c_total, dev.c_since,
+                              dev.c_seg, dev.c_max, 0, n, len(marks)))
+            parts.append(dev.kb)
+            if n == len(dev.idx_off):
+                parts += (dev.idx_off.tobytes(), dev.idx_pos.tobytes(), dev.idx_ts.tobytes(),
+                          dev.idx_cum.tobytes())
+            else:
+                parts += (dev.idx_off[:n].tobytes(), dev.idx_pos[:n].tobytes(),
+                          dev.idx_ts[:n].tobytes(), dev.idx_cum[:n].tobytes())
+            for m in marks:
+                parts.append(struct.pack("<qq", m[0], m[1]))
+        body = b"".join(parts)
+        return body + zlib.crc32(body).to_bytes(4, "little")
+
+    def write_checkpoint(self, data: bytes) -> None:
+        """Atomically replace index.ckpt (tmp file, fsync, rename, fsync dir)."""
+        path = os.path.join(self.directory, CHECKPOINT_NAME)
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        self._fsync_dir()
+        self.stats.checkpoints += 1
+
+    def checkpoint(self) -> None:
+        """Snapshot and write the index checkpoint now (synchronous)."""
+        self.write_checkpoint(self.snapshot_checkpoint())
+
+    def close(self) -> None:
+        """Flush, fsync, commit, checkpoint and release every file."""
+        if self._closed:
+            return
+        try:
+            if self._broken is None:
+                self.flush_sync_commit()
+                self.checkpoint()
+        finally:
+            self._closed = True
+            self._release_fds()
+
+    def _release_fds(self) -> None:
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
+        for fd in [self._wfd, *self._retired]:
+            if fd >= 0:
+                os.close(fd)
+        self._wfd = -1
+        self._retired = []
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> LogStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def committed_position(self) -> int:
+        """Global store position that is durable and visible."""
+        return self._committed_pos
+
+    @property
+    def flushed_position(self) -> int:
+        """Global store position written (maybe not yet durable)."""
+        return self._flushed_pos
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The segment files, oldest first (read-only view for tools and tests)."""
+        return list(self._segments)
+
+    @property
+    def open_fd_count(self) -> int:
+        """File descriptors this store holds now (bounded, independent of device count)."""
+        return (1 if self._wfd >= 0 else 0) + len(self._retired) + len(self._read_fds) + (
+            1 if self._lock_fd >= 0 else 0)

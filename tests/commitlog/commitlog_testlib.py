@@ -1,0 +1,33 @@
+"""Helpers shared by the commit log tests (real files under tmp_path, no mocks)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from commitlog.store import LogStore
+
+
+def payload_for(key: str, offset: int) -> bytes:
+    """Deterministic payload so a test can check content, not just counts."""
+    return f"{key}:{offset}".encode() * 3
+
+
+def fill(store: LogStore, keys: list[str], per_key: int, ts0: int = 1_000_000,
+         batch: int = 50) -> None:
+    """Append per_key records to every key, interleaved, committing every ``batch``."""
+    n = 0
+    for i in range(per_key):
+        for k in keys:
+            off = store.append(k, ts0 + n, f"t/{k}", 1, None, payload_for(k, i))
+            assert off == i
+            n += 1
+            if n % batch == 0:
+                store.flush_sync_commit()
+    store.flush_sync_commit()
+
+
+def crash_image(src: Path, dst: Path) -> Path:
+    """Copy a live store's files as a crash would leave them (no close, no checkpoint)."""
+    shutil.copytree(src, dst)
+    return dst
