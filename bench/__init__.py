@@ -1,0 +1,1 @@
+"""meshmq benchmark: ``python -m bench --help``."""

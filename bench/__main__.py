@@ -1,0 +1,213 @@
+"""``python -m bench``: run the workloads against meshmq, Mosquitto and amqtt, A/B interleaved."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from bench import report
+from bench.brokers import Broker, BrokerUnavailable, check_available, find_mosquitto
+from bench.loadgen import raise_nofile
+from bench.runner import FULL, QUICK, RUNNERS, WORKLOADS, run_storm_idle
+
+ALL_BROKERS = ["meshmq", "mosquitto", "amqtt"]
+# "null" (bench/nullbroker.py) forwards bytes unparsed: it measures the generator's own ceiling
+# on the single-topic QoS 0 workloads (qos0, large, latency).
+KNOWN_BROKERS = [*ALL_BROKERS, "null"]
+# Mosquitto's default leaves Nagle on, which is what gives it its best throughput here; for the
+# latency run Nagle plus the subscriber's delayed ACKs would measure the kernel, not the broker.
+NODELAY_WORKLOADS = {"latency"}
+
+
+def _csv(value: str, allowed: list[str], what: str) -> list[str]:
+    items = [x.strip() for x in value.split(",") if x.strip()]
+    bad = [x for x in items if x not in allowed]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown {what}: {', '.join(bad)} "
+                                         f"(choose from {', '.join(allowed)})")
+    return items
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("--quick", action="store_true",
+                    help="short runs, 1 round, 1k connections for storm/idle (< 2 min)")
+    ap.add_argument("--brokers", default=",".join(ALL_BROKERS),
+                    type=lambda v: _csv(v, KNOWN_BROKERS, "broker"),
+                    help="comma list of meshmq,mosquitto,amqtt (default: all three); "
+                         "'null' measures the generator's own ceiling (qos0, large, latency)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    type=lambda v: _csv(v, WORKLOADS, "workload"),
+                    help=f"comma list of {','.join(WORKLOADS)} (default: all)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds per broker (default: 3, or 1 with --quick)")
+    ap.add_argument("--duration", type=float, default=None,
+                    help="seconds measured per throughput run (default 5, or 1 with --quick)")
+    ap.add_argument("--connections", type=int, default=None,
+                    help="connections for storm/idle (default 10000, or 1000 with --quick)")
+    ap.add_argument("--out", default="bench/results", help="output folder (default bench/results)")
+    ap.add_argument("--markdown", metavar="RESULTS_JSON",
+                    help="only print the Markdown table of an earlier results JSON file")
+    return ap.parse_args(argv)
+
+
+def machine_info() -> dict:
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    info = {"cpu": model, "cpus": os.cpu_count(), "kernel": platform.release(),
+            "python": platform.python_version()}
+    mosq = find_mosquitto()
+    if mosq:
+        with contextlib.suppress(Exception):
+            out = subprocess.run([mosq, "-h"], capture_output=True, text=True, timeout=5).stdout
+            info["mosquitto"] = out.splitlines()[0].strip()
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+
+        info["amqtt"] = version("amqtt")
+    return info
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _progress(rnd: int, rounds: int, w: str, b: str, res: dict, secs: float) -> str:
+    unit = report.METRICS[w][1]
+    head = f"[round {rnd + 1}/{rounds}] {w:<8} {b:<10}"
+    if "value" not in res or res.get("status") not in ("ok", "partial"):
+        return f"{head} {res.get('status', 'failed').upper()}: {res.get('error', '')}"
+    cpu = ""
+    if "broker_cpu" in res:
+        cpu = f"  broker CPU {res['broker_cpu'] * 100:.0f}%"
+    if "gen_cpu_total" in res:
+        cpu += (f", generator {res['gen_cpu_total'] * 100:.0f}% (busiest process "
+                f"{res['gen_cpu_busiest'] * 100:.0f}%), other {res['other_cpu'] * 100:.0f}%")
+    return f"{head} {report.fmt(res['value'], unit):>10} {unit}{cpu}  [{secs:.1f}s]"
+
+
+def run(args: argparse.Namespace) -> int:
+    mode = QUICK if args.quick else FULL
+    mode = replace(mode)
+    if args.rounds:
+        mode.rounds = args.rounds
+    if args.duration:
+        mode.duration = args.duration
+    if args.connections:
+        mode.storm_n = args.connections
+    raise_nofile()
+
+    brokers, skipped = [], {}
+    for b in args.brokers:
+        try:
+            check_available(b, _say)
+            brokers.append(b)
+        except BrokerUnavailable as exc:
+            skipped[b] = str(exc)
+            _say(f"skipping {b}: {exc}")
+    if not brokers:
+        _say("no broker to benchmark")
+        return 2
+    workloads = [w for w in WORKLOADS if w in args.workloads]
+    steps = [w for w in workloads if w not in ("storm", "idle")]
+    if "storm" in workloads or "idle" in workloads:
+        steps.append("storm+idle")  # one connect storm measures both
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.UTC)
+    doc = {
+        "meta": {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "quick": args.quick,
+                 "rounds": mode.rounds, "mode": asdict(mode), "argv": sys.argv[1:],
+                 **machine_info()},
+        "brokers": brokers, "workloads": workloads, "skipped": skipped, "runs": [],
+    }
+    doc["meta"]["machine"] = f"{doc['meta']['cpu'] or 'unknown CPU'}, {os.cpu_count()} cores"
+    _say(f"brokers: {', '.join(brokers)}; workloads: {', '.join(workloads)}; "
+         f"rounds: {mode.rounds}; {mode.duration:g}s per run after {mode.warmup:g}s warm-up")
+    qos0_seen: dict[str, list[float]] = {b: [] for b in brokers}
+    t_start = time.monotonic()
+    interrupted = False
+    try:
+        for rnd in range(mode.rounds):
+            order = brokers if rnd % 2 == 0 else brokers[::-1]  # A/B then B/A: drift cancels
+            for step in steps:
+                for b in order:
+                    t0 = time.monotonic()
+                    ctx = {"qos0": (sorted(qos0_seen[b])[len(qos0_seen[b]) // 2]
+                                    if qos0_seen[b] else None)}
+                    broker = Broker(b, tcp_nodelay=step in NODELAY_WORKLOADS)
+                    try:
+                        broker.start()
+                        if step == "storm+idle":
+                            res = run_storm_idle(broker, mode, ctx)
+                        else:
+                            res = {step: RUNNERS[step](broker, mode, ctx)}
+                    except RuntimeError as exc:
+                        failed = {"status": "failed", "error": str(exc)}
+                        res = ({"storm": failed, "idle": failed} if step == "storm+idle"
+                               else {step: failed})
+                    finally:
+                        broker.stop()
+                    for w, r in res.items():
+                        if w not in workloads:
+                            continue
+                        doc["runs"].append({"round": rnd, "workload": w, "broker": b,
+                                            "result": r})
+                        if w == "qos0" and r.get("status") == "ok":
+                            qos0_seen[b].append(r["value"])
+                        _say(_progress(rnd, mode.rounds, w, b, r, time.monotonic() - t0))
+    except KeyboardInterrupt:
+        interrupted = True
+        _say("\ninterrupted: brokers and workers stopped; writing partial results")
+    doc["meta"]["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    doc["meta"]["interrupted"] = interrupted
+    doc["summary"] = report.summarize(doc["runs"], brokers, workloads)
+    doc["ratios"] = report.ratios(doc["summary"])
+    doc["targets"] = report.targets(doc["summary"], doc["ratios"])
+
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    report.write_json(doc, out / f"results-{stamp}.json")
+    report.write_json(doc, out / "latest.json")
+    (out / "latest.md").write_text(report.render_markdown(doc))
+    try:
+        report.write_png(doc, out / "latest.png")
+    except Exception as exc:  # noqa: BLE001 - the chart is optional
+        _say(f"(no chart: {exc})")
+    _say("")
+    _say(report.render_text(doc))
+    _say(f"\nwrote {out}/latest.json, {out}/results-{stamp}.json, {out}/latest.md, "
+         f"{out}/latest.png  ({doc['meta']['elapsed_s']}s)")
+    return 130 if interrupted else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.markdown:
+        doc = json.loads(Path(args.markdown).read_text())
+        sys.stdout.write(report.render_markdown(doc))
+        return 0
+
+    def _term(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
