@@ -20,6 +20,7 @@ Parts = tuple[bytes, bytes]
 class Message:
     __slots__ = (
         "topic", "payload", "qos", "retain", "properties", "expiry_at", "origin", "_shapes",
+        "device", "offset",
     )
 
     def __init__(
@@ -43,6 +44,8 @@ class Message:
         self.expiry_at = expiry_at  # time.monotonic() deadline, None = never expires
         self.origin = origin  # publisher's client id, for the v5 No Local option
         self._shapes: dict | None = None
+        self.device: str | None = None  # the device log holding it, when logged
+        self.offset = -1  # its offset in that log
 
     def expired(self, now: float) -> bool:
         return self.expiry_at is not None and now >= self.expiry_at

@@ -19,8 +19,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from broker.auth import Authenticator
+from broker.auth import Authenticator, topic_matches
 from broker.connection import Connection
+from broker.devicelogs import DeviceLogs, PendingPublish, ReplayCursor, record_message
+from broker.logrules import LogRules
 from broker.message import Delivery, Message
 from broker.protocol.codec import publish_parts
 from broker.protocol.errors import ProtocolError, UnsupportedProtocolVersion
@@ -50,6 +52,8 @@ from broker.session import NEVER, Session, Subscription
 from broker.settings import BrokerSettings, QueueFullPolicy
 from broker.stats import BrokerStats, DropReason
 from broker.trie import SharedGroup, SubscriptionTrie
+from commitlog.groupcommit import GroupCommitter
+from commitlog.store import LogWriteError, OffsetOutOfRangeError
 
 log = logging.getLogger("broker.router")
 
@@ -60,6 +64,33 @@ _FORWARDED = (
     Prop.USER_PROPERTY,
 )
 _PUBLISH = PacketType.PUBLISH
+# Publishes waiting for the disk beyond which publishers' sockets stop being read: a fast QoS 0
+# publisher cannot grow memory faster than fsync drains it (v5 Receive Maximum bounds QoS>0 too).
+_HELD_LIMIT = 50_000
+_REPLAY_CHUNK = 500  # records read per replay step
+_REPLAY_STEP = 5_000  # records replayed per loop turn before yielding to other work
+_NOT_STORED = "message not stored: the commit log cannot write (disk full or failing?)"
+
+
+def _offset_request(props: dict | None) -> tuple[str | None, str]:
+    """The SUBSCRIBE user properties ``offset`` and ``offset-reset`` (see README)."""
+    offset, reset = None, "error"
+    if props:
+        for name, value in props.get(Prop.USER_PROPERTY, ()):
+            if name == "offset":
+                offset = value
+            elif name == "offset-reset":
+                reset = value
+    return offset, reset
+
+
+def _with_log_position(msg: Message) -> dict:
+    props = dict(msg.properties) if msg.properties else {}
+    users = list(props.get(Prop.USER_PROPERTY, ()))
+    users.append(("device", msg.device))
+    users.append(("offset", str(msg.offset)))
+    props[Prop.USER_PROPERTY] = users
+    return props
 
 
 def _forwarded_properties(props: dict | None) -> dict | None:
@@ -76,6 +107,8 @@ class Router:
         stats: BrokerStats,
         authenticator: Authenticator | None = None,
         loop: asyncio.AbstractEventLoop | None = None,
+        committer: GroupCommitter | None = None,
+        log_rules: LogRules | None = None,
     ) -> None:
         self.settings = settings
         self.mqtt = settings.mqtt
@@ -93,6 +126,11 @@ class Router:
         self._seq = itertools.count()
         self._sweep_handle: asyncio.TimerHandle | None = None
         self.accepting = True
+        self.logs: DeviceLogs | None = None
+        if committer is not None:
+            self.logs = DeviceLogs(committer, log_rules or LogRules(), self._on_durable, self.loop)
+        self._paused_publishers: set[Connection] = set()
+        self._replaying: set[Session] = set()  # sessions with a cursor still reading history
         self._handlers: dict[int, Callable[[Connection, Any], None]] = {
             PacketType.PUBACK: self._on_puback,
             PacketType.PUBREC: self._on_pubrec,
@@ -166,8 +204,10 @@ class Router:
 
     def writable(self, conn: Connection) -> None:
         session = conn.session
-        if session is not None and session.queue:
-            self._pump(session)
+        if session is not None:
+            if session.queue:
+                self._pump(session)
+            self._pump_replays(session)
 
     # -- packet dispatch ----------------------------------------------------------------------
     def handle_packets(self, conn: Connection, packets: list[Packet]) -> None:
@@ -338,6 +378,7 @@ class Router:
         if session_present:
             self._resend_inflight(session, conn)
             self._pump(session)
+            self._pump_replays(session)
 
     # -- PUBLISH from a client ------------------------------------------------------------------
     def _on_publish(self, conn: Connection, pkt: Publish) -> None:
@@ -355,8 +396,10 @@ class Router:
                                                     "retain is not available"))
             return
         if qos == 2 and pkt.packet_id in session.incoming_qos2:
-            # a resent QoS 2 PUBLISH we already own: acknowledge again, deliver nothing new
-            conn.send(PubRec(pkt.packet_id))
+            # a resent QoS 2 PUBLISH we already own: acknowledge again (once stored), deliver
+            # nothing new [MQTT-4.3.3-10]
+            if session.incoming_qos2[pkt.packet_id]:
+                conn.send(PubRec(pkt.packet_id))
             return
         if qos and conn.level == 5:
             conn.inbound_unacked += 1
@@ -380,10 +423,78 @@ class Router:
                 expiry_at = time.monotonic() + interval
             props = _forwarded_properties(props)
         msg = Message(pkt.topic, pkt.payload, qos, pkt.retain, props, expiry_at, conn.client_id)
+        logs = self.logs
+        if logs is not None:
+            key = logs.rules.key_for(pkt.topic)
+            if key is not None:
+                self._append(logs, key, msg, conn, pkt, interval if expiry_at else None)
+                return
         if pkt.retain:
             self._retain(msg)
         self.route(msg)
         self._ack_publish(conn, pkt, 0)
+
+    def _append(self, logs: DeviceLogs, key: str, msg: Message, conn: Connection,
+                pkt: Publish, expiry: int | None) -> None:
+        """Store, and hold routing and the ack until the batch is durable (see devicelogs)."""
+        try:
+            logs.append(key, msg, conn, pkt.packet_id, expiry)
+        except LogWriteError as err:
+            self._not_stored(conn, pkt.packet_id, pkt.qos, err)
+            return
+        if pkt.qos == 2:
+            conn.session.incoming_qos2[pkt.packet_id] = False
+        if logs.held > _HELD_LIMIT and conn not in self._paused_publishers:
+            conn.transport.pause_reading()
+            self._paused_publishers.add(conn)
+
+    def _on_durable(self, batch: list[PendingPublish], exc: BaseException | None) -> None:
+        """A batch is on disk (or failed): route it and answer its publishers, in log order."""
+        for item in batch:
+            conn = item.conn
+            msg = item.msg
+            if exc is not None:
+                self._not_stored(conn, item.packet_id, item.qos, exc)
+                continue
+            msg.properties = _with_log_position(msg)
+            if msg.retain:
+                self._retain(msg)
+            self.route(msg)
+            if item.qos and conn is not None and not conn.closing:
+                session = conn.session
+                ack_props = ({Prop.USER_PROPERTY: msg.properties[Prop.USER_PROPERTY][-2:]}
+                             if conn.level == 5 else None)
+                if item.qos == 1:
+                    conn.inbound_unacked -= conn.level == 5
+                    conn.send(PubAck(item.packet_id, 0, ack_props))
+                elif session is not None:
+                    session.incoming_qos2[item.packet_id] = True
+                    conn.send(PubRec(item.packet_id, 0, ack_props))
+        if self._paused_publishers and self.logs is not None \
+                and self.logs.held <= _HELD_LIMIT // 2:
+            for paused in self._paused_publishers:
+                if not paused.closing:
+                    paused.transport.resume_reading()
+            self._paused_publishers.clear()
+
+    def _not_stored(self, conn: Connection | None, packet_id: int | None, qos: int,
+                    err: BaseException) -> None:
+        """Never acknowledge what was not stored: v5 gets a failure reason, 3.x a closed socket."""
+        self.stats.dropped(DropReason.NOT_STORED)
+        log.error("%s: %s", _NOT_STORED, err)
+        if conn is None or conn.closing or qos == 0:
+            return
+        if conn.level == 5:
+            conn.inbound_unacked -= 1
+            why = {Prop.REASON_STRING: _NOT_STORED}
+            if qos == 1:
+                conn.send(PubAck(packet_id, Reason.UNSPECIFIED_ERROR, why))
+            else:
+                if conn.session is not None:
+                    conn.session.incoming_qos2.pop(packet_id, None)
+                conn.send(PubRec(packet_id, Reason.UNSPECIFIED_ERROR, why))
+        else:
+            conn.close()  # 3.x has no negative PUBACK: the client retries after reconnecting
 
     def _ack_publish(self, conn: Connection, pkt: Publish, reason: int) -> None:
         qos = pkt.qos
@@ -392,7 +503,7 @@ class Router:
             conn.send(PubAck(pkt.packet_id, reason))
         elif qos == 2:
             if reason < 0x80:
-                conn.session.incoming_qos2.add(pkt.packet_id)
+                conn.session.incoming_qos2[pkt.packet_id] = True
             else:
                 conn.inbound_unacked -= conn.level == 5
             conn.send(PubRec(pkt.packet_id, reason))
@@ -411,7 +522,9 @@ class Router:
         sessions = self.sessions
         if len(subs) == 1:
             cid, sub = subs[0]
-            if not (sub.no_local and cid == msg.origin):
+            replay = sub.replay
+            if not (sub.no_local and cid == msg.origin) and (
+                    replay is None or replay.accept_live(msg)):
                 session = sessions[cid]
                 ids = (sub.sub_id,) if sub.sub_id else None
                 self._deliver(session, msg, sub.qos, sub.retain_as_published and msg.retain, ids)
@@ -419,6 +532,8 @@ class Router:
             merged: dict[str, list] = {}
             for cid, sub in subs:
                 if sub.no_local and cid == msg.origin:
+                    continue
+                if sub.replay is not None and not sub.replay.accept_live(msg):
                     continue
                 entry = merged.get(cid)
                 if entry is None:
@@ -598,6 +713,8 @@ class Router:
             del session.inflight[pkt.packet_id]
             if session.queue:
                 self._pump(session)
+            if session in self._replaying and len(session.queue) < session.window // 2:
+                self._pump_replays(session)
 
     def _on_pubrec(self, conn: Connection, pkt: PubRec) -> None:
         session = conn.session
@@ -619,8 +736,8 @@ class Router:
         session = conn.session
         if session is None:
             return
-        if pkt.packet_id in session.incoming_qos2:
-            session.incoming_qos2.discard(pkt.packet_id)
+        if session.incoming_qos2.get(pkt.packet_id):
+            del session.incoming_qos2[pkt.packet_id]
             conn.inbound_unacked -= conn.level == 5
             conn.send(PubComp(pkt.packet_id))
         else:
@@ -636,6 +753,8 @@ class Router:
             del session.inflight[pkt.packet_id]
             if session.queue:
                 self._pump(session)
+            if session in self._replaying and len(session.queue) < session.window // 2:
+                self._pump_replays(session)
 
     # -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------------
     def _on_subscribe(self, conn: Connection, pkt: Subscribe) -> None:
@@ -651,7 +770,17 @@ class Router:
                 sub_id = ids[0]
         codes: list[int] = []
         retained_out: list[tuple[Subscription, list[Message]]] = []
+        replays: list[Subscription] = []
+        reasons: list[str] = []
+        offset_req, reset = _offset_request(pkt.properties)
         for flt, opts in pkt.subscriptions:
+            sub_offset = offset_req
+            if flt.startswith("$replay/"):
+                # 3.1.1 has no user properties: "$replay/{offset}/{filter}" asks the same thing
+                _, sub_offset, flt = (flt.split("/", 2) + ["", ""])[:3]
+                key_flt = "$replay/" + sub_offset + "/" + flt
+            else:
+                key_flt = flt
             group, real = parse_shared(flt)
             if not is_valid_topic_filter(flt):
                 if not v5:  # 3.1.1: a protocol violation closes the connection [MQTT-4.8.0-1]
@@ -681,10 +810,22 @@ class Router:
             granted = min(opts.qos, mqtt.max_qos)
             sub = Subscription(real, granted, opts.no_local, opts.retain_as_published,
                                opts.retain_handling, sub_id, group)
-            is_new = flt not in session.subscriptions
-            session.subscriptions[flt] = sub
+            if sub_offset is not None:
+                cursor, why = self._replay_cursor(real, group, sub_offset, reset)
+                if cursor is None:
+                    reasons.append(why)
+                    codes.append(Reason.IMPLEMENTATION_SPECIFIC_ERROR if v5
+                                 else SUBACK_FAILURE_V3)
+                    continue
+                sub.replay = cursor
+                replays.append(sub)
+            old = session.subscriptions.get(key_flt)
+            is_new = old is None
+            session.subscriptions[key_flt] = sub
             self.trie.add(real, session.client_id, sub, group)
             codes.append(granted)
+            if sub.replay is not None:
+                continue  # history comes from the log, not from the retained store
             # [MQTT-3.3.1-9..11]: retained messages on subscribe, per Retain Handling; never
             # for shared subscriptions [MQTT-3.8.4-? / v5 4.8.2].
             if group is None and (opts.retain_handling == 0
@@ -692,11 +833,100 @@ class Router:
                 found = self.retained.match(real)
                 if found:
                     retained_out.append((sub, found))
-        conn.send(Suback(pkt.packet_id, codes))
+        props = {Prop.REASON_STRING: "; ".join(reasons)} if reasons and v5 else None
+        conn.send(Suback(pkt.packet_id, codes, props))
         for sub, messages in retained_out:
             ids = (sub.sub_id,) if sub.sub_id else None
             for msg in messages:
                 self._deliver(session, msg, sub.qos, True, ids)
+        if replays:
+            self._replaying.add(session)
+            self._pump_replays(session)
+
+    def _replay_cursor(self, real: str, group: str | None, spec: str,
+                       reset: str) -> tuple[ReplayCursor | None, str]:
+        """Resolve a held offset ("earliest" | "latest" | N | "@unix_ms") against the log."""
+        logs = self.logs
+        if logs is None:
+            return None, "offset replay needs the commit log, which is disabled"
+        if group is not None:
+            return None, "offset replay is not available on shared subscriptions"
+        key = logs.rules.key_for_filter(real)
+        if key is None:
+            return None, (f"offset replay needs a filter covering one device log "
+                          f"(like devices/<id>/#), not {real!r}")
+        store = logs.store
+        start, end = store.log_range(key)
+        if spec == "earliest":
+            return ReplayCursor(key, start), ""
+        if spec == "latest":
+            return ReplayCursor(key, end), ""
+        try:
+            if spec.startswith("@"):
+                offset = store.offset_for_timestamp(key, int(spec[1:]) * 1000)
+                return ReplayCursor(key, max(offset, start)), ""
+            offset = int(spec)
+        except ValueError:
+            return None, (f"offset {spec!r} is not earliest, latest, an integer offset "
+                          f"or @<unix ms>")
+        if start <= offset <= end:
+            return ReplayCursor(key, offset), ""
+        if reset == "earliest":
+            return ReplayCursor(key, start), ""
+        if reset == "latest":
+            return ReplayCursor(key, end), ""
+        return None, (f"offset {offset} of {key!r} is outside the log [{start}, {end}]"
+                      f" (retention removed older records); subscribe from {start}, or add"
+                      f" offset-reset=earliest")
+
+    def _pump_replays(self, session: Session) -> None:
+        """Advance this session's replay cursors while its window and socket have room."""
+        conn = session.conn
+        logs = self.logs
+        if conn is None or logs is None or conn.closing or session not in self._replaying:
+            return
+        store = logs.store
+        budget = _REPLAY_STEP
+        active = False
+        for sub in list(session.subscriptions.values()):
+            cursor = sub.replay
+            if cursor is None or cursor.live:
+                continue
+            active = True
+            while budget > 0:
+                if conn.congested or len(session.queue) >= session.window:
+                    return  # resumed by acks (_on_puback) or the socket draining (writable)
+                try:
+                    records = store.read(cursor.device, cursor.next, _REPLAY_CHUNK)
+                except OffsetOutOfRangeError as err:
+                    start = store.log_range(cursor.device)[0]
+                    log.warning("replay cursor fell behind retention; skipping ahead",
+                                extra={"client_id": session.client_id, "device": cursor.device,
+                                       "from": cursor.next, "to": start, "error": str(err)})
+                    self.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))
+                    cursor.next = start
+                    continue
+                if not records:
+                    cursor.live = True  # caught up: live delivery takes over at cursor.next
+                    active = any(s.replay is not None and not s.replay.live
+                                 for s in session.subscriptions.values())
+                    break
+                ids = (sub.sub_id,) if sub.sub_id else None
+                for rec in records:
+                    budget -= 1
+                    cursor.next = rec.offset + 1
+                    if not topic_matches(sub.filter, rec.topic):
+                        continue
+                    msg = record_message(rec, Message)
+                    msg.properties = _with_log_position(msg)
+                    self._deliver(session, msg, sub.qos,
+                                  sub.retain_as_published and msg.retain, ids)
+                    if conn.congested or len(session.queue) >= session.window:
+                        break
+        if budget <= 0:
+            self.loop.call_soon(self._pump_replays, session)
+        elif not active:
+            self._replaying.discard(session)
 
     def _on_unsubscribe(self, conn: Connection, pkt: Unsubscribe) -> None:
         session = conn.session
@@ -765,6 +995,7 @@ class Router:
             heapq.heappush(self._timers, (session.expires_at, next(self._seq), "expiry", session))
 
     def _end_session(self, session: Session) -> None:
+        self._replaying.discard(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         for sub in session.subscriptions.values():

@@ -12,6 +12,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from broker.devicelogs import ReplayCursor
 from broker.message import Delivery
 from broker.protocol.packets import Will
 
@@ -23,7 +24,7 @@ NEVER = 0xFFFFFFFF  # v5 session expiry interval meaning "does not expire"
 
 class Subscription:
     __slots__ = ("filter", "qos", "no_local", "retain_as_published", "retain_handling", "sub_id",
-                 "group")
+                 "group", "replay")
 
     def __init__(
         self,
@@ -42,6 +43,7 @@ class Subscription:
         self.retain_handling = retain_handling
         self.sub_id = sub_id
         self.group = group
+        self.replay: ReplayCursor | None = None  # set when the subscriber asked for an offset
 
 
 class Session:
@@ -61,7 +63,9 @@ class Session:
         self.inflight: dict[int, Delivery] = {}  # packet id -> delivery, oldest first
         self.queue: deque[Delivery] = deque()
         self.next_pid = 1
-        self.incoming_qos2: set[int] = set()  # PUBLISH QoS 2 received, PUBREL not yet
+        # PUBLISH QoS 2 received and PUBREL not yet: packet id -> PUBREC sent (False while the
+        # message waits for the commit log, so a resend then is not acknowledged early)
+        self.incoming_qos2: dict[int, bool] = {}
         self.window = 65535  # min(max_inflight, client's Receive Maximum)
         self.max_packet_size = 0  # client's Maximum Packet Size; 0 = protocol limit
         self.alias_max = 0  # client's Topic Alias Maximum (outbound aliases we may use)

@@ -23,8 +23,8 @@ class DropReason:
     SLOW_CONSUMER = "slow_consumer"  # QoS 0 to a socket over write_buffer_limit
     EXPIRED = "expired"  # v5 message expiry interval passed while queued
     TOO_LARGE = "too_large"  # bigger than the client's Maximum Packet Size
-    NO_SUBSCRIBERS = "no_subscribers"  # published to a topic nobody subscribes to
-    NOT_AUTHORIZED = "not_authorized"  # ACL denied the publish
+    NOT_AUTHORIZED = "not_authorized"  # ACL denied the publish or its delivery
+    NOT_STORED = "not_stored"  # the commit log failed to write it: refused, never acknowledged
 
 
 @dataclass(slots=True)

@@ -1,0 +1,183 @@
+"""The router's view of the commit log: append with group-commit acks, and replay by offset.
+
+A PUBLISH on a logged topic is appended to its device's log and *held*: it is routed to subscribers
+and acknowledged to its publisher only when the batch holding it is durable. So a PUBACK/PUBREC
+means "stored", subscribers never see a message that could vanish in a crash (they will only see
+records below the high-water mark once replication lands), and per-device order is the log order.
+
+Replay (subscriber-held offsets) is a cursor per subscription: it reads committed records from its
+offset, paced by the subscriber's window and socket, and hands over to live delivery at the log end.
+The seam has no gap and no duplicate because live delivery to a cursor's subscription is accepted
+only in order: an offset below the cursor's next offset was already replayed, one above it while
+still replaying is left for the cursor to read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from broker.logrules import LogRules
+from broker.protocol.properties import Prop
+from commitlog.groupcommit import GroupCommitter
+from commitlog.record import ATTR_QOS_MASK, ATTR_RETAIN, Record
+from commitlog.store import LogStore
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+    from broker.message import Message
+
+# MQTT 5 properties kept with a record, as headers. User properties keep their own names; the
+# spec-defined ones take reserved names starting with ':' (user property names may not clash
+# in practice: MQTT allows any UTF-8, so a user property named ':content-type' would be read back
+# as the content type; documented in commitlog/README.md).
+_H_CONTENT_TYPE = ":content-type"
+_H_RESPONSE_TOPIC = ":response-topic"
+_H_CORRELATION = ":correlation-data"
+_H_FORMAT = ":payload-format"
+_H_EXPIRY = ":message-expiry"  # the interval in seconds, counted from the record timestamp
+_RESERVED = {
+    _H_CONTENT_TYPE: (Prop.CONTENT_TYPE, "str"),
+    _H_RESPONSE_TOPIC: (Prop.RESPONSE_TOPIC, "str"),
+    _H_CORRELATION: (Prop.CORRELATION_DATA, "bytes"),
+    _H_FORMAT: (Prop.PAYLOAD_FORMAT_INDICATOR, "int"),
+    _H_EXPIRY: (Prop.MESSAGE_EXPIRY_INTERVAL, "int"),
+}
+_BY_PROP = {prop: (name, kind) for name, (prop, kind) in _RESERVED.items()}
+
+
+def headers_from_properties(props: dict | None, expiry: int | None) -> list[tuple[str, bytes]]:
+    headers: list[tuple[str, bytes]] = []
+    if expiry is not None:
+        headers.append((_H_EXPIRY, str(expiry).encode()))
+    if not props:
+        return headers
+    for prop, value in props.items():
+        if prop == Prop.USER_PROPERTY:
+            headers.extend((k, v.encode()) for k, v in value)
+            continue
+        spec = _BY_PROP.get(prop)
+        if spec is None:
+            continue
+        name, kind = spec
+        headers.append((name, value if kind == "bytes" else str(value).encode()))
+    return headers
+
+
+def properties_from_headers(headers: Any) -> tuple[dict | None, int | None]:
+    """(forwardable v5 properties, message expiry interval) from a record's headers."""
+    if not headers:
+        return None, None
+    props: dict[int, Any] = {}
+    expiry = None
+    users: list[tuple[str, str]] = []
+    for name, value in headers:
+        spec = _RESERVED.get(name)
+        if spec is None:
+            users.append((name, bytes(value).decode("utf-8", "replace")))
+            continue
+        prop, kind = spec
+        if prop == Prop.MESSAGE_EXPIRY_INTERVAL:
+            expiry = int(value)
+        elif kind == "bytes":
+            props[prop] = bytes(value)
+        elif kind == "int":
+            props[prop] = int(value)
+        else:
+            props[prop] = bytes(value).decode()
+    if users:
+        props[Prop.USER_PROPERTY] = users
+    return props or None, expiry
+
+
+class PendingPublish:
+    """A stored-but-not-yet-durable publish: what to route and whom to acknowledge."""
+
+    __slots__ = ("conn", "packet_id", "qos", "msg")
+
+    def __init__(self, conn: Connection | None, packet_id: int | None, qos: int,
+                 msg: Message) -> None:
+        self.conn = conn
+        self.packet_id = packet_id
+        self.qos = qos
+        self.msg = msg
+
+
+DurableHandler = Callable[[list[PendingPublish], BaseException | None], None]
+
+
+class DeviceLogs:
+    """Appends for the router and hands back whole durable batches, in append order."""
+
+    def __init__(self, committer: GroupCommitter, rules: LogRules, on_durable: DurableHandler,
+                 loop: Any) -> None:
+        self.committer = committer
+        self.store: LogStore = committer.store
+        self.rules = rules
+        self._on_durable = on_durable
+        self._loop = loop
+        self._batch: list[PendingPublish] = []
+        self.held = 0  # publishes appended and not yet durable (backpressure signal)
+
+    def append(self, key: str, msg: Message, conn: Connection | None, packet_id: int | None,
+               expiry: int | None) -> int:
+        """Append and hold the publish until durable; raises LogWriteError if the log is failing."""
+        attrs = msg.qos | (ATTR_RETAIN if msg.retain else 0)
+        headers = headers_from_properties(msg.properties, expiry) if (
+            msg.properties or expiry is not None) else None
+        offset = self.committer.append(key, time.time_ns() // 1000, msg.topic, attrs, headers,
+                                       msg.payload)
+        msg.device = key
+        msg.offset = offset
+        batch = self._batch
+        if not batch:
+            # Register one durability callback per tick, after this tick's appends: it then
+            # covers exactly the publishes collected in this batch.
+            self._loop.call_soon(self._seal)
+        batch.append(PendingPublish(conn, packet_id, msg.qos, msg))
+        self.held += 1
+        return offset
+
+    def _seal(self) -> None:
+        batch, self._batch = self._batch, []
+        if batch:
+            self.committer.when_durable(lambda exc: self._durable(batch, exc))
+
+    def _durable(self, batch: list[PendingPublish], exc: BaseException | None) -> None:
+        self.held -= len(batch)
+        self._on_durable(batch, exc)
+
+
+class ReplayCursor:
+    """A subscription reading one device log from a held offset, then following it live."""
+
+    __slots__ = ("device", "next", "live")
+
+    def __init__(self, device: str, next_offset: int) -> None:
+        self.device = device
+        self.next = next_offset
+        self.live = False
+
+    def accept_live(self, msg: Message) -> bool:
+        """Whether a live (just durable) message goes to this subscription now."""
+        if msg.device != self.device:
+            return True
+        if self.live and msg.offset >= self.next:
+            self.next = msg.offset + 1
+            return True
+        return False  # already replayed, or the cursor will read it
+
+
+def record_message(rec: Record, message_cls: type) -> Message:
+    """Rebuild a broker message from a stored record (for replay)."""
+    props, expiry = properties_from_headers(rec.headers)
+    expiry_at = None
+    if expiry is not None:
+        age = time.time() - rec.timestamp_us / 1e6
+        expiry_at = time.monotonic() + expiry - age
+    msg = message_cls(rec.topic, bytes(rec.payload), rec.attrs & ATTR_QOS_MASK,
+                      bool(rec.attrs & ATTR_RETAIN), props, expiry_at, None)
+    msg.device = rec.key
+    msg.offset = rec.offset
+    return msg
