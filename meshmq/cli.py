@@ -1,9 +1,9 @@
-"""The ``meshmq`` command line: ``serve``, ``passwd``, ``version``.
+"""The ``meshmq`` command line: ``serve``, ``passwd``, ``log``, ``version``.
 
 Why argparse subcommands: one binary for the daemon and its operator tools, like
-``mosquitto``/``mosquitto_passwd`` folded together. ``log ...`` (inspect a device's commit log)
-and ``cluster ...`` (membership) will be added by those features; nothing here pretends to do
-them yet.
+``mosquitto``/``mosquitto_passwd`` folded together. ``log list|tail|inspect`` lives in
+``meshmq.logcli``; ``cluster ...`` (membership) will be added by that feature; nothing here
+pretends to do it yet.
 
 Exit codes: 0 ok, 1 the operation failed (e.g. unknown user), 2 bad usage or bad configuration
 (argparse's convention; systemd's ``RestartPreventExitStatus=2`` can then avoid restart loops on
@@ -20,6 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from meshmq.logcli import add_log_parser, run_log
 from meshmq.logs import FORMATS, LEVELS
 
 __all__ = ["main", "build_parser"]
@@ -64,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     passwd.add_argument("user", metavar="USER")
     passwd.add_argument("--delete", action="store_true", help="remove USER instead")
 
+    add_log_parser(sub)
+
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -76,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "passwd":
         return _passwd(args)
+    if args.command == "log":
+        return run_log(args)
     if args.command == "version":
         print(f"meshmq {_version()}")
         return EXIT_OK

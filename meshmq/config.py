@@ -16,8 +16,11 @@ Why this shape:
 * Every error is a ``ConfigError`` whose ``str()`` is one line: the key, what is wrong, what is
   allowed, and where the value came from. It is what an operator sees in ``journalctl``.
 
-``[commitlog]`` belongs to the commit-log feature, which defines its keys; until then any keys are
-accepted and kept, as a plain dict, in ``NodeConfig.raw``.
+``[commitlog]`` is typed like every other section: its scalar keys are derived from
+``commitlog.settings.LogSettings`` (plus ``enabled`` and ``dir``), so a knob the store adds shows up
+here with its default. The one exception is ``[[commitlog.rules]]``, an array of tables that only
+the file can set: a list of filters does not fit in one environment variable without inventing a
+second syntax, and rules change with the deployment's topic design, not per container.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import difflib
 import ipaddress
 import json
 import math
+import os
 import re
 import tomllib
 import typing
@@ -35,15 +39,20 @@ from enum import Enum
 from typing import Any
 
 from broker.auth import AuthFileError, load_acl, load_passwords
+from broker.logrules import DEFAULT_RULES, LogRule, validate_rule
 from broker.settings import AuthSettings, BrokerSettings, ListenerSettings, MqttSettings
+from commitlog.settings import LogSettings
 
-__all__ = ["ConfigError", "NodeConfig", "ENV_PREFIX", "LOG_LEVELS", "LOG_FORMATS", "load_config",
-           "parse_bind"]
+__all__ = ["ConfigError", "NodeConfig", "CommitLogConfig", "ENV_PREFIX", "LOG_LEVELS",
+           "LOG_FORMATS", "load_config", "parse_bind"]
 
 ENV_PREFIX = "MESHMQ_"
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 LOG_FORMATS = ("text", "json")
 COMMITLOG_SECTION = "commitlog"
+DEFAULT_DATA_DIR = "./meshmq-data"
+# Sub-directory of node.data_dir holding the commit-log store when commitlog.dir is "".
+COMMITLOG_SUBDIR = "log"
 
 # MQTT "Remaining Length" is at most 4 bytes of 7 bits: 268,435,455 bytes (MQTT-2.2.3).
 MAX_MQTT_PACKET = 268_435_455
@@ -70,16 +79,33 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class CommitLogConfig:
+    """The ``[commitlog]`` section, validated: what the node needs to open and feed the store.
+
+    ``enabled``: False runs the node as a pure live pub/sub broker (no store is opened, QoS 1
+    acks do not wait for a disk). ``directory``: where the store lives; ``commitlog.dir``, or
+    ``<node.data_dir>/log`` when that is empty, so one data_dir setting moves all of a node's
+    state. ``settings``: the store's knobs (see ``LogSettings``). ``rules``: which device log a
+    topic belongs to, first match wins (see ``broker.logrules``).
+    """
+
+    enabled: bool = True
+    directory: str = os.path.join(DEFAULT_DATA_DIR, COMMITLOG_SUBDIR)
+    settings: LogSettings = field(default_factory=LogSettings)
+    rules: tuple[LogRule, ...] = DEFAULT_RULES
+
+
+@dataclass(frozen=True)
 class NodeConfig:
-    """Everything ``meshmq serve`` needs, validated. ``raw`` is the ``[commitlog]`` table."""
+    """Everything ``meshmq serve`` needs, validated."""
 
     node_id: str = "meshmq-1"
-    data_dir: str = "./meshmq-data"
+    data_dir: str = DEFAULT_DATA_DIR
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     admin_bind: str = "127.0.0.1:9883"
     log_level: str = "info"
     log_format: str = "text"
-    raw: dict[str, Any] = field(default_factory=dict)
+    commitlog: CommitLogConfig = field(default_factory=CommitLogConfig)
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,6 +286,27 @@ class _Choice(_Kind):
         return self.from_toml(text.strip())
 
 
+class _Fsync(_Kind):
+    """``commitlog.fsync``: the word "batch" or a positive interval in milliseconds."""
+
+    expected = '"batch" or a positive interval in ms'
+
+    def from_toml(self, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() == "batch":
+            return "batch"
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise _Bad(self.expected)
+        return value
+
+    def from_env(self, text: str) -> object:
+        t = text.strip()
+        if t.lower() == "batch":
+            return "batch"
+        if not (t.isascii() and t.isdigit()) or int(t) <= 0:
+            raise _Bad(self.expected)
+        return int(t)
+
+
 def _check_bind_or_empty(s: str) -> None:
     if s:
         parse_bind(s)
@@ -329,13 +376,53 @@ def _mqtt_schema() -> dict[str, tuple[_Kind, object]]:
     return out
 
 
+# Known ranges for LogSettings fields (LogSettings.__post_init__ enforces the same bounds; here
+# they become one-line errors naming the key). Unlisted int fields default to >= 0.
+_LOG_KINDS: dict[str, _Kind] = {
+    "segment_bytes": _Int(1024),
+    "index_interval_bytes": _Int(1),
+    "fsync": _Fsync(),
+    "checkpoint_interval_s": _Float(0.0, inclusive=False),
+    "read_fd_cache": _Int(1),
+}
+
+
+def _commitlog_schema() -> dict[str, tuple[_Kind, object]]:
+    """``[commitlog]`` keys: ``enabled``, ``dir`` and every ``LogSettings`` field, derived from
+    the dataclass so the store's knobs and the config cannot drift apart."""
+    out: dict[str, tuple[_Kind, object]] = {
+        "enabled": (_Bool(), True),
+        "dir": (_Str('a directory path, or "" for <node.data_dir>/log'), ""),
+    }
+    hints = typing.get_type_hints(LogSettings)
+    for f in fields(LogSettings):
+        tp = hints[f.name]
+        kind: _Kind
+        if f.name in _LOG_KINDS:
+            kind = _LOG_KINDS[f.name]
+        elif tp is int:
+            kind = _Int(0)
+        elif tp is float:
+            kind = _Float(0.0, inclusive=False)
+        elif tp is bool:
+            kind = _Bool()
+        else:  # pragma: no cover - a loud failure for whoever adds an unsupported field type
+            raise TypeError(f"meshmq.config cannot map LogSettings.{f.name}: {tp!r}")
+        out[f.name] = (kind, f.default)
+    return out
+
+
+# [[commitlog.rules]] is an array of tables, parsed by _parse_rules (file only, no env).
+_RULES_KEY = "rules"
+_RULE_KEYS = ("filter", "log")
+
 _SectionSchema = dict[str, tuple[_Kind, object]]
 
 # Section path -> key -> (kind, default). Defaults here are what config.example.toml must say.
 _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
     ("node",): {
         "id": (_Str("a node id", _check_node_id), "meshmq-1"),
-        "data_dir": (_Str("a directory path", _check_nonempty), "./meshmq-data"),
+        "data_dir": (_Str("a directory path", _check_nonempty), DEFAULT_DATA_DIR),
     },
     ("listener", "tcp"): {
         "bind": (_Str(_BIND_OPT, _check_bind_or_empty), "0.0.0.0:1883"),
@@ -363,10 +450,11 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "level": (_Choice(LOG_LEVELS), "info"),
         "format": (_Choice(LOG_FORMATS), "text"),
     },
+    (COMMITLOG_SECTION,): _commitlog_schema(),
 }
 # Tables that only hold other tables ([listener] holds [listener.tcp] ...).
 _PARENTS = {path[:i] for path in _SCHEMA for i in range(1, len(path))}
-_TOP_SECTIONS = sorted({path[0] for path in _SCHEMA} | {COMMITLOG_SECTION})
+_TOP_SECTIONS = sorted({path[0] for path in _SCHEMA})
 
 
 def _dotted(path: tuple[str, ...]) -> str:
@@ -403,28 +491,33 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError("config file", "not UTF-8 text", path) from None
 
 
-def _merge_file(data: Mapping[str, Any], path: str, values: dict[tuple[str, ...], object],
-                raw: dict[str, Any]) -> None:
-    """Check every table and key of the file against the schema and store the parsed values."""
+def _merge_file(data: Mapping[str, Any], path: str,
+                values: dict[tuple[str, ...], object]) -> tuple[LogRule, ...] | None:
+    """Check every table and key of the file against the schema and store the parsed values.
+
+    Returns the ``[[commitlog.rules]]`` list when the file has one (None: keep the defaults)."""
+    rules: tuple[LogRule, ...] | None = None
 
     def walk(table: Mapping[str, Any], prefix: tuple[str, ...]) -> None:
+        nonlocal rules
         for name, value in table.items():
             here = prefix + (name,)
-            if here == (COMMITLOG_SECTION,):
-                if not isinstance(value, dict):
-                    raise ConfigError(name, "expected a table ([commitlog])", path)
-                raw.update(value)
-            elif here in _SCHEMA:
+            if here in _SCHEMA:
                 if not isinstance(value, dict):
                     raise ConfigError(_dotted(here), f"expected a table ([{_dotted(here)}])",
                                       path)
                 schema = _SCHEMA[here]
                 for key, item in value.items():
                     full = here + (key,)
+                    if here == (COMMITLOG_SECTION,) and key == _RULES_KEY:
+                        rules = _parse_rules(item, path)
+                        continue
                     if key not in schema:
+                        allowed = list(schema) + ([_RULES_KEY] if here == (COMMITLOG_SECTION,)
+                                                  else [])
                         raise ConfigError(
                             _dotted(full),
-                            "unknown key; allowed: " + ", ".join(schema) + _suggest(key, schema),
+                            "unknown key; allowed: " + ", ".join(allowed) + _suggest(key, allowed),
                             path)
                     kind = schema[key][0]
                     try:
@@ -450,49 +543,60 @@ def _merge_file(data: Mapping[str, Any], path: str, values: dict[tuple[str, ...]
                                   + _suggest(name, allowed), path)
 
     walk(data, ())
+    return rules
 
 
-def _set_nested(table: dict[str, Any], path: list[str], text: str) -> None:
-    """Store an env override under [commitlog]; keep the file value's type when there is one."""
-    for part in path[:-1]:
-        inner = table.get(part)
-        if not isinstance(inner, dict):
-            inner = table[part] = {}
-        table = inner
-    old = table.get(path[-1])
-    value: object = text
-    try:
-        if isinstance(old, bool):
-            value = _Bool().from_env(text)
-        elif isinstance(old, int):
-            value = _Int(-(2**63)).from_env(text)
-        elif isinstance(old, float):
-            value = _Float(-math.inf, inclusive=True).from_env(text)
-    except _Bad:
-        expected = type(old).__name__.replace("int", "an integer").replace("float", "a number")
-        expected = expected.replace("bool", _Bool.expected)
-        raise ConfigError(f"{COMMITLOG_SECTION}.{'.'.join(path)}",
-                          f"expected {expected} (as in the file), got {_show(text)}",
-                          _env_name((COMMITLOG_SECTION, *path))) from None
-    table[path[-1]] = value
+def _parse_rules(value: object, path: str) -> tuple[LogRule, ...]:
+    """``[[commitlog.rules]]`` -> LogRules, each checked with ``validate_rule`` so a bad filter
+    stops the start naming ``commitlog.rules[i].filter`` instead of misrouting publishes."""
+    base = f"{COMMITLOG_SECTION}.{_RULES_KEY}"
+    if not isinstance(value, list):
+        raise ConfigError(base, "expected an array of tables ([[commitlog.rules]] with filter "
+                                "and log keys)", path)
+    out: list[LogRule] = []
+    for i, item in enumerate(value):
+        here = f"{base}[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(here, "expected a table with filter and log keys "
+                                    "([[commitlog.rules]])", path)
+        for key in item:
+            if key not in _RULE_KEYS:
+                raise ConfigError(f"{here}.{key}", "unknown key; allowed: " + ", ".join(_RULE_KEYS)
+                                  + _suggest(key, _RULE_KEYS), path)
+        if "filter" not in item:
+            raise ConfigError(f"{here}.filter", "required (an MQTT filter, e.g. "
+                                                '"devices/{device}/#")', path)
+        flt = item["filter"]
+        if not isinstance(flt, str) or not flt:
+            raise ConfigError(f"{here}.filter", "expected a non-empty MQTT filter string, got "
+                              + _show(flt), path)
+        log_flag = item.get("log", True)
+        if not isinstance(log_flag, bool):
+            raise ConfigError(f"{here}.log", f"expected true or false, got {_show(log_flag)}",
+                              path)
+        rule = LogRule(flt, log_flag)
+        problem = validate_rule(rule)
+        if problem is not None:
+            raise ConfigError(f"{here}.filter", f"{problem}, got {_show(flt)}", path)
+        out.append(rule)
+    return tuple(out)
 
 
 def _merge_env(environ: Mapping[str, str], values: dict[tuple[str, ...], object],
-               sources: dict[tuple[str, ...], str], raw: dict[str, Any]) -> None:
+               sources: dict[tuple[str, ...], str]) -> None:
     known = {_env_name(k): k for k in _all_keys()}
     for name in sorted(environ):
         if not name.upper().startswith(ENV_PREFIX):
             continue
         text = environ[name]
         parts = name[len(ENV_PREFIX):].lower().split("__")
-        if parts[0] == COMMITLOG_SECTION and len(parts) >= 2 and all(parts):
-            # The commit-log feature defines these keys; until it does they pass through as text.
-            _set_nested(raw, parts[1:], text)
-            continue
         full = known.get(name.upper())
         if full is None:
             section = tuple(parts)
-            if section in _SCHEMA or section in _PARENTS or section == (COMMITLOG_SECTION,):
+            if parts[:2] == [COMMITLOG_SECTION, _RULES_KEY]:
+                raise ConfigError(name, "commitlog.rules can only be set in the config file "
+                                        "([[commitlog.rules]] tables)", "environment")
+            if section in _SCHEMA or section in _PARENTS:
                 problem = "names a section, not a key"
             else:
                 problem = "names no configuration key"
@@ -530,12 +634,12 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
         section + (key,): spec[1] for section, keys in _SCHEMA.items() for key, spec in keys.items()
     }
     sources: dict[tuple[str, ...], str] = {}
-    raw: dict[str, Any] = {}
+    rules: tuple[LogRule, ...] | None = None
     if path is not None:
         data = _read_toml(path)
-        _merge_file(data, path, values, raw)
+        rules = _merge_file(data, path, values)
         sources.update({k: path for k in values if _was_set(data, k)})
-    _merge_env(environ, values, sources, raw)
+    _merge_env(environ, values, sources)
 
     def get(*key: str) -> Any:
         return values[key]
@@ -576,6 +680,9 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
                           "set auth.password_file or allow_anonymous = true",
                           src("auth", "allow_anonymous"))
 
+    commitlog = _build_commitlog(values, sources, get("node", "data_dir"),
+                                 DEFAULT_RULES if rules is None else rules)
+
     node_id = get("node", "id")
     broker = BrokerSettings(
         node_id=node_id,
@@ -602,7 +709,28 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
         admin_bind=get("admin", "bind"),
         log_level=get("log", "level"),
         log_format=get("log", "format"),
-        raw=raw,
+        commitlog=commitlog,
+    )
+
+
+def _build_commitlog(values: Mapping[tuple[str, ...], object],
+                     sources: Mapping[tuple[str, ...], str], data_dir: str,
+                     rules: tuple[LogRule, ...]) -> CommitLogConfig:
+    """Assemble ``CommitLogConfig``; LogSettings' own checks become ConfigErrors too."""
+    names = [f.name for f in fields(LogSettings)]
+    try:
+        settings = LogSettings(**{n: values[(COMMITLOG_SECTION, n)] for n in names})
+    except ValueError as exc:  # the kinds above check the same bounds; this is a backstop
+        field_name = next((n for n in names if str(exc).startswith(n)), "")
+        key = (COMMITLOG_SECTION, field_name) if field_name else (COMMITLOG_SECTION,)
+        raise ConfigError(_dotted(key), str(exc), sources.get(key)) from None
+    directory = values[(COMMITLOG_SECTION, "dir")]
+    assert isinstance(directory, str)
+    return CommitLogConfig(
+        enabled=bool(values[(COMMITLOG_SECTION, "enabled")]),
+        directory=directory or os.path.join(data_dir, COMMITLOG_SUBDIR),
+        settings=settings,
+        rules=rules,
     )
 
 

@@ -10,8 +10,9 @@ the process and by every test in a pytest run; a node-owned registry makes two n
 process (tests, benchmarks) report separately.
 
 More sources plug in with ``MetricsRegistry.add_collector(fn)``: ``fn`` returns metric families
-at scrape time (the commit log's stats are next). A source that raises is logged and skipped so
-one broken source cannot turn ``/metrics`` into a 500 for all the others.
+at scrape time. A source that raises is logged and skipped so one broken source cannot turn
+``/metrics`` into a 500 for all the others. The commit log has its own ``add_commitlog``: its
+``LogStats`` are plain ints for the same reason as the broker's.
 """
 
 from __future__ import annotations
@@ -21,10 +22,18 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, GCCollector, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 
 from broker.stats import PACKET_NAMES, BrokerStats, DropReason
+from commitlog.stats import FSYNC_BUCKETS_S, LogStats
+from commitlog.store import LogStore
 
 __all__ = ["MetricsRegistry", "LoopLagMonitor", "RouterGauges", "LOOP_LAG_BUCKETS"]
 
@@ -145,6 +154,89 @@ class _BrokerCollector(Collector):
         return families
 
 
+# (LogStats attribute, metric name, help) of the commit log's monotonic counters.
+_LOG_COUNTERS = (
+    ("appends", "meshmq_log_appends_total", "Records written to the commit log."),
+    ("append_bytes", "meshmq_log_append_bytes_total",
+     "Bytes written to the commit log's segment files (record framing included)."),
+    ("batches", "meshmq_log_batches_total",
+     "Write batches (one write() each; group commit puts a whole event-loop tick in one)."),
+    ("write_errors", "meshmq_log_write_errors_total",
+     "Failed segment writes (ENOSPC, EIO...): publishes are refused until the disk recovers."),
+    ("fsync_errors", "meshmq_log_fsync_errors_total", "Failed fsyncs of the commit log."),
+    ("segments_rolled", "meshmq_log_segments_rolled_total", "New segment files started."),
+    ("retention_segments_deleted", "meshmq_log_retention_deleted_segments_total",
+     "Segment files deleted by retention."),
+    ("retention_bytes_deleted", "meshmq_log_retention_deleted_bytes_total",
+     "Bytes of segment files deleted by retention."),
+    ("recovery_truncations", "meshmq_log_recovery_truncations_total",
+     "Torn or corrupt tails cut off by recovery at start (each logged as a WARNING)."),
+    ("recovery_truncated_bytes", "meshmq_log_recovery_truncated_bytes_total",
+     "Bytes cut off by recovery at start."),
+    ("tail_cache_hits", "meshmq_log_tail_cache_hits_total",
+     "Reads served from the in-memory tail cache."),
+    ("tail_cache_misses", "meshmq_log_tail_cache_misses_total",
+     "Reads that had to go to the segment files (at least partly)."),
+    ("tail_cache_evictions", "meshmq_log_tail_cache_evictions_total",
+     "Device tail caches dropped to stay under tail_cache_bytes_total."),
+    ("disk_reads", "meshmq_log_disk_reads_total", "Reads that scanned segment files."),
+    ("checkpoints", "meshmq_log_checkpoints_total", "Index checkpoints written."),
+    ("index_rebuilds", "meshmq_log_index_rebuilds_total",
+     "Starts without a usable checkpoint (full rescan of the segments)."),
+)
+
+
+class _CommitLogCollector(Collector):
+    """The commit log's ``LogStats`` and the store's sizes, read at scrape time.
+
+    Runs on the event loop thread (the admin server renders there), the only thread allowed to
+    look at the store's device table. The fsync fields are written by the fsync worker; each is
+    one int, so a scrape may see them one observation apart, never torn."""
+
+    def __init__(self, stats: LogStats, store: LogStore) -> None:
+        self.stats = stats
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self._families())
+
+    def _families(self) -> list[Metric]:
+        s = self.stats
+        out: list[Metric] = []
+        for attr, name, doc in _LOG_COUNTERS:
+            out.append(CounterMetricFamily(name, doc, value=getattr(s, attr)))
+        # The stats keep only a count and a sum of records per batch: a summary without
+        # quantiles is exactly what they can honestly back (mean = sum / count).
+        out.append(SummaryMetricFamily(
+            "meshmq_log_batch_records", "Records per write batch (count and sum).",
+            count_value=s.batches, sum_value=s.batch_records_sum))
+        # LogStats counts each fsync in the first bucket it fits (not cumulative); Prometheus
+        # buckets are cumulative, so they are summed here.
+        buckets: list[tuple[str, float]] = []
+        running = 0
+        for bound, n in zip(FSYNC_BUCKETS_S, list(s.fsync_buckets), strict=True):
+            running += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), running))
+        if not buckets or buckets[-1][0] != "+Inf":  # pragma: no cover - defensive
+            buckets.append(("+Inf", running))
+        out.append(HistogramMetricFamily(
+            "meshmq_log_fsync_seconds", "Duration of commit-log fsyncs (what QoS 1 acks wait on).",
+            buckets=buckets, sum_value=s.fsync_seconds_sum))
+        segments = self.store.segments
+        out.append(GaugeMetricFamily("meshmq_log_devices",
+                                     "Device logs in the store (including emptied ones).",
+                                     value=len(self.store.keys())))
+        out.append(GaugeMetricFamily("meshmq_log_segments", "Segment files of the store.",
+                                     value=len(segments)))
+        out.append(GaugeMetricFamily(
+            "meshmq_log_bytes",
+            "Bytes in the store's segment files on disk (written, maybe not yet fsynced).",
+            value=sum(seg.size for seg in segments)))
+        out.append(GaugeMetricFamily("meshmq_log_tail_cache_bytes",
+                                     "Bytes held by the tail cache.", value=s.tail_cache_bytes))
+        return out
+
+
 class MetricsRegistry:
     """The node's metrics: broker counters, router gauges, loop lag, process, and add-ons.
 
@@ -157,6 +249,7 @@ class MetricsRegistry:
                  router_gauges: RouterGauges | None = None) -> None:
         self.registry = CollectorRegistry()
         self._broker: _BrokerCollector | None = None
+        self._commitlog: _CommitLogCollector | None = None
         # Observed four times a second by LoopLagMonitor, so a real Histogram's lock is harmless.
         self.loop_lag = Histogram(
             "meshmq_event_loop_lag_seconds",
@@ -180,6 +273,15 @@ class MetricsRegistry:
         if self._broker is None:
             raise RuntimeError("add_broker(stats) first")
         self._broker.router_gauges = fn
+
+    def add_commitlog(self, stats: LogStats, store: LogStore) -> None:
+        """Expose the commit log's ``stats`` and ``store`` sizes (read at scrape time as
+        ``meshmq_log_*``); replaces a previous commit-log source, so a reopened store can be
+        attached again."""
+        if self._commitlog is not None:
+            self.registry.unregister(self._commitlog)
+        self._commitlog = _CommitLogCollector(stats, store)
+        self.registry.register(self._commitlog)
 
     def add_collector(self, fn: Callable[[], Iterable[Metric]], name: str = "") -> None:
         """Add a source called at every scrape; ``fn`` returns prometheus ``Metric`` families.

@@ -15,8 +15,11 @@ import uvloop
 
 from broker.auth import Authenticator
 from broker.listener import Listeners
+from broker.logrules import LogRules
 from broker.router import Router
 from broker.stats import BrokerStats
+from commitlog.groupcommit import GroupCommitter
+from commitlog.store import LogStore
 from meshmq.admin import AdminServer
 from meshmq.config import NodeConfig
 from meshmq.metrics import LoopLagMonitor, MetricsRegistry
@@ -37,6 +40,8 @@ class Node:
         self.metrics = MetricsRegistry()
         self.lag = LoopLagMonitor(self.metrics)
         self.admin = AdminServer(config.admin_bind, self.metrics.registry, self.ready)
+        self.store: LogStore | None = None
+        self.committer: GroupCommitter | None = None
         self._ready = False
         self._stop = asyncio.Event()
 
@@ -45,7 +50,22 @@ class Node:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.router = Router(self.config.broker, self.stats, self.auth, loop)
+        log_config = self.config.commitlog
+        rules = None
+        if log_config.enabled:
+            # Recovery (scan after the last checkpoint, truncate a torn tail) happens here,
+            # before any listener accepts a client.
+            self.store = LogStore.open(log_config.directory, log_config.settings)
+            self.committer = GroupCommitter(self.store, loop)
+            rules = LogRules(log_config.rules)
+            self.metrics.add_commitlog(self.store.stats, self.store)
+            from meshmq.fetch_api import register_fetch_routes
+
+            register_fetch_routes(self.admin.app, self.store)
+            log.info("commit log open", extra={"dir": log_config.directory,
+                                               "devices": len(self.store.keys())})
+        self.router = Router(self.config.broker, self.stats, self.auth, loop,
+                             self.committer, rules)
         self.metrics.add_broker(self.stats, self.router.gauges)
         self.listeners = Listeners(self.router, self.config.broker.listeners, self.stats)
         await self.admin.start()
@@ -67,6 +87,8 @@ class Node:
             await self.router.drain()
         if self.listeners is not None:
             await self.listeners.close()
+        if self.committer is not None:
+            await self.committer.close()  # flush, fsync, checkpoint, close the store
         self.lag.stop()
         await self.admin.stop()
         log.info("meshmq node stopped")

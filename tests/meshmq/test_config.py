@@ -8,8 +8,17 @@ from pathlib import Path
 
 import pytest
 
+from broker.logrules import DEFAULT_RULES, LogRule
 from broker.settings import MqttSettings, QueueFullPolicy
-from meshmq.config import ConfigError, NodeConfig, env_names, load_config, parse_bind
+from commitlog.settings import LogSettings
+from meshmq.config import (
+    CommitLogConfig,
+    ConfigError,
+    NodeConfig,
+    env_names,
+    load_config,
+    parse_bind,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "config.example.toml"
@@ -40,7 +49,9 @@ def test_defaults_without_file():
     assert cfg.data_dir == "./meshmq-data"
     assert cfg.admin_bind == "127.0.0.1:9883"
     assert (cfg.log_level, cfg.log_format) == ("info", "text")
-    assert cfg.raw == {}
+    assert cfg.commitlog == CommitLogConfig(True, "./meshmq-data/log", LogSettings(),
+                                            DEFAULT_RULES)
+    assert not hasattr(cfg, "raw")
     assert cfg.broker.listeners.tcp_bind == "0.0.0.0:1883"
     assert cfg.broker.listeners.tls_bind is None
     assert cfg.broker.listeners.ws_bind is None
@@ -62,25 +73,151 @@ def test_example_file_lists_every_mqtt_field():
     assert set(data["mqtt"]) == names
 
 
-def test_example_file_mentions_commitlog_placeholder():
-    text = EXAMPLE.read_text()
-    assert "# [commitlog]" in text
+def test_example_file_lists_every_commitlog_key():
+    data = tomllib.loads(EXAMPLE.read_text())
+    names = {f.name for f in dataclasses.fields(LogSettings)} | {"enabled", "dir"}
+    assert set(data["commitlog"]) == names  # rules stay commented out: the default applies
 
 
-def test_commitlog_section_is_kept_raw(tmp_path):
-    path = write(tmp_path, '[commitlog]\nsegment_bytes = 1024\nfsync = "always"\n'
-                           '[commitlog.retention]\nhours = 24\n')
-    cfg = load_config(path, {"MESHMQ_COMMITLOG__SEGMENT_BYTES": "2048",
-                             "MESHMQ_COMMITLOG__NEW_KEY": "text"})
-    assert cfg.raw == {"segment_bytes": 2048, "fsync": "always", "retention": {"hours": 24},
-                       "new_key": "text"}
+def test_example_file_commented_rules_are_valid(tmp_path):
+    """The commented [[commitlog.rules]] example, uncommented, must load as documented."""
+    lines = EXAMPLE.read_text().splitlines()
+    first = lines.index("# [[commitlog.rules]]")
+    block = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in lines[first:]]
+    cfg = load_config(write(tmp_path, "[commitlog]\n" + "\n".join(block) + "\n"), {})
+    assert cfg.commitlog.rules == (LogRule("devices/{device}/#"),
+                                   LogRule("fleet/+/{device}/telemetry/#"),
+                                   LogRule("live/#", log=False))
 
 
-def test_commitlog_env_keeps_file_type(tmp_path):
-    path = write(tmp_path, "[commitlog]\nsegment_bytes = 1024\n")
-    err = error_of(path, {"MESHMQ_COMMITLOG__SEGMENT_BYTES": "big"})
-    assert err.key == "commitlog.segment_bytes"
-    assert "MESHMQ_COMMITLOG__SEGMENT_BYTES" in str(err)
+def test_commitlog_file_values(tmp_path):
+    path = write(tmp_path, """
+[node]
+data_dir = "/srv/mq"
+[commitlog]
+enabled = false
+segment_bytes = 2048
+index_interval_bytes = 512
+fsync = 20
+retention_ms = 0
+retention_bytes_per_device = 1000000
+tail_cache_bytes_per_device = 0
+tail_cache_bytes_total = 0
+checkpoint_interval_s = 5
+read_fd_cache = 4
+
+[[commitlog.rules]]
+filter = "devices/{device}/#"
+
+[[commitlog.rules]]
+filter = "live/#"
+log = false
+""")
+    cl = load_config(path, {}).commitlog
+    assert cl.enabled is False
+    assert cl.directory == "/srv/mq/log"  # "" = <data_dir>/log follows node.data_dir
+    assert cl.settings == LogSettings(segment_bytes=2048, index_interval_bytes=512, fsync=20,
+                                      retention_ms=0, retention_bytes_per_device=1_000_000,
+                                      tail_cache_bytes_per_device=0, tail_cache_bytes_total=0,
+                                      checkpoint_interval_s=5.0, read_fd_cache=4)
+    assert isinstance(cl.settings.checkpoint_interval_s, float)
+    assert cl.rules == (LogRule("devices/{device}/#", True), LogRule("live/#", False))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cl.enabled = True  # type: ignore[misc]
+
+
+def test_commitlog_dir_and_empty_rules(tmp_path):
+    path = write(tmp_path, '[commitlog]\ndir = "/fast/log"\nfsync = "batch"\nrules = []\n')
+    cl = load_config(path, {}).commitlog
+    assert cl.directory == "/fast/log"
+    assert cl.settings.fsync == "batch"
+    assert cl.rules == ()  # every topic keyed by its first level
+
+
+def test_commitlog_env_overrides(tmp_path):
+    path = write(tmp_path, "[commitlog]\nfsync = 7\n")
+    cl = load_config(path, {"MESHMQ_COMMITLOG__FSYNC": "5",
+                            "MESHMQ_COMMITLOG__ENABLED": "0",
+                            "MESHMQ_COMMITLOG__DIR": "/x/log",
+                            "MESHMQ_COMMITLOG__RETENTION_MS": "60_000",
+                            "MESHMQ_COMMITLOG__CHECKPOINT_INTERVAL_S": "0.5"}).commitlog
+    assert cl.settings.fsync == 5 and cl.enabled is False and cl.directory == "/x/log"
+    assert cl.settings.retention_ms == 60_000
+    assert cl.settings.checkpoint_interval_s == 0.5
+    assert load_config(path, {"MESHMQ_COMMITLOG__FSYNC": "BATCH"}).commitlog.settings.fsync \
+        == "batch"
+    assert "MESHMQ_COMMITLOG__FSYNC" in env_names()
+
+
+@pytest.mark.parametrize(("var", "value", "key", "fragment"), [
+    ("MESHMQ_COMMITLOG__FSYNC", "always", "commitlog.fsync", '"batch" or a positive'),
+    ("MESHMQ_COMMITLOG__FSYNC", "0", "commitlog.fsync", '"batch" or a positive'),
+    ("MESHMQ_COMMITLOG__FSYNC", "-5", "commitlog.fsync", '"batch" or a positive'),
+    ("MESHMQ_COMMITLOG__SEGMENT_BYTES", "100", "commitlog.segment_bytes", ">= 1024"),
+    ("MESHMQ_COMMITLOG__RETENTION_MS", "-1", "commitlog.retention_ms", ">= 0"),
+    ("MESHMQ_COMMITLOG__READ_FD_CACHE", "0", "commitlog.read_fd_cache", ">= 1"),
+    ("MESHMQ_COMMITLOG__CHECKPOINT_INTERVAL_S", "0", "commitlog.checkpoint_interval_s", "> 0"),
+    ("MESHMQ_COMMITLOG__ENABLED", "maybe", "commitlog.enabled", "true or false"),
+])
+def test_commitlog_env_errors(var, value, key, fragment):
+    err = error_of(None, {var: value})
+    assert err.key == key and fragment in str(err) and f"(from {var})" in str(err)
+
+
+@pytest.mark.parametrize("var", ["MESHMQ_COMMITLOG__RULES", "MESHMQ_COMMITLOG__RULES__0__FILTER"])
+def test_commitlog_rules_are_file_only(var):
+    err = error_of(None, {var: "devices/{device}/#"})
+    assert err.key == var and "only be set in the config file" in str(err)
+
+
+def test_commitlog_unknown_env_key():
+    err = error_of(None, {"MESHMQ_COMMITLOG__SEGMENT_BYTE": "2048"})
+    assert "names no configuration key" in str(err)
+    assert "did you mean MESHMQ_COMMITLOG__SEGMENT_BYTES" in str(err)
+
+
+@pytest.mark.parametrize(("text", "key", "fragment"), [
+    ("[commitlog]\nsegment_byte = 2048\n", "commitlog.segment_byte",
+     "did you mean segment_bytes"),
+    ("[commitlog]\nnew_key = 1\n", "commitlog.new_key", "unknown key; allowed: enabled, dir"),
+    ("[commitlog.retention]\nhours = 24\n", "commitlog.retention", "unknown key"),
+    ('[commitlog]\nfsync = "always"\n', "commitlog.fsync", 'got "always"'),
+    ("[commitlog]\nfsync = 0\n", "commitlog.fsync", "positive interval in ms"),
+    ("[commitlog]\nfsync = true\n", "commitlog.fsync", "got true"),
+    ("[commitlog]\nsegment_bytes = 10\n", "commitlog.segment_bytes", ">= 1024, got 10"),
+    ('[commitlog]\ndir = 3\n', "commitlog.dir", "directory path"),
+    ("commitlog = 1\n", "commitlog", "expected a table"),
+    ('[commitlog]\nrules = "devices/#"\n', "commitlog.rules", "array of tables"),
+    ('[commitlog.rules]\nfilter = "a/#"\n', "commitlog.rules", "array of tables"),
+    ("[commitlog]\nrules = [1]\n", "commitlog.rules[0]", "expected a table"),
+    ('[[commitlog.rules]]\nfilter = "a/#/b"\n', "commitlog.rules[0].filter",
+     "'#' must be the last level"),
+    ('[[commitlog.rules]]\nfilter = "devices/{device}/#"\n[[commitlog.rules]]\nlog = false\n',
+     "commitlog.rules[1].filter", "required"),
+    ('[[commitlog.rules]]\nfilter = "a/#"\n[[commitlog.rules]]\nfilter = "b/#"\n'
+     '[[commitlog.rules]]\nfilter = "{device}/{device}"\n',
+     "commitlog.rules[2].filter", "at most one {device} level"),
+    ('[[commitlog.rules]]\nfilter = "+/x"\n', "commitlog.rules[0].filter",
+     "needs a literal first level"),
+    ('[[commitlog.rules]]\nfilter = "a/b{x}"\n', "commitlog.rules[0].filter", "invalid level"),
+    ('[[commitlog.rules]]\nfilter = ""\n', "commitlog.rules[0].filter", "non-empty"),
+    ("[[commitlog.rules]]\nfilter = 5\n", "commitlog.rules[0].filter", "got 5"),
+    ('[[commitlog.rules]]\nfilter = "a/#"\nlog = "no"\n', "commitlog.rules[0].log",
+     "true or false"),
+    ('[[commitlog.rules]]\nfilter = "a/#"\nstore = false\n', "commitlog.rules[0].store",
+     "allowed: filter, log"),
+])
+def test_commitlog_file_errors(tmp_path, text, key, fragment):
+    path = write(tmp_path, text)
+    err = error_of(path)
+    assert err.key == key
+    assert fragment in str(err)
+    assert f"(from {path})" in str(err)
+
+
+def test_log_false_rule_without_device_is_allowed(tmp_path):
+    path = write(tmp_path, '[[commitlog.rules]]\nfilter = "#"\nlog = false\n')
+    assert load_config(path, {}).commitlog.rules == (LogRule("#", False),)
 
 
 def test_file_values(tmp_path):

@@ -1,0 +1,265 @@
+"""The commit-log fetch API: per-device logs over the admin HTTP server.
+
+Why HTTP on the admin server: readers of a device log (Spark, ``meshmq log tail``, tools, later
+followers) want "give me records from offset N" with plain pull semantics, the admin server
+already runs on the node's event loop, and HTTP needs no client library. The body reuses the
+store's record framing (``commitlog.fetch``), so every record keeps its CRC end to end and the
+Spark connector decodes it straight into columns.
+
+HTTP contract (all under the admin bind, default ``http://127.0.0.1:9883``)
+--------------------------------------------------------------------------
+
+Only **committed** records are visible anywhere in this API: a record appended but not yet
+durable (fsynced and committed) is neither served nor counted in ``end``. ``end`` is the
+high-water mark: one past the last committed offset. A device that has no committed record yet
+is unknown (404), exactly as if it had never published.
+
+``GET /api/v1/logs``
+    200 ``application/json``: ``{"logs": [{"device": "d1", "start": 0, "end": 42}, ...]}``,
+    sorted by device. ``start`` is the first offset still retained (retention moves it).
+
+``GET /api/v1/logs/{device}``
+    200 ``{"device": "d1", "start": 0, "end": 42}``;
+    404 ``{"error": "unknown device 'd1'"}``.
+
+``GET /api/v1/logs/{device}/records?offset=N&max_records=M&max_bytes=B``
+    200 ``application/octet-stream``: a fetch response (``commitlog.fetch``: 24-byte header with
+    record count, log start and high water, then the records) holding the device's committed
+    records from ``N`` on, at most ``M`` records and at most ``B`` bytes of records, except that
+    the first record is always returned even if it alone is larger than ``B`` (so a reader can
+    always make progress). Headers:
+
+    * ``X-Meshmq-Start``: first retained offset; ``X-Meshmq-End``: high-water mark;
+    * ``X-Meshmq-Next-Offset``: the offset to ask for next (last returned + 1, or ``N`` when
+      nothing was returned); ``X-Meshmq-Record-Count``: records in the body.
+
+    Parameters (all optional, decimal integers):
+
+    * ``offset``: first offset wanted; default = ``start``. ``offset == end`` is valid and
+      returns 200 with zero records (the 24-byte header only): a follower polls this way.
+    * ``timestamp_us``: instead of ``offset``, start at the first record whose timestamp
+      (µs since the epoch) is ``>=`` it; ``end`` if there is none. Not together with ``offset``.
+    * ``max_records``: 1 to 100000, default 1000.
+    * ``max_bytes``: 1 to 67108864 (64 MiB), default 1048576 (1 MiB).
+
+    Errors, all ``application/json`` with an ``error`` message:
+
+    * 400 ``{"error": ..., "parameter": "max_records"}``: a parameter that is empty, not an
+      integer, negative, outside its range, repeated, unknown, or ``offset`` together with
+      ``timestamp_us``; ``parameter`` names it.
+    * 404 ``{"error": "unknown device 'd1'"}``.
+    * 416 ``{"error": ..., "parameter": "offset", "offset": N, "start": S, "end": E}``: ``N``
+      is below ``start`` (deleted by retention: data loss for this reader, restart from
+      ``start``) or above ``end`` (the log was truncated, or the offset is from the future).
+    * 500 ``{"error": ...}``: a stored record failed its CRC (see ``meshmq log inspect``).
+
+Reads run **on the event loop**, not in an executor: ``LogStore`` is single-threaded by
+contract (only ``sync()`` may run on another thread; ``read`` mutates the read-fd cache, the
+tail-cache LRU and the stats, and races with ``append``/``commit`` over the tail cache). To keep
+one large request from stalling every MQTT client on the node, a request is served in slices
+of at most ``READ_SLICE_RECORDS`` records / ``READ_SLICE_BYTES`` bytes with a yield to the loop
+in between. The response stays consistent: records are immutable once committed, and a reader
+racing retention just gets the slices read before its start moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from commitlog.fetch import encode_fetch_response
+from commitlog.record import CorruptRecordError, Record, encoded_size
+from commitlog.store import LogStore, OffsetOutOfRangeError
+
+__all__ = [
+    "register_fetch_routes",
+    "LOGS_PATH",
+    "DEFAULT_MAX_RECORDS",
+    "MAX_MAX_RECORDS",
+    "DEFAULT_MAX_BYTES",
+    "MAX_MAX_BYTES",
+]
+
+log = logging.getLogger("meshmq.fetch_api")
+
+LOGS_PATH = "/api/v1/logs"
+DEFAULT_MAX_RECORDS = 1000
+MAX_MAX_RECORDS = 100_000
+DEFAULT_MAX_BYTES = 1 << 20
+MAX_MAX_BYTES = 64 << 20
+# One slice of a request read between two yields to the event loop (see the module docstring).
+READ_SLICE_RECORDS = 500
+READ_SLICE_BYTES = 256 * 1024
+
+_PARAMS = ("offset", "timestamp_us", "max_records", "max_bytes")
+_STORE_KEY = web.AppKey("meshmq_log_store", LogStore)
+
+
+class _HttpError(Exception):
+    """A request problem, rendered as a JSON body with ``status``."""
+
+    def __init__(self, status: int, message: str, **extra: object) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body: dict[str, object] = {"error": message, **extra}
+
+
+def _json(status: int, body: Mapping[str, object]) -> web.Response:
+    return web.Response(status=status, content_type="application/json",
+                        text=json.dumps(body))
+
+
+def _int_param(query: Mapping[str, str], name: str, lo: int, hi: int | None) -> int | None:
+    """Parse one decimal parameter; None when absent. 400 naming it when it does not fit."""
+    if name not in query:
+        return None
+    text = query[name]
+    allowed = f"an integer >= {lo}" if hi is None else f"an integer between {lo} and {hi}"
+    t = text.strip()
+    if not (t.isascii() and t.lstrip("-").isdigit() and t.count("-") <= 1):
+        raise _HttpError(400, f"{name} must be {allowed}, got {text!r}", parameter=name)
+    value = int(t)
+    if value < lo or (hi is not None and value > hi):
+        raise _HttpError(400, f"{name} must be {allowed}, got {value}", parameter=name)
+    return value
+
+
+def _committed_range(store: LogStore, device: str) -> tuple[int, int] | None:
+    """(start, end) of a device that has committed something; None for an unknown device
+    (including one whose only appends are not committed yet: they must not leak)."""
+    if device not in store:
+        return None
+    start, end = store.log_range(device)
+    if end == 0:
+        return None
+    return start, end
+
+
+def _unknown(device: str) -> _HttpError:
+    return _HttpError(404, f"unknown device {device!r}")
+
+
+async def _list_logs(request: web.Request) -> web.Response:
+    store = request.app[_STORE_KEY]
+    logs = []
+    for device in sorted(store.keys()):
+        rng = _committed_range(store, device)
+        if rng is not None:
+            logs.append({"device": device, "start": rng[0], "end": rng[1]})
+    return _json(200, {"logs": logs})
+
+
+async def _log_info(request: web.Request) -> web.Response:
+    store = request.app[_STORE_KEY]
+    device = request.match_info["device"]
+    rng = _committed_range(store, device)
+    if rng is None:
+        return _json(404, _unknown(device).body)
+    return _json(200, {"device": device, "start": rng[0], "end": rng[1]})
+
+
+async def _records(request: web.Request) -> web.Response:
+    store = request.app[_STORE_KEY]
+    device = request.match_info["device"]
+    try:
+        return await _serve_records(store, device, request.query)
+    except _HttpError as err:
+        return _json(err.status, err.body)
+    except CorruptRecordError as exc:
+        log.error("fetch API: corrupt record while reading a device log",
+                  extra={"device": device, "error": str(exc)})
+        return _json(500, {"error": f"corrupt record in the log of {device!r}: {exc}"})
+
+
+async def _serve_records(store: LogStore, device: str,
+                         query: Mapping[str, str]) -> web.Response:
+    multi = getattr(query, "getall", None)
+    for name in query:
+        if name not in _PARAMS:
+            raise _HttpError(400, f"unknown parameter {name!r}; allowed: " + ", ".join(_PARAMS),
+                             parameter=name)
+        if multi is not None and len(multi(name)) > 1:
+            raise _HttpError(400, f"{name} given more than once", parameter=name)
+    offset = _int_param(query, "offset", 0, None)
+    timestamp_us = _int_param(query, "timestamp_us", 0, None)
+    max_records = _int_param(query, "max_records", 1, MAX_MAX_RECORDS) or DEFAULT_MAX_RECORDS
+    max_bytes = _int_param(query, "max_bytes", 1, MAX_MAX_BYTES) or DEFAULT_MAX_BYTES
+    if offset is not None and timestamp_us is not None:
+        raise _HttpError(400, "give offset or timestamp_us, not both", parameter="timestamp_us")
+    rng = _committed_range(store, device)
+    if rng is None:
+        raise _unknown(device)
+    start, end = rng
+    if timestamp_us is not None:
+        offset = store.offset_for_timestamp(device, timestamp_us)
+    elif offset is None:
+        offset = start
+    if not start <= offset <= end:
+        raise _out_of_range(device, offset, start, end)
+    try:
+        records = await _read_sliced(store, device, offset, max_records, max_bytes)
+    except OffsetOutOfRangeError as exc:  # retention or truncation moved the range meanwhile
+        raise _out_of_range(device, offset, exc.start, exc.end) from None
+    start, end = store.log_range(device)
+    if records and records[-1].offset >= end:  # the log was truncated while we yielded
+        records = [r for r in records if r.offset < end]
+    next_offset = records[-1].offset + 1 if records else offset
+    body = encode_fetch_response(records, start, end)
+    return web.Response(body=body, content_type="application/octet-stream", headers={
+        "X-Meshmq-Start": str(start),
+        "X-Meshmq-End": str(end),
+        "X-Meshmq-Next-Offset": str(next_offset),
+        "X-Meshmq-Record-Count": str(len(records)),
+        "Cache-Control": "no-store",
+    })
+
+
+def _out_of_range(device: str, offset: int, start: int, end: int) -> _HttpError:
+    why = ("deleted by retention" if offset < start else "beyond the committed end")
+    return _HttpError(416, f"offset {offset} of {device!r} is outside [{start}, {end}] ({why})",
+                      parameter="offset", offset=offset, start=start, end=end)
+
+
+async def _read_sliced(store: LogStore, device: str, offset: int, max_records: int,
+                       max_bytes: int) -> list[Record]:
+    """Read up to ``max_records`` / ``max_bytes`` in loop-friendly slices.
+
+    Byte accounting uses the exact encoded size (what goes on the wire). The first record is
+    kept whatever its size, later ones only while they fit."""
+    out: list[Record] = []
+    used = 0
+    nxt = offset
+    while len(out) < max_records and used < max_bytes:
+        want = min(max_records - len(out), READ_SLICE_RECORDS)
+        try:
+            recs = store.read(device, nxt, want, min(max_bytes - used, READ_SLICE_BYTES))
+        except OffsetOutOfRangeError:
+            if out:
+                break  # what we have is still valid; the reader asks again from next_offset
+            raise
+        if not recs:
+            break
+        for r in recs:
+            size = encoded_size(r)
+            if out and used + size > max_bytes:
+                return out
+            out.append(r)
+            used += size
+        nxt = out[-1].offset + 1
+        if nxt >= store.high_watermark(device):
+            break
+        await asyncio.sleep(0)
+    return out
+
+
+def register_fetch_routes(app: web.Application, store: LogStore) -> None:
+    """Add the ``/api/v1/logs`` routes serving ``store`` to ``app`` (before it starts, e.g.
+    ``register_fetch_routes(admin_server.app, store)``). See the module docstring."""
+    app[_STORE_KEY] = store
+    app.router.add_get(LOGS_PATH, _list_logs)
+    app.router.add_get(LOGS_PATH + "/{device}", _log_info)
+    app.router.add_get(LOGS_PATH + "/{device}/records", _records)
