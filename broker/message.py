@@ -47,6 +47,9 @@ class Message:
         self.device: str | None = None  # the device log holding it, when logged
         self.offset = -1  # its offset in that log
 
+    def log_position(self) -> list[tuple[str, str]]:
+        return [("device", self.device or ""), ("offset", str(self.offset))]
+
     def expired(self, now: float) -> bool:
         return self.expiry_at is not None and now >= self.expiry_at
 
@@ -61,12 +64,17 @@ class Message:
         parts = shapes.get(key)
         if parts is None:
             props = self.properties if v5 else None
-            if v5 and (sub_ids or remaining):
+            if v5 and (sub_ids or remaining or self.device is not None):
                 props = dict(props) if props else {}
                 if sub_ids:
                     props[Prop.SUBSCRIPTION_IDENTIFIER] = list(sub_ids)
                 if remaining:
                     props[Prop.MESSAGE_EXPIRY_INTERVAL] = remaining
+                if self.device is not None:
+                    # where the message sits in its device log, so a v5 subscriber can hold
+                    # its own offset; built per shape, not per message or per subscriber
+                    props[Prop.USER_PROPERTY] = [*props.get(Prop.USER_PROPERTY, ()),
+                                                 *self.log_position()]
             level = 5 if v5 else 4
             parts = publish_parts(self.topic, self.payload, qos, retain, False, props, level)
             shapes[key] = parts

@@ -19,7 +19,7 @@ from broker.logrules import LogRules
 from broker.router import Router
 from broker.stats import BrokerStats
 from commitlog.groupcommit import GroupCommitter
-from commitlog.store import LogStore
+from commitlog.store import LogStore, LogStoreError
 from meshmq.admin import AdminServer
 from meshmq.config import NodeConfig
 from meshmq.metrics import LoopLagMonitor, MetricsRegistry
@@ -110,6 +110,11 @@ class Node:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         try:
             await self.start()
+        except LogStoreError as err:
+            log.error("cannot open the commit log: %s (is another meshmq using this data_dir? "
+                      "set node.data_dir or commitlog.dir)", err)
+            await self.stop()
+            return 1
         except OSError as err:
             log.error("cannot start: %s (is another broker already listening there?)", err)
             await self.stop()
