@@ -53,26 +53,29 @@ class Message:
     def expired(self, now: float) -> bool:
         return self.expiry_at is not None and now >= self.expiry_at
 
-    def parts(self, v5: bool, qos: int, retain: bool, sub_ids: tuple[int, ...] | None) -> Parts:
+    def parts(self, v5: bool, qos: int, retain: bool, sub_ids: tuple[int, ...] | None,
+              position: bool = False) -> Parts:
         remaining = 0
         if v5 and self.expiry_at is not None:
             remaining = max(1, math.ceil(self.expiry_at - time.monotonic()))
-        key = (v5, qos, retain, sub_ids, remaining)
+        position = position and v5 and self.device is not None
+        key = (v5, qos, retain, sub_ids, remaining, position)
         shapes = self._shapes
         if shapes is None:
             shapes = self._shapes = {}
         parts = shapes.get(key)
         if parts is None:
             props = self.properties if v5 else None
-            if v5 and (sub_ids or remaining or self.device is not None):
+            if v5 and (sub_ids or remaining or position):
                 props = dict(props) if props else {}
                 if sub_ids:
                     props[Prop.SUBSCRIPTION_IDENTIFIER] = list(sub_ids)
                 if remaining:
                     props[Prop.MESSAGE_EXPIRY_INTERVAL] = remaining
-                if self.device is not None:
-                    # where the message sits in its device log, so a v5 subscriber can hold
-                    # its own offset; built per shape, not per message or per subscriber
+                if position:
+                    # where the message sits in its device log, for a subscriber that holds
+                    # its own offset. Only such subscriptions get it: [MQTT-3.3.2-17] wants
+                    # everyone else to see the publisher's user properties unaltered.
                     props[Prop.USER_PROPERTY] = [*props.get(Prop.USER_PROPERTY, ()),
                                                  *self.log_position()]
             level = 5 if v5 else 4
@@ -84,7 +87,7 @@ class Message:
 class Delivery:
     """One message on its way to one session: queued, or in flight awaiting the client's ack."""
 
-    __slots__ = ("msg", "qos", "retain", "sub_ids", "pid", "state", "group")
+    __slots__ = ("msg", "qos", "retain", "sub_ids", "pid", "state", "group", "position")
 
     QUEUED = 0
     SENT = 1  # PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
@@ -97,6 +100,7 @@ class Delivery:
         retain: bool,
         sub_ids: tuple[int, ...] | None,
         group: object | None = None,
+        position: bool = False,
     ) -> None:
         self.msg = msg
         self.qos = qos
@@ -107,3 +111,4 @@ class Delivery:
         # The shared subscription group this copy was chosen for: if the member leaves before
         # acking, the router hands the message to another member instead of losing it.
         self.group = group
+        self.position = position  # add device/offset user properties (offset subscribers)

@@ -284,6 +284,16 @@ class Router:
             self._refuse(conn, Reason.BAD_AUTHENTICATION_METHOD,
                          "enhanced authentication is not supported")
             return
+        will = pkt.will
+        if will is not None and will.qos > mqtt.max_qos:
+            # [MQTT-3.2.2-12]
+            self._refuse(conn, Reason.QOS_NOT_SUPPORTED,
+                         f"will QoS {will.qos} is above the server maximum {mqtt.max_qos}")
+            return
+        if will is not None and will.retain and not mqtt.retain_available:
+            # [MQTT-3.2.2-13]
+            self._refuse(conn, Reason.RETAIN_NOT_SUPPORTED, "retained wills are not available")
+            return
         client_id = pkt.client_id
         ack_props: dict[int, Any] = {}
         if not client_id:
@@ -459,8 +469,10 @@ class Router:
                 session = conn.session
                 if conn.level == 5:
                     ack_props = {Prop.USER_PROPERTY: msg.log_position()}
-                    conn.inbound_unacked -= 1
                     if item.qos == 1:
+                        # [MQTT-3.3.4-7]: QoS 1 frees its receive-maximum slot at PUBACK,
+                        # QoS 2 only at PUBCOMP (see _on_pubrel)
+                        conn.inbound_unacked -= 1
                         conn.send(PubAck(item.packet_id, 0, ack_props))
                     elif session is not None:
                         session.incoming_qos2[item.packet_id] = True
@@ -538,7 +550,8 @@ class Router:
                     replay is None or replay.accept_live(msg)):
                 session = sessions[cid]
                 ids = (sub.sub_id,) if sub.sub_id else None
-                self._deliver(session, msg, sub.qos, sub.retain_as_published and msg.retain, ids)
+                self._deliver(session, msg, sub.qos, sub.retain_as_published and msg.retain, ids,
+                              position=replay is not None)
         elif subs:
             merged: dict[str, list] = {}
             for cid, sub in subs:
@@ -548,15 +561,18 @@ class Router:
                     continue
                 entry = merged.get(cid)
                 if entry is None:
-                    merged[cid] = [sub.qos, sub.retain_as_published, [sub.sub_id]]
+                    merged[cid] = [sub.qos, sub.retain_as_published, [sub.sub_id],
+                                   sub.replay is not None]
                 else:  # overlapping filters: one copy, max QoS, every subscription id
                     if sub.qos > entry[0]:
                         entry[0] = sub.qos
                     entry[1] = entry[1] or sub.retain_as_published
                     entry[2].append(sub.sub_id)
-            for cid, (qos, rap, ids) in merged.items():
+                    entry[3] = entry[3] or sub.replay is not None
+            for cid, (qos, rap, ids, position) in merged.items():
                 sub_ids = tuple(i for i in ids if i) or None
-                self._deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids)
+                self._deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids,
+                              position=position)
         for group in match.groups:
             self._deliver_shared(group, msg)
 
@@ -599,6 +615,7 @@ class Router:
         retain: bool,
         sub_ids: tuple[int, ...] | None,
         group: SharedGroup | None = None,
+        position: bool = False,
     ) -> None:
         acl = self._acl
         if acl is not None and not acl.can_deliver(session.username, session.client_id,
@@ -615,9 +632,9 @@ class Router:
             if conn.congested:
                 self.stats.dropped(DropReason.SLOW_CONSUMER)
                 return
-            self._write_publish(session, conn, Delivery(msg, 0, retain, sub_ids))
+            self._write_publish(session, conn, Delivery(msg, 0, retain, sub_ids, None, position))
             return
-        delivery = Delivery(msg, qos, retain, sub_ids, group)
+        delivery = Delivery(msg, qos, retain, sub_ids, group, position)
         if conn is not None and not session.queue and len(session.inflight) < session.window:
             self._send_inflight(session, conn, delivery)
         else:
@@ -656,7 +673,7 @@ class Router:
         if aliases is not None:
             head, tail = self._aliased_parts(session, aliases, d)
         else:
-            head, tail = msg.parts(v5, d.qos, d.retain, d.sub_ids)
+            head, tail = msg.parts(v5, d.qos, d.retain, d.sub_ids, d.position)
         size = len(head) + len(tail) + (2 if d.qos else 0)
         if session.max_packet_size and size > session.max_packet_size:
             self.stats.dropped(DropReason.TOO_LARGE)
@@ -680,6 +697,9 @@ class Router:
             props[Prop.SUBSCRIPTION_IDENTIFIER] = list(d.sub_ids)
         if msg.expiry_at is not None:
             props[Prop.MESSAGE_EXPIRY_INTERVAL] = max(1, int(msg.expiry_at - time.monotonic()))
+        if d.position and msg.device is not None:
+            props[Prop.USER_PROPERTY] = [*props.get(Prop.USER_PROPERTY, ()),
+                                         *msg.log_position()]
         topic = msg.topic
         alias = aliases.get(topic)
         if alias is not None:
@@ -930,7 +950,7 @@ class Router:
                         continue
                     msg = record_message(rec, Message)
                     self._deliver(session, msg, sub.qos,
-                                  sub.retain_as_published and msg.retain, ids)
+                                  sub.retain_as_published and msg.retain, ids, position=True)
                     if conn.congested or len(session.queue) >= session.window:
                         break
         if budget <= 0:
@@ -1022,7 +1042,9 @@ class Router:
         """Give a departing shared member's unacked and queued shares to another member."""
         moved: list[Delivery] = []
         for pid, d in list(session.inflight.items()):
-            if d.group is not None and d.state == Delivery.SENT and (
+            # QoS 1 in flight may move (v5 4.8.2 SHOULD); a QoS 2 copy already sent must not
+            # go to another member [MQTT-4.8.2-5]: it stays with this session.
+            if d.group is not None and d.qos == 1 and d.state == Delivery.SENT and (
                     only_group is None or d.group.filter == only_group.filter):
                 del session.inflight[pid]
                 moved.append(d)

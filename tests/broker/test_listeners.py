@@ -1,0 +1,153 @@
+"""Listeners: TLS, WebSocket, and a TLS client on the plain port."""
+
+import re
+import socket
+import ssl
+import subprocess
+
+import pytest
+from helpers import raw as R
+from helpers.broker import wait_for
+from helpers.clients import V5, V311, unique
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def cert(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    key, crt = d / "key.pem", d / "cert.pem"
+    res = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(crt), "-days", "2", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 0, f"openssl failed: {res.stderr}"
+    return str(crt), str(key)
+
+
+@pytest.fixture(scope="module")
+def lbroker(module_broker_factory, cert):
+    return module_broker_factory(tls=cert)
+
+
+@pytest.mark.parametrize("protocol", [V311, V5], ids=["v311", "v5"])
+def test_tls_pub_sub(lbroker, clients, cert, protocol):
+    """MQTT over TLS (5.0 section 5.4.9): a client verifying the server certificate connects
+    to the TLS port and exchanges messages with a plain-TCP client."""
+    topic = unique("tls") + "/t"
+    tls_client = clients(lbroker, protocol=protocol, port=lbroker.tls_port)
+    tls_client.mqtt.tls_set(ca_certs=cert[0])
+    tls_client.connect()
+    assert tls_client.subscribe(topic, 1) == [1]
+    plain = clients.connected(lbroker, protocol=protocol)
+    plain.publish(topic, b"over-tls", 1)
+    assert tls_client.expect_message().payload == b"over-tls"
+    tls_client.publish(topic + "/back", b"x", 1)
+    plain.subscribe(topic + "/back2", 1)
+    tls_client.publish(topic + "/back2", b"from-tls", 1)
+    assert plain.expect_message().payload == b"from-tls"
+
+
+def test_tls_raw_handshake_and_connect(lbroker, cert):
+    """TLS handshake with certificate verification, then a raw CONNECT/CONNACK inside it."""
+    ctx = ssl.create_default_context(cafile=cert[0])
+    s = socket.create_connection((lbroker.host, lbroker.tls_port), timeout=10)
+    t = ctx.wrap_socket(s, server_hostname="localhost")
+    c = R.RawClient(lbroker.host, lbroker.tls_port, sock=t)
+    try:
+        assert c.connect(unique("tlsraw")).raw == b"\x20\x02\x00\x00"
+    finally:
+        c.close()
+
+
+def test_plain_mqtt_on_tls_port_rejected(lbroker):
+    """A plain MQTT CONNECT on the TLS port does not get a CONNACK; the connection closes."""
+    c = R.RawClient(lbroker.host, lbroker.tls_port, timeout=10)
+    try:
+        c.try_send(R.connect(unique("plain-on-tls")))
+        got = c.wait_closed(timeout=15)
+        assert not [p for p in got if p.type == R.CONNACK], got
+    except R.MalformedError:
+        pass  # a TLS alert is not MQTT: fine, as long as it is not a CONNACK
+    finally:
+        c.close()
+
+
+def test_tls_client_hello_on_plain_port_closed_and_logged(lbroker, clients):
+    """A TLS ClientHello on the plain MQTT port is closed and the broker logs a line saying
+    the client speaks TLS to a plain port; the broker keeps serving."""
+    offset = lbroker.log_size()
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    s = socket.create_connection((lbroker.host, lbroker.port), timeout=10)
+    try:
+        ctx.wrap_socket(s, server_hostname="localhost")
+        raise AssertionError("TLS handshake succeeded on the plain MQTT port")
+    except TimeoutError:
+        raise AssertionError("the plain port neither answered nor closed a TLS ClientHello"
+                             ) from None
+    except (ssl.SSLError, ConnectionError, OSError):
+        pass
+    finally:
+        s.close()
+    wait_for(lambda: re.search(r"tls|ssl", lbroker.log_since(offset), re.IGNORECASE),
+             timeout=5, message="a log line naming TLS on the plain port")
+    c = clients.connected(lbroker, protocol=V311)
+    assert c.is_connected()
+
+
+@pytest.mark.parametrize("protocol", [V311, V5], ids=["v311", "v5"])
+def test_websocket_pub_sub(lbroker, clients, protocol):
+    """MQTT over WebSocket at path /mqtt ([MQTT-6.0.0-1..4]: binary frames, subprotocol "mqtt")
+    interoperates with TCP clients both ways."""
+    topic = unique("ws") + "/t"
+    ws = clients(lbroker, protocol=protocol, transport="websockets", port=lbroker.ws_port)
+    ws.mqtt.ws_set_options(path="/mqtt")
+    ws.connect()
+    assert ws.subscribe(topic, 1) == [1]
+    tcp = clients.connected(lbroker, protocol=protocol)
+    tcp.subscribe(topic + "/up", 1)
+    tcp.publish(topic, b"to-ws", 1)
+    assert ws.expect_message().payload == b"to-ws"
+    ws.publish(topic + "/up", b"from-ws" * 2000, 1)  # spans several WebSocket frames/reads
+    assert tcp.expect_message().payload == b"from-ws" * 2000
+
+
+def test_websocket_wrong_path_refused(lbroker):
+    """A WebSocket upgrade on a path other than the configured one is refused (not 101)."""
+    s = socket.create_connection((lbroker.host, lbroker.ws_port), timeout=10)
+    try:
+        s.sendall(
+            b"GET /not-mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
+        )
+        resp = s.recv(4096)
+    finally:
+        s.close()
+    assert resp and b" 101 " not in resp.split(b"\r\n", 1)[0], resp[:200]
+
+
+def test_websocket_upgrade_selects_mqtt_subprotocol(lbroker):
+    """[MQTT-6.0.0-4]: the server's 101 response selects the "mqtt" subprotocol."""
+    s = socket.create_connection((lbroker.host, lbroker.ws_port), timeout=10)
+    try:
+        s.sendall(
+            b"GET /mqtt HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
+            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: mqtt\r\n\r\n"
+        )
+        resp = b""
+        while b"\r\n\r\n" not in resp:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            resp += chunk
+    finally:
+        s.close()
+    head = resp.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    assert " 101 " in head.split("\r\n", 1)[0], head
+    assert re.search(r"(?im)^sec-websocket-protocol:\s*mqtt\s*$", head), head

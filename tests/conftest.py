@@ -1,0 +1,167 @@
+"""Shared fixtures for the broker behaviour tests (tests/broker, tests/interop).
+
+* ``start_broker(tmp_path=None, **overrides)`` - a function-scoped factory of real broker processes
+  (``python -m meshmq serve -c CONFIG``); every one is stopped by its PID at the end of the test.
+* ``module_broker_factory`` - the same, module-scoped, for modules that share one broker.
+* ``broker`` - a module-scoped broker with the default settings.
+* ``clients`` - paho clients (v3.1/3.1.1/5) disconnected at the end of the test.
+* ``raw`` - raw-socket clients (tests/helpers/raw.py) closed at the end of the test.
+* ``mosquitto_bin`` - makes sure mosquitto_pub/mosquitto_sub exist (installs them when root).
+
+When a test fails, the tail of every involved broker's stderr is attached to the report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+# Load tests/helpers as the top-level package "helpers" by file location, without putting tests/
+# on sys.path (that would let tests/broker and tests/meshmq shadow the real packages).
+if "helpers" not in sys.modules:
+    _helpers_dir = Path(__file__).resolve().parent / "helpers"
+    _spec = importlib.util.spec_from_file_location(
+        "helpers", _helpers_dir / "__init__.py", submodule_search_locations=[str(_helpers_dir)]
+    )
+    assert _spec is not None and _spec.loader is not None
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["helpers"] = _module
+    _spec.loader.exec_module(_module)
+
+from helpers.broker import ALL_BROKERS, BrokerProc  # noqa: E402
+from helpers.clients import ClientFactory  # noqa: E402
+from helpers.raw import RawClient  # noqa: E402
+
+_item_start_index: dict[str, int] = {}
+
+
+def _factory(base_dir_fn: Callable[[], Path]) -> tuple[Callable[..., BrokerProc], list[BrokerProc]]:
+    started: list[BrokerProc] = []
+    counter = [0]
+
+    def start(tmp_path: Path | None = None, *, ws: bool = True,
+              tls: tuple[str, str] | None = None, env: dict[str, str] | None = None,
+              wait: bool = True, **overrides: Any) -> BrokerProc:
+        counter[0] += 1
+        workdir = Path(tmp_path) if tmp_path is not None else base_dir_fn()
+        workdir = workdir / f"broker{counter[0]}"
+        proc = BrokerProc(workdir, overrides, ws=ws, tls=tls, extra_env=env)
+        started.append(proc)
+        proc.start(wait=wait)
+        return proc
+
+    return start, started
+
+
+def _stop_all(started: list[BrokerProc]) -> None:
+    for proc in started:
+        try:
+            proc.stop(timeout=10)
+        except Exception:  # noqa: BLE001 - finalizer must reach every process
+            proc.kill()
+
+
+@pytest.fixture
+def start_broker(tmp_path: Path) -> Iterator[Callable[..., BrokerProc]]:
+    """Factory: ``start_broker(tmp_path=None, ws=True, tls=None, env=None, mqtt={...},
+    auth={...}, log={...})`` -> a ready BrokerProc (stopped by PID at teardown)."""
+    start, started = _factory(lambda: tmp_path)
+    yield start
+    _stop_all(started)
+
+
+@pytest.fixture(scope="module")
+def module_broker_factory(tmp_path_factory: pytest.TempPathFactory
+                          ) -> Iterator[Callable[..., BrokerProc]]:
+    start, started = _factory(lambda: tmp_path_factory.mktemp("modbroker"))
+    yield start
+    _stop_all(started)
+
+
+@pytest.fixture(scope="module")
+def broker(module_broker_factory: Callable[..., BrokerProc]) -> BrokerProc:
+    """A broker with the default settings, shared by one test module."""
+    return module_broker_factory()
+
+
+@pytest.fixture
+def clients() -> Iterator[ClientFactory]:
+    factory = ClientFactory()
+    yield factory
+    factory.close_all()
+
+
+@pytest.fixture
+def raw() -> Iterator[Callable[..., RawClient]]:
+    """Factory: ``raw(broker, version=4, rcvbuf=None, port=None)`` -> a connected socket."""
+    made: list[RawClient] = []
+
+    def make(broker: BrokerProc, version: int = 4, *, port: int | None = None,
+             **kwargs: Any) -> RawClient:
+        client = RawClient(broker.host, port or broker.port, version=version, **kwargs)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def mosquitto_bin() -> dict[str, str]:
+    """Paths of mosquitto_pub and mosquitto_sub; installs mosquitto-clients when root."""
+    if shutil.which("mosquitto_pub") is None or shutil.which("mosquitto_sub") is None:
+        if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+            res = subprocess.run(
+                "apt-get update -qq && apt-get install -y -qq mosquitto-clients",
+                shell=True, capture_output=True, text=True, env=env, timeout=600,
+            )
+            if res.returncode != 0:
+                pytest.fail(
+                    "mosquitto_pub/mosquitto_sub are missing and installing mosquitto-clients "
+                    f"failed (exit {res.returncode}):\n{res.stderr[-2000:]}"
+                )
+        else:
+            pytest.fail(
+                "mosquitto_pub/mosquitto_sub are missing. Install them with "
+                "`sudo apt-get install -y mosquitto-clients` (Debian/Ubuntu), "
+                "`brew install mosquitto` (macOS) or `dnf install mosquitto`."
+            )
+    pub, sub = shutil.which("mosquitto_pub"), shutil.which("mosquitto_sub")
+    if pub is None or sub is None:
+        pytest.fail("mosquitto-clients installed but mosquitto_pub/mosquitto_sub not on PATH")
+    return {"pub": pub, "sub": sub}
+
+
+# --------------------------------------------------------------------------------------------
+# Attach broker logs to failing tests
+# --------------------------------------------------------------------------------------------
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _item_start_index[item.nodeid] = len(ALL_BROKERS)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
+    report = yield
+    if report.failed and report.when in ("setup", "call"):
+        start = _item_start_index.get(item.nodeid, len(ALL_BROKERS))
+        for index, proc in enumerate(ALL_BROKERS):
+            if index >= start or proc.alive:
+                state = "running" if proc.alive else f"exited {proc.proc and proc.proc.returncode}"
+                report.sections.append((
+                    f"broker {proc.workdir.name} (pid {proc.proc and proc.proc.pid}, {state}) "
+                    f"stderr tail: {proc.log_path}",
+                    proc.log_tail(80),
+                ))
+    return report

@@ -1,0 +1,292 @@
+"""Start and stop a real ``python -m meshmq serve`` process for the behaviour tests."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT = 15.0
+
+# Every broker started by the test session, in start order (for failure reports).
+ALL_BROKERS: list[BrokerProc] = []
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (bind to 0, read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def to_toml(config: dict[str, Any]) -> str:
+    """Write nested dicts as TOML tables (enough for the broker config)."""
+    lines: list[str] = []
+
+    def table(prefix: str, data: dict[str, Any]) -> None:
+        scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+        tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+        if prefix and (scalars or not tables):
+            lines.append(f"[{prefix}]")
+        for key, value in scalars.items():
+            lines.append(f"{key} = {toml_value(value)}")
+        if scalars:
+            lines.append("")
+        for key, value in tables.items():
+            table(f"{prefix}.{key}" if prefix else key, value)
+
+    table("", config)
+    return "\n".join(lines) + "\n"
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Parse Prometheus text exposition into {'name{a="x",b="y"}': value} (labels sorted)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\d+)?$", line)
+        if not m:
+            continue
+        name, labels_raw, value = m.group(1), m.group(3), m.group(4)
+        labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', labels_raw or ""))
+        key = name
+        if labels:
+            key += "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+        try:
+            out[key] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for key, value in metrics.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        sample_labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', rest))
+        if all(sample_labels.get(k) == v for k, v in labels.items()):
+            total += value
+    return total
+
+
+class BrokerProc:
+    """One broker process with its own config, ports, data directory and log file."""
+
+    def __init__(self, workdir: Path, overrides: dict[str, Any] | None = None, *,
+                 ws: bool = True, tls: tuple[str, str] | None = None,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.ws_port = free_port() if ws else None
+        self.tls_port = free_port() if tls else None
+        self.admin_port = free_port()
+        base: dict[str, Any] = {
+            "node": {"id": "test", "data_dir": str(self.workdir / "data")},
+            "listener": {
+                "tcp": {"bind": f"{self.host}:{self.port}"},
+                "ws": {"bind": f"{self.host}:{self.ws_port}" if ws else "", "path": "/mqtt"},
+                "tls": {"bind": ""},
+            },
+            "admin": {"bind": f"{self.host}:{self.admin_port}"},
+            "auth": {"allow_anonymous": True},
+            "log": {"level": "debug", "format": "text"},
+        }
+        if tls:
+            base["listener"]["tls"] = {
+                "bind": f"{self.host}:{self.tls_port}", "certfile": tls[0], "keyfile": tls[1],
+            }
+        self.config = deep_merge(base, overrides or {})
+        self.config_path = self.workdir / "meshmq.toml"
+        self.config_path.write_text(to_toml(self.config))
+        self.log_path = self.workdir / "broker.stderr.log"
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        ALL_BROKERS.append(self)
+
+    # -- process control ----------------------------------------------------------------------
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "broker not started"
+        return self.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self, wait: bool = True) -> BrokerProc:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        log.write(f"\n===== start #{self.starts + 1} =====\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "meshmq", "serve", "-c", str(self.config_path)],
+            stdout=log, stderr=log, stdin=subprocess.DEVNULL, cwd=str(self.workdir), env=env,
+        )
+        log.close()
+        self.starts += 1
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(
+                    f"broker exited with code {self.proc.returncode} before it was ready;"
+                    f" stderr tail:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(
+                    f"http://{self.host}:{self.admin_port}/readyz", timeout=1
+                ) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}"
+            except OSError as exc:
+                last = repr(exc)
+            time.sleep(0.05)
+        raise AssertionError(
+            f"broker not ready within {timeout}s (last /readyz: {last}); stderr tail:\n"
+            f"{self.log_tail()}"
+        )
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL. Returns the exit code (None if never started)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def restart(self) -> BrokerProc:
+        """Graceful stop, then start again on the same ports, config and data directory."""
+        self.stop()
+        return self.start()
+
+    # -- observation --------------------------------------------------------------------------
+    def http_get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(
+                f"http://{self.host}:{self.admin_port}{path}", timeout=timeout
+            ) as resp:
+                return resp.status, resp.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode("utf-8", "replace")
+
+    def metrics_text(self) -> str:
+        status, body = self.http_get("/metrics")
+        assert status == 200, f"/metrics answered HTTP {status}: {body[:500]}"
+        return body
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(self.metrics_text())
+
+    def metric(self, name: str, **labels: str) -> float:
+        return metric_sum(self.metrics(), name, **labels)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def log_since(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(offset)
+                return f.read().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def rss_kib(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        raise AssertionError("VmRSS not found")
+
+    def __repr__(self) -> str:
+        return f"<BrokerProc pid={self.proc.pid if self.proc else None} port={self.port}>"
+
+
+def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.05,
+             message: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail with ``message`` at timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
