@@ -219,9 +219,18 @@ class Publisher:
             raise ConnectionLost(f"server sent {pkt!r}")
         raise AssertionError(f"publisher got an unexpected packet: {pkt!r}")
 
+    @property
+    def busy(self) -> int:
+        """Packet ids in use: what the server's Receive Maximum counts (a QoS 2 publish until
+        its PUBCOMP, [MQTT-3.3.4-9])."""
+        return len(self.inflight) + len(self.releasing)
+
+    def has_room(self) -> bool:
+        return self.busy < self.window
+
     def wait_window(self, deadline: float) -> None:
         """Block until fewer than ``window`` messages are in flight."""
-        while len(self.inflight) >= self.window:
+        while not self.has_room():
             if time.monotonic() > deadline:
                 raise AssertionError(
                     f"{len(self.inflight)} publishes unacknowledged for too long: "
