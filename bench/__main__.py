@@ -8,6 +8,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from bench import report
-from bench.brokers import Broker, BrokerUnavailable, check_available, find_mosquitto
+from bench.brokers import REPO, Broker, BrokerUnavailable, check_available, find_mosquitto
 from bench.loadgen import raise_nofile
 from bench.runner import FULL, QUICK, RUNNERS, WORKLOADS, run_storm_idle
 
@@ -58,6 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default="bench/results", help="output folder (default bench/results)")
     ap.add_argument("--markdown", metavar="RESULTS_JSON",
                     help="only print the Markdown table of an earlier results JSON file")
+    ap.add_argument("--update-readme", action="store_true",
+                    help="write this run's tables into README.md's Performance section and its "
+                         "chart to docs/bench.png (so the README's numbers come from the command)")
     return ap.parse_args(argv)
 
 
@@ -192,7 +196,32 @@ def run(args: argparse.Namespace) -> int:
     _say(report.render_text(doc))
     _say(f"\nwrote {out}/latest.json, {out}/results-{stamp}.json, {out}/latest.md, "
          f"{out}/latest.png  ({doc['meta']['elapsed_s']}s)")
+    if args.update_readme and not interrupted:
+        update_readme(report.render_markdown(doc), out / "latest.png")
     return 130 if interrupted else 0
+
+
+README_START = "<!-- bench:start -->"
+README_END = "<!-- bench:end -->"
+
+
+def update_readme(markdown: str, chart: Path) -> None:
+    """Replace the README's Performance section between its markers with this run's tables."""
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    head, sep, rest = text.partition(README_START)
+    _, sep2, tail = rest.partition(README_END)
+    if not (sep and sep2):
+        _say(f"README.md has no {README_START} ... {README_END} markers; not updated")
+        return
+    section = markdown
+    if chart.exists():
+        docs = REPO / "docs"
+        docs.mkdir(exist_ok=True)
+        shutil.copyfile(chart, docs / "bench.png")
+        section += "\n![meshmq vs Mosquitto vs amqtt](docs/bench.png)\n"
+    readme.write_text(f"{head}{README_START}\n{section}{README_END}{tail}")
+    _say("updated README.md (Performance) and docs/bench.png")
 
 
 def main(argv: list[str] | None = None) -> int:
