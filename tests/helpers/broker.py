@@ -155,7 +155,9 @@ class BrokerProc:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self, wait: bool = True) -> BrokerProc:
-        env = dict(os.environ)
+        # A test's broker is configured by its own file and extra_env only: MESHMQ_* variables
+        # in the developer's shell would override its config (or, unknown, stop start-up).
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MESHMQ_")}
         env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env["PYTHONUNBUFFERED"] = "1"
         env.update(self.extra_env)

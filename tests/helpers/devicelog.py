@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
 import urllib.request
@@ -31,26 +30,6 @@ from helpers.broker import BrokerProc, toml_value
 # --------------------------------------------------------------------------------------------
 
 
-# Test-control variables of these tests. The broker refuses unknown MESHMQ_* variables
-# ("names no configuration key"), and BrokerProc hands the whole environment to the broker, so
-# they are taken out of the environment while a broker process is spawned.
-TEST_ONLY_ENV = ("MESHMQ_SOAK", "MESHMQ_CRASH_SEED")
-
-
-class LogBrokerProc(BrokerProc):
-    """A BrokerProc whose broker does not inherit this module's test-control variables."""
-
-    def start(self, wait: bool = True) -> LogBrokerProc:
-        saved = {k: os.environ.pop(k) for k in TEST_ONLY_ENV if k in os.environ}
-        try:
-            super().start(wait=False)
-        finally:
-            os.environ.update(saved)
-        if wait:
-            self.wait_ready()
-        return self
-
-
 class BrokerGroup:
     """Starts ``BrokerProc`` brokers (optionally with log rules) and stops each by its PID."""
 
@@ -61,7 +40,7 @@ class BrokerGroup:
     def start(self, workdir: Path, *, rules: list[dict[str, Any]] | None = None,
               wait: bool = True, **overrides: Any) -> BrokerProc:
         self._count += 1
-        proc = LogBrokerProc(Path(workdir) / f"logbroker{self._count}", overrides, ws=False)
+        proc = BrokerProc(Path(workdir) / f"logbroker{self._count}", overrides, ws=False)
         if rules is not None:
             text = proc.config_path.read_text()
             for rule in rules:
@@ -508,3 +487,41 @@ def fetch_all(proc: BrokerProc, device: str, page: int = 500) -> list[Record]:
         )
         offset = nxt
     raise AssertionError("paging did not finish")
+
+
+# --------------------------------------------------------------------------------------------
+# Retention: a log whose start has moved past 0
+# --------------------------------------------------------------------------------------------
+
+# Byte retention small enough that a few thousand bytes of one device move its start; retention
+# runs with the maintenance timer (every checkpoint_interval_s).
+RETENTION_CONFIG = {
+    "retention_bytes_per_device": 2000,
+    "index_interval_bytes": 200,
+    "checkpoint_interval_s": 0.2,
+}
+
+
+def retained_log(proc: BrokerProc, device: str, n: int = 120, timeout: float = 20.0
+                 ) -> tuple[int, int, list[bytes]]:
+    """Publish ``n`` QoS 1 messages to devices/<device>/t and wait until retention has moved
+    the log start past 0; returns (start, end, payloads by offset)."""
+    pub = Publisher(proc.host, proc.port, f"retention-{device}", window=16)
+    try:
+        payloads = [f"{device}-ret-{i:05d}-".encode() + b"x" * 40 for i in range(n)]
+        acks = pub.publish_all([(f"devices/{device}/t", p) for p in payloads])
+        assert [a.offset for a in acks] == list(range(n))
+    finally:
+        pub.close()
+    deadline = time.monotonic() + timeout
+    while True:
+        start, end = log_list(proc).get(device, (0, 0))
+        if start > 0:
+            assert end == n, (start, end, n)
+            return start, end, payloads
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"retention did not move the start of {device!r} within {timeout}s "
+                f"(range [{start}, {end}], config {RETENTION_CONFIG})"
+            )
+        time.sleep(0.1)
