@@ -742,10 +742,14 @@ class Router:
         delivery = session.inflight.get(pkt.packet_id)
         if delivery is not None and delivery.qos == 1:
             del session.inflight[pkt.packet_id]
-            if session.queue:
-                self._pump(session)
-            if session in self._replaying and len(session.queue) < session.window // 2:
-                self._pump_replays(session)
+            self._window_freed(session)
+
+    def _window_freed(self, session: Session) -> None:
+        """An ack ended a flow: refill the window from the queue, then from replay cursors."""
+        if session.queue:
+            self._pump(session)
+        if session in self._replaying and len(session.queue) < session.window // 2:
+            self._pump_replays(session)
 
     def _on_pubrec(self, conn: Connection, pkt: PubRec) -> None:
         session = conn.session
@@ -758,7 +762,7 @@ class Router:
             return
         if pkt.reason_code >= 0x80:  # the subscriber refused it: the flow ends here
             del session.inflight[pkt.packet_id]
-            self._pump(session)
+            self._window_freed(session)
             return
         delivery.state = Delivery.RELEASED
         conn.send(PubRel(pkt.packet_id))
@@ -782,10 +786,7 @@ class Router:
         delivery = session.inflight.get(pkt.packet_id)
         if delivery is not None and delivery.state == Delivery.RELEASED:
             del session.inflight[pkt.packet_id]
-            if session.queue:
-                self._pump(session)
-            if session in self._replaying and len(session.queue) < session.window // 2:
-                self._pump_replays(session)
+            self._window_freed(session)
 
     # -- SUBSCRIBE / UNSUBSCRIBE -----------------------------------------------------------------
     def _on_subscribe(self, conn: Connection, pkt: Subscribe) -> None:

@@ -59,10 +59,22 @@ MIN_TS = -(2**63)
 _new_record = tuple.__new__
 
 CKPT_MAGIC = b"MQCK"
-CKPT_VERSION = 1
+CKPT_VERSION = 2
 CKPT_HEAD = struct.Struct("<4sIqI")  # magic, version, checkpoint_pos, n_segments
 CKPT_SEG = struct.Struct("<qq")  # base, max_ts
-CKPT_DEV = struct.Struct("<Hqqqqqqq II")  # key_len start next total since seg max_ts _ n_ent n_mark
+CKPT_ACTIVE = struct.Struct("<qI")  # base of the segment the positions belong to (-1: none), n_dev
+# key_len start next total since seg max_ts _ n_ent n_mark n_pos
+CKPT_DEV = struct.Struct("<Hqqqqqqq III")
+
+# Device position index: per segment and device, one int64 per record packing the
+# record's position relative to the segment (high 32 bits, < 2**31) and its length
+# (low 32 bits). Ordered by position, so ``bisect`` on ``rel << 32`` finds a record.
+PIDX_SUFFIX = ".pidx"
+PIDX_MAGIC = b"MQPX"
+PIDX_VERSION = 1
+PIDX_HEAD = struct.Struct("<4sIqIq")  # magic, version, segment size covered, n_dev, n_pos
+POS_LIMIT = 1 << 31  # relative positions at or beyond this are not indexed (scan fallback)
+LEN_MASK = 0xFFFFFFFF
 
 
 class LogStoreError(Exception):
@@ -122,6 +134,7 @@ class DeviceLog:
         "total", "since_idx", "seg_base", "max_ts",
         "c_total", "c_since", "c_seg", "c_max",
         "cache", "cache_start", "cache_bytes", "markers", "last_topic", "last_kt",
+        "pend", "n_ctl", "apos", "apos_base",
     )
 
     def __init__(self, key: str, first_offset: int = 0) -> None:
@@ -150,6 +163,14 @@ class DeviceLog:
         # reused instead of encoding the topic per record.
         self.last_topic: str | None = None
         self.last_kt = b""
+        # Records appended since the last flush (control records first, ``n_ctl`` of
+        # them); None when the device has nothing pending. Grouping the pending records
+        # by device makes a device's records of one batch contiguous on disk.
+        self.pend: list[Record] | None = None
+        self.n_ctl = 0
+        # Positions of this device's records in the active segment (see PIDX_*), or None.
+        self.apos: array | None = None
+        self.apos_base = -1
 
     def trim_index_from(self, offset: int) -> None:
         """Drop index entries at or after ``offset`` (rollback, truncation)."""
@@ -178,6 +199,126 @@ def _cache_size(r: Record, klen: int) -> int:
     return n
 
 
+def pidx_path(seg_path: str) -> str:
+    """Device position index file of a segment file."""
+    return seg_path[: -len(SEGMENT_SUFFIX)] + PIDX_SUFFIX
+
+
+class PositionIndex:
+    """The device position index of one sealed segment, loaded from its ``.pidx`` file.
+
+    File layout (little-endian): PIDX_HEAD (magic ``MQPX``, version, segment size the
+    file covers, device count, position count), then per device, ordered by
+    (crc32(key), key): ``hashes`` u32 x n_dev, ``key_end`` i64 x n_dev (end of the key in
+    the key blob), ``pos_end`` i64 x n_dev (end of the device's run in the positions
+    array), the key blob, the positions (i64 x n_pos, ``rel << 32 | length``) and a CRC32
+    of everything before it. Only arrays are materialised: no Python object per device,
+    so loading the index of a segment holding 100k devices costs a few ``frombytes``."""
+
+    __slots__ = ("hashes", "key_end", "pos_end", "keys", "positions")
+
+    def __init__(self, data: bytes, size: int) -> None:
+        if len(data) < PIDX_HEAD.size + 4 or zlib.crc32(memoryview(data)[:-4]) != int.from_bytes(
+            data[-4:], "little"
+        ):
+            raise ValueError("checksum mismatch")
+        magic, version, covered, ndev, npos = PIDX_HEAD.unpack_from(data, 0)
+        if magic != PIDX_MAGIC or version != PIDX_VERSION:
+            raise ValueError("bad magic/version")
+        if covered != size:
+            raise ValueError(f"covers {covered} bytes, the segment has {size}")
+        p = PIDX_HEAD.size
+        self.hashes = array("I")
+        self.hashes.frombytes(data[p : p + 4 * ndev])
+        p += 4 * ndev
+        self.key_end = array("q")
+        self.key_end.frombytes(data[p : p + 8 * ndev])
+        p += 8 * ndev
+        self.pos_end = array("q")
+        self.pos_end.frombytes(data[p : p + 8 * ndev])
+        p += 8 * ndev
+        nkeys = self.key_end[-1] if ndev else 0
+        self.keys = data[p : p + nkeys]
+        p += nkeys
+        self.positions = array("q")
+        self.positions.frombytes(data[p : p + 8 * npos])
+        p += 8 * npos
+        if p != len(data) - 4 or self.hashes.itemsize != 4:
+            raise ValueError("bad length")
+
+    def get(self, kb: bytes) -> array | None:
+        """The positions of key ``kb`` in the segment, or None if it has no record there."""
+        h = zlib.crc32(kb)
+        hashes = self.hashes
+        i = bisect.bisect_left(hashes, h)
+        n = len(hashes)
+        while i < n and hashes[i] == h:
+            ks = self.key_end[i - 1] if i else 0
+            if self.keys[ks : self.key_end[i]] == kb:
+                return self.positions[self.pos_end[i - 1] if i else 0 : self.pos_end[i]]
+            i += 1
+        return None
+
+
+def encode_pidx(size: int, entries: dict[bytes, array]) -> bytes:
+    """Serialize a segment's device positions (see :class:`PositionIndex`)."""
+    items = sorted((zlib.crc32(kb), kb, arr) for kb, arr in entries.items())
+    hashes = array("I", [it[0] for it in items])
+    key_end = array("q")
+    pos_end = array("q")
+    kn = pn = 0
+    for _h, kb, arr in items:
+        kn += len(kb)
+        pn += len(arr)
+        key_end.append(kn)
+        pos_end.append(pn)
+    parts = [PIDX_HEAD.pack(PIDX_MAGIC, PIDX_VERSION, size, len(items), pn), hashes.tobytes(),
+             key_end.tobytes(), pos_end.tobytes()]
+    parts += [it[1] for it in items]
+    parts += [it[2].tobytes() for it in items]
+    body = b"".join(parts)
+    return body + zlib.crc32(body).to_bytes(4, "little")
+
+
+def write_file_atomic(path: str, data: bytes) -> None:
+    """tmp + rename, no fsync: used for the position index, a cache validated on load."""
+    tmp = f"{path}.tmp{threading.get_ident()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def walk_positions(data: bytes, rel0: int) -> tuple[dict[bytes, array], int]:
+    """Header-only walk of segment bytes ``data`` (starting at relative position
+    ``rel0``): each key's record positions, and the bytes of whole records walked."""
+    out: dict[bytes, array] = {}
+    unpack = HEADER.unpack_from
+    n = len(data)
+    if rel0 + n >= POS_LIMIT:
+        raise ValueError("segment too large for the position index")
+    p = 0
+    while n - p >= HEADER_SIZE:
+        (length, _c, magic, flags, _a, _o, _t, kl, _tl, _hc) = unpack(data, p)
+        end = p + 4 + length
+        if length < HEADER_SIZE - 4 or end > n or magic != MAGIC:
+            break
+        if not flags & FLAG_CONTROL:
+            kb = data[p + HEADER_SIZE : p + HEADER_SIZE + kl]
+            arr = out.get(kb)
+            if arr is None:
+                arr = out[kb] = array("q")
+            arr.append(((rel0 + p) << 32) | (end - p))
+        p = end
+    return out, p
+
+
+class _Stale(Exception):
+    """A position index entry does not point at the device's record: rebuild it."""
+
+
 class LogStore:
     """The storage engine. See the module docstring for the design and threading rules."""
 
@@ -196,9 +337,16 @@ class LogStore:
         self._flushed_pos = 0
         self._synced_pos = 0
         self._committed_pos = 0
-        self._pend_recs: list[Record] = []
-        self._pend_devs: list[DeviceLog | None] = []
+        self._pend_devs: list[DeviceLog] = []  # devices with pending records, first-append order
+        self._pend_n = 0
         self._pend_bound = 0
+        # Device position index: devices with positions in the active segment; sealed
+        # segments' indexes (loaded files, or dicts kb -> positions not yet written) in a
+        # small LRU; files to write after the segment's fsync (worker thread).
+        self._apos_devs: list[DeviceLog] = []
+        self._apos_ok = True  # False once the active segment passes POS_LIMIT
+        self._pidx: OrderedDict[int, PositionIndex | dict[bytes, array]] = OrderedDict()
+        self._pidx_jobs: list[tuple[str, int, dict[bytes, array]]] = []
         self._inflight: deque[tuple[int, list[tuple]]] = deque()
         self._read_fds: OrderedDict[int, int] = OrderedDict()
         self._lru: OrderedDict[DeviceLog, None] = OrderedDict()
@@ -469,8 +617,12 @@ class LogStore:
         off = dev.next
         dev.next = off + 1
         rec = _new_record(Record, (off, timestamp_us, key, topic, attrs, headers or (), payload))
-        self._pend_recs.append(rec)
-        self._pend_devs.append(dev)
+        pend = dev.pend
+        if pend is None:
+            pend = dev.pend = []
+            self._pend_devs.append(dev)
+        pend.append(rec)
+        self._pend_n += 1
         size = HEADER_SIZE + len(dev.kb) + len(topic) + len(payload)
         if headers:
             size += headers_size(headers)
@@ -483,86 +635,121 @@ class LogStore:
 
     def pending(self) -> int:
         """Records appended but not yet flushed."""
-        return len(self._pend_recs)
+        return self._pend_n
 
     def flush(self) -> int:
         """Write every buffered record with ONE write; return the commit token.
 
+        Records are laid out grouped by device (each device's records of the batch are
+        contiguous, in offset order), so a later read of one device preads few ranges.
         The token is the global store position after the write: :meth:`sync` makes
         positions durable, :meth:`commit` publishes them to readers. On a write error the
         store refuses further appends until :meth:`rollback` (raises LogWriteError)."""
         if self._broken is not None:
             raise LogWriteError(getattr(self._broken, "errno", None),
                                 f"commit log is failing: {self._broken}") from self._broken
-        recs = self._pend_recs
-        if not recs:
+        nrec = self._pend_n
+        if not nrec:
             return self._flushed_pos
         devs = self._pend_devs
         bound = self._pend_bound
-        self._pend_recs = []
         self._pend_devs = []
+        self._pend_n = 0
         self._pend_bound = 0
         seg = self._segments[-1]
         if seg.size and seg.size + bound > self.settings.segment_bytes:
             seg = self._roll()
         base_pos = self._flushed_pos
         segb = seg.base
+        rel0 = base_pos - segb  # batch start, relative to the segment
+        track = self._apos_ok = self._apos_ok and rel0 + bound < POS_LIMIT
         interval = self.settings.index_interval_bytes
         buf = bytearray(bound)
         mv = memoryview(buf)
         p = 0
         bmax = seg.max_ts
-        touched: dict[DeviceLog, None] = {}
+        infos: list[tuple] = []
         hpack = HEADER.pack_into
         u32pack = U32.pack_into
         crc32 = zlib.crc32
-        for rec, dev in zip(recs, devs, strict=True):
-            if dev is None:  # control record (key truncation marker)
-                p = encode_into(buf, p, rec[0], rec[1], rec[2].encode(), "", 0, (), b"",
-                                FLAG_CONTROL, mv)
-                continue
+        apos_devs = self._apos_devs
+        for dev in devs:
+            recs = dev.pend
+            dev.pend = None
+            if dev.n_ctl:  # control records (key truncation markers) come first
+                for rec in recs[: dev.n_ctl]:
+                    p = encode_into(buf, p, rec[0], rec[1], dev.kb, "", 0, (), b"",
+                                    FLAG_CONTROL, mv)
+                recs = recs[dev.n_ctl :]
+                dev.n_ctl = 0
+                if not recs:
+                    continue
             # Inlined record encoding (see record.encode_into; this is the hot path).
-            topic = rec[3]
-            if topic is not dev.last_topic and topic != dev.last_topic:
-                dev.last_topic = topic
-                dev.last_kt = dev.kb + topic.encode()
+            kb = dev.kb
+            klen = len(kb)
+            last_topic = dev.last_topic
             kt = dev.last_kt
-            q = p + HEADER_SIZE
-            e = q + len(kt)
-            buf[q:e] = kt
-            hdrs = rec[5]
-            if hdrs:
-                for name, value in hdrs:
-                    nb = name.encode()
-                    HDR_ENTRY.pack_into(buf, e, len(nb), len(value))
-                    e += 6
-                    buf[e : e + len(nb)] = nb
-                    e += len(nb)
-                    buf[e : e + len(value)] = value
-                    e += len(value)
-            payload = rec[6]
-            end = e + len(payload)
-            buf[e:end] = payload
-            hpack(buf, p, end - p - 4, 0, MAGIC, 0, rec[4], rec[0], rec[1], len(dev.kb),
-                  len(kt) - len(dev.kb), len(hdrs))
-            u32pack(buf, p + 4, crc32(mv[p + 8 : end]))
-            if dev.since_idx >= interval or dev.seg_base != segb:
-                dev.idx_off.append(rec[0])
-                dev.idx_pos.append(base_pos + p)
-                dev.idx_ts.append(dev.max_ts)
-                dev.idx_cum.append(dev.total)
-                dev.since_idx = 0
+            since = dev.since_idx
+            total = dev.total
+            dmax = MIN_TS
+            if dev.seg_base != segb:
+                since = interval  # an index entry at the device's first record of a segment
                 dev.seg_base = segb
-            n = end - p
-            dev.since_idx += n
-            dev.total += n
-            ts = rec[1]
-            if ts > dev.max_ts:
-                dev.max_ts = ts
-            if ts > bmax:
-                bmax = ts
-            touched[dev] = None
-            p = end
+            if track:
+                ap = dev.apos
+                if dev.apos_base != segb:
+                    ap = dev.apos = array("q")
+                    dev.apos_base = segb
+                    apos_devs.append(dev)
+                ap_append = ap.append
+            for rec in recs:
+                topic = rec[3]
+                if topic is not last_topic and topic != last_topic:
+                    last_topic = topic
+                    kt = kb + topic.encode()
+                q = p + HEADER_SIZE
+                e = q + len(kt)
+                buf[q:e] = kt
+                hdrs = rec[5]
+                if hdrs:
+                    for name, value in hdrs:
+                        nb = name.encode()
+                        HDR_ENTRY.pack_into(buf, e, len(nb), len(value))
+                        e += 6
+                        buf[e : e + len(nb)] = nb
+                        e += len(nb)
+                        buf[e : e + len(value)] = value
+                        e += len(value)
+                payload = rec[6]
+                end = e + len(payload)
+                buf[e:end] = payload
+                n = end - p
+                ts = rec[1]
+                hpack(buf, p, n - 4, 0, MAGIC, 0, rec[4], rec[0], ts, klen, len(kt) - klen,
+                      len(hdrs))
+                u32pack(buf, p + 4, crc32(mv[p + 8 : end]))
+                if since >= interval:
+                    dev.idx_off.append(rec[0])
+                    dev.idx_pos.append(base_pos + p)
+                    dev.idx_ts.append(dev.max_ts if dev.max_ts > dmax else dmax)
+                    dev.idx_cum.append(total)
+                    since = 0
+                since += n
+                total += n
+                if ts > dmax:
+                    dmax = ts
+                if track:
+                    ap_append(((rel0 + p) << 32) | n)
+                p = end
+            dev.last_topic = last_topic
+            dev.last_kt = kt
+            dev.since_idx = since
+            dev.total = total
+            if dmax > dev.max_ts:
+                dev.max_ts = dmax
+            if dmax > bmax:
+                bmax = dmax
+            infos.append((dev, dev.next, total, since, segb, dev.max_ts))
         mv.release()
         del buf[p:]
         try:
@@ -580,13 +767,11 @@ class LogStore:
         with self._lock:
             seg.size += p
             self._flushed_pos = base_pos + p
-        self._inflight.append(
-            (self._flushed_pos,
-             [(d, d.next, d.total, d.since_idx, d.seg_base, d.max_ts) for d in touched]))
+        self._inflight.append((self._flushed_pos, infos))
         st = self.stats
         st.batches += 1
-        st.appends += len(recs)
-        st.batch_records_sum += len(recs)
+        st.appends += nrec
+        st.batch_records_sum += nrec
         st.append_bytes += p
         return self._flushed_pos
 
@@ -605,9 +790,13 @@ class LogStore:
         """Start a new segment at the current end. The old writer fd is handed to the
         next sync, which fsyncs and closes it (never closed under a running fsync)."""
         base = self._flushed_pos
+        old = self._segments[-1]
         seg = Segment(base, os.path.join(self.directory, segment_name(base)))
         fd = os.open(seg.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+        sealed = self._seal_positions(old)
         with self._lock:
+            if sealed is not None:  # written by the sync that fsyncs the sealed segment
+                self._pidx_jobs.append((pidx_path(old.path), old.size, sealed))
             self._retired.append(self._wfd)
             self._wfd = fd
             self._dir_dirty = True
@@ -616,6 +805,74 @@ class LogStore:
         self.stats.segments = len(self._segments)
         self.stats.segments_rolled += 1
         return seg
+
+    def _seal_positions(self, seg: Segment) -> dict[bytes, array] | None:
+        """Detach the active segment's device positions (at a roll) and cache them as the
+        sealed segment's index; None if the segment was not indexed (past POS_LIMIT)."""
+        devs = self._apos_devs
+        self._apos_devs = []
+        ok = self._apos_ok
+        self._apos_ok = True
+        entries: dict[bytes, array] = {}
+        for dev in devs:
+            if dev.apos_base == seg.base and dev.apos:
+                entries[dev.kb] = dev.apos
+            dev.apos = None
+            dev.apos_base = -1
+        if not ok:
+            return None
+        self._cache_pidx(seg.base, entries)
+        return entries
+
+    def _cache_pidx(self, base: int, idx: PositionIndex | dict[bytes, array]) -> None:
+        cache = self._pidx
+        cache[base] = idx
+        cache.move_to_end(base)
+        while len(cache) > self.settings.read_fd_cache:
+            cache.popitem(last=False)
+
+    def _drop_pidx(self, seg: Segment) -> None:
+        """Forget a segment's position index (deleted, truncated or reactivated segment)."""
+        self._pidx.pop(seg.base, None)
+        path = pidx_path(seg.path)
+        with self._lock:
+            self._pidx_jobs = [j for j in self._pidx_jobs if j[0] != path]
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _sealed_positions(self, seg: Segment) -> PositionIndex | dict[bytes, array] | None:
+        """The position index of a sealed segment: cached, else its file, else rebuilt by
+        a header-only walk of the segment (and written for next time). None if the
+        segment cannot be indexed (too large)."""
+        idx = self._pidx.get(seg.base)
+        if idx is not None:
+            self._pidx.move_to_end(seg.base)
+            return idx
+        path = pidx_path(seg.path)
+        try:
+            with open(path, "rb") as f:
+                idx = PositionIndex(f.read(), seg.size)
+        except FileNotFoundError:
+            pass
+        except (ValueError, struct.error) as exc:
+            log.warning("commitlog %s: position index %s unusable (%s); rebuilding it",
+                        self.directory, path, exc)
+        if idx is None:
+            fd = self._read_fd(seg)
+            data = os.pread(fd, seg.size, 0)
+            try:
+                idx, walked = walk_positions(data, 0)
+            except ValueError:
+                return None
+            if walked == seg.size:
+                try:
+                    write_file_atomic(path, encode_pidx(seg.size, idx))
+                except OSError as exc:
+                    log.warning("commitlog %s: cannot write %s (%s)", self.directory, path, exc)
+        self._cache_pidx(seg.base, idx)
+        return idx
 
     def sync(self) -> int:
         """fsync everything flushed so far; return the position now durable.
@@ -630,6 +887,9 @@ class LogStore:
             fd = self._wfd
             dirty = self._dir_dirty
             self._dir_dirty = False
+            jobs = self._pidx_jobs if retired else []
+            if retired:
+                self._pidx_jobs = []
         t0 = time.perf_counter()
         try:
             for rfd in retired:
@@ -640,11 +900,19 @@ class LogStore:
         except BaseException:
             with self._lock:
                 self._retired[:0] = retired
+                self._pidx_jobs[:0] = jobs
                 self._dir_dirty = self._dir_dirty or dirty
             self.stats.fsync_errors += 1
             raise
         for rfd in retired:
             os.close(rfd)
+        for path, size, entries in jobs:
+            # The sealed segment is durable now; its position index is a cache (checked
+            # on load, rebuilt by a scan when missing), so it is written without fsync.
+            try:
+                write_file_atomic(path, encode_pidx(size, entries))
+            except OSError as exc:
+                log.warning("commitlog %s: cannot write %s (%s)", self.directory, path, exc)
         self.stats.observe_fsync(time.perf_counter() - t0)
         with self._lock:
             if token > self._synced_pos:
