@@ -42,6 +42,7 @@ from commitlog.record import (
     CorruptRecordError,
     Header,
     Record,
+    _decode_headers,
     decode_one,
     encode_into,
     headers_size,
@@ -57,12 +58,13 @@ LOCK_NAME = "LOCK"
 READ_CHUNK = 256 * 1024
 MIN_TS = -(2**63)
 _new_record = tuple.__new__
+_EMPTY = array("q")
 
 CKPT_MAGIC = b"MQCK"
 CKPT_VERSION = 2
 CKPT_HEAD = struct.Struct("<4sIqI")  # magic, version, checkpoint_pos, n_segments
 CKPT_SEG = struct.Struct("<qq")  # base, max_ts
-CKPT_ACTIVE = struct.Struct("<qI")  # base of the segment the positions belong to (-1: none), n_dev
+CKPT_ACTIVE = struct.Struct("<q")  # base of the segment the device positions belong to, or -1
 # key_len start next total since seg max_ts _ n_ent n_mark n_pos
 CKPT_DEV = struct.Struct("<Hqqqqqqq III")
 
@@ -345,6 +347,7 @@ class LogStore:
         # small LRU; files to write after the segment's fsync (worker thread).
         self._apos_devs: list[DeviceLog] = []
         self._apos_ok = True  # False once the active segment passes POS_LIMIT
+        self._ckpt_abase = -1  # segment whose positions the loaded checkpoint holds
         self._pidx: OrderedDict[int, PositionIndex | dict[bytes, array]] = OrderedDict()
         self._pidx_jobs: list[tuple[str, int, dict[bytes, array]]] = []
         self._inflight: deque[tuple[int, list[tuple]]] = deque()
@@ -419,6 +422,7 @@ class LogStore:
                 log.info("commitlog %s: rebuilding indexes from %d bytes of segments",
                          self.directory, segs[-1].end - segs[0].base)
         self._scan_tail(scan_from)
+        self._clean_pidx_files()
         end = self._segments[-1].end
         self._flushed_pos = self._synced_pos = self._committed_pos = end
         for dev in self._devices.values():
@@ -434,6 +438,11 @@ class LogStore:
         stamp = int(time.time())
         for s in segs:
             os.rename(s.path, f"{s.path}.orphaned-{stamp}")
+            self._pidx.pop(s.base, None)
+            try:
+                os.unlink(pidx_path(s.path))
+            except FileNotFoundError:
+                pass
 
     def _load_checkpoint(self) -> int | None:
         """Load index.ckpt; return the position to scan from, or None to rebuild."""
@@ -475,12 +484,15 @@ class LogStore:
                 if s.base not in seg_ts:
                     raise ValueError(f"segment {s.base} unknown to the checkpoint")
                 s.max_ts = seg_ts[s.base]
+        (abase,) = CKPT_ACTIVE.unpack_from(data, p)
+        p += CKPT_ACTIVE.size
         (ndev,) = struct.unpack_from("<I", data, p)
         p += 4
         devices: dict[str, DeviceLog] = {}
+        apos_devs: list[DeviceLog] = []
         for _ in range(ndev):
-            (kl, start, nxt, total, since, segb, mts, _r, nent, nmark) = CKPT_DEV.unpack_from(
-                data, p)
+            (kl, start, nxt, total, since, segb, mts, _r, nent, nmark,
+             npos) = CKPT_DEV.unpack_from(data, p)
             p += CKPT_DEV.size
             key = data[p : p + kl].decode()
             p += kl
@@ -497,44 +509,80 @@ class LogStore:
                 flat = struct.unpack_from(f"<{2 * nmark}q", data, p)
                 p += 16 * nmark
                 dev.markers = [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+            if npos:
+                dev.apos = array("q")
+                dev.apos.frombytes(data[p : p + 8 * npos])
+                dev.apos_base = abase
+                apos_devs.append(dev)
+                p += 8 * npos
             devices[key] = dev
         if p != len(data) - 4:
             raise ValueError("trailing bytes")
         self._devices = devices
+        self._apos_devs = apos_devs
+        self._ckpt_abase = abase
         # Segments deleted by retention after this checkpoint was written.
         self._advance_devices_past(segs[0].base)
         return ckpt_pos
 
     def _scan_tail(self, pos: int) -> None:
-        """Replay records from ``pos`` to the end into the indexes; cut at the first bad one."""
+        """Replay records from ``pos`` to the end into the indexes; cut at the first bad one.
+
+        Also rebuilds the device positions of every segment scanned: the active segment's
+        stay in memory, each sealed one's are written as its ``.pidx`` file."""
         by_kb: dict[bytes, DeviceLog] = {d.kb: d for d in self._devices.values()}
         interval = self.settings.index_interval_bytes
         i = bisect.bisect_right(self._seg_bases, pos) - 1
+        first = self._segments[i]
+        if self._ckpt_abase != first.base:
+            for dev in self._apos_devs:
+                dev.apos = None
+                dev.apos_base = -1
+            self._apos_devs = []
+            if pos > first.base:  # positions before the checkpoint: header-only walk
+                with open(first.path, "rb") as f:
+                    head = f.read(pos - first.base)
+                try:
+                    entries, _ = walk_positions(head, 0)
+                except ValueError:
+                    entries = {}
+                    self._apos_ok = False
+                for kb, arr in entries.items():
+                    dev = by_kb.get(kb)
+                    if dev is not None:
+                        dev.apos = arr
+                        dev.apos_base = first.base
+                        self._apos_devs.append(dev)
+        apos_devs = self._apos_devs
+        unpack = HEADER.unpack_from
+        crc32 = zlib.crc32
         while i < len(self._segments):
             seg = self._segments[i]
+            segb = seg.base
             with open(seg.path, "rb") as f:
-                f.seek(pos - seg.base)
+                f.seek(pos - segb)
                 data = f.read()
             p = 0
             n = len(data)
+            rel0 = pos - segb
+            track = self._apos_ok = self._apos_ok and rel0 + n < POS_LIMIT
             bad: str | None = None
-            unpack = HEADER.unpack_from
             mv = memoryview(data)
+            smax = seg.max_ts
             while p < n:
                 if n - p < HEADER_SIZE:
                     bad = "torn record header"
                     break
-                (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(data, p)
+                (length, crc, magic, flags, _a, off, ts, kl, _tl, _hc) = unpack(data, p)
                 end = p + 4 + length
                 if length < HEADER_SIZE - 4 or end > n or magic != MAGIC:
                     bad = "bad length or torn record"
                     break
-                if zlib.crc32(mv[p + 8 : end]) != crc:
+                if crc32(mv[p + 8 : end]) != crc:
                     bad = "CRC mismatch"
                     break
                 kb = data[p + HEADER_SIZE : p + HEADER_SIZE + kl]
                 dev = by_kb.get(kb)
-                gpos = pos + p
                 if dev is None:
                     try:
                         dev = DeviceLog(kb.decode(), off)
@@ -548,27 +596,34 @@ class LogStore:
                     if off < dev.start:
                         bad = "truncation marker below the log start"
                         break
-                    self._truncate_state(dev, off, gpos)
+                    self._truncate_state(dev, off, pos + p)
                 elif off != dev.next:
                     bad = f"offset {off} of {dev.key!r} where {dev.next} was expected"
                     break
                 else:
-                    if dev.since_idx >= interval or dev.seg_base != seg.base:
+                    if dev.since_idx >= interval or dev.seg_base != segb:
                         dev.idx_off.append(off)
-                        dev.idx_pos.append(gpos)
+                        dev.idx_pos.append(pos + p)
                         dev.idx_ts.append(dev.max_ts)
                         dev.idx_cum.append(dev.total)
                         dev.since_idx = 0
-                        dev.seg_base = seg.base
+                        dev.seg_base = segb
                     dev.since_idx += size
                     dev.total += size
                     if ts > dev.max_ts:
                         dev.max_ts = ts
-                    if ts > seg.max_ts:
-                        seg.max_ts = ts
+                    if ts > smax:
+                        smax = ts
                     dev.next = dev.hwm = off + 1
+                    if track:
+                        if dev.apos_base != segb:
+                            dev.apos = array("q")
+                            dev.apos_base = segb
+                            apos_devs.append(dev)
+                        dev.apos.append(((rel0 + p) << 32) | size)
                 p = end
             mv.release()
+            seg.max_ts = smax
             if bad is not None:
                 cut = pos + p
                 lost = seg.end - cut + sum(s.size for s in self._segments[i + 1 :])
@@ -588,10 +643,31 @@ class LogStore:
                 break
             i += 1
             if i < len(self._segments):
+                sealed = self._seal_positions(seg)
+                apos_devs = self._apos_devs
+                if sealed is not None:
+                    try:
+                        write_file_atomic(pidx_path(seg.path), encode_pidx(seg.size, sealed))
+                    except OSError as exc:
+                        log.warning("commitlog %s: cannot write the position index of %s (%s)",
+                                    self.directory, seg.path, exc)
                 pos = self._segments[i].base
         for dev in self._devices.values():
             dev.c_total, dev.c_since, dev.c_seg, dev.c_max = (
                 dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
+
+    def _clean_pidx_files(self) -> None:
+        """Remove position index files of the active segment (its positions live in
+        memory and it will grow) and of segments that no longer exist."""
+        sealed = {pidx_path(s.path) for s in self._segments[:-1]}
+        for name in os.listdir(self.directory):
+            if PIDX_SUFFIX in name:
+                path = os.path.join(self.directory, name)
+                if path not in sealed:
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
 
     # ------------------------------------------------------------------ write path
 
@@ -1001,8 +1077,11 @@ class LogStore:
         Appends work again afterwards if the truncation succeeded; otherwise the store
         stays failed (every append raises) until it is reopened, where recovery cleans up."""
         pos = self._committed_pos
-        self._pend_recs = []
+        for dev in self._pend_devs:
+            dev.pend = None
+            dev.n_ctl = 0
         self._pend_devs = []
+        self._pend_n = 0
         self._pend_bound = 0
         self._inflight.clear()
         for dev in self._devices.values():
@@ -1013,10 +1092,13 @@ class LogStore:
                 dev.trim_index_from(dev.hwm)
                 self._trim_cache_back(dev)
         try:
+            reactivated = False
             while len(self._segments) > 1 and self._segments[-1].base >= pos:
                 seg = self._segments.pop()
                 self._seg_bases.pop()
                 self._close_read_fd(seg.base)
+                self._drop_pidx(seg)
+                reactivated = True
                 with self._lock:
                     self._retired.append(self._wfd)
                     self._wfd = -1
@@ -1033,6 +1115,7 @@ class LogStore:
             os.fsync(self._wfd)
             self._fsync_dir()
             active.size = pos - active.base
+            self._reset_active_positions(active, reactivated)
             with self._lock:
                 self._flushed_pos = self._synced_pos = pos
             self._broken = None
@@ -1041,6 +1124,41 @@ class LogStore:
             self._broken = exc
             log.error("commitlog %s: could not truncate after a failed write (%s); the log "
                       "refuses appends until the broker is restarted", self.directory, exc)
+
+    def _reset_active_positions(self, active: Segment, reactivated: bool) -> None:
+        """After a rollback: drop positions past the active segment's end; if an older
+        segment became active again, take its positions back from its index."""
+        if not reactivated:
+            cut = active.size << 32
+            for dev in self._apos_devs:
+                ap = dev.apos
+                if ap is not None:
+                    j = bisect.bisect_left(ap, cut)
+                    if j < len(ap):
+                        del ap[j:]
+            return
+        for dev in self._apos_devs:
+            dev.apos = None
+            dev.apos_base = -1
+        self._apos_devs = []
+        self._apos_ok = True
+        self._pidx.pop(active.base, None)
+        try:
+            fd = self._read_fd(active)
+            entries, _ = walk_positions(os.pread(fd, active.size, 0), 0)
+        except ValueError:
+            entries = None
+        self._drop_pidx(active)
+        if entries is None:
+            self._apos_ok = False
+            return
+        by_kb = {d.kb: d for d in self._devices.values()}
+        for kb, arr in entries.items():
+            dev = by_kb.get(kb)
+            if dev is not None:
+                dev.apos = arr
+                dev.apos_base = active.base
+                self._apos_devs.append(dev)
 
     def _trim_cache_back(self, dev: DeviceLog) -> None:
         keep = dev.hwm - dev.cache_start
@@ -1150,11 +1268,14 @@ class LogStore:
     def _read_disk(
         self, dev: DeviceLog, offset: int, upto: int, max_bytes: int, out: list[Record]
     ) -> int:
-        """Scan the store from the index entry at or before ``offset``, picking this
-        device's records out of the interleaved stream, until ``upto`` or ``max_bytes``.
+        """Read this device's records [offset, upto) from disk, at most ``max_bytes``.
 
-        Other devices' records are skipped by header only (no CRC, no decode); each
-        record returned is CRC-checked. Returns the bytes read into ``out``."""
+        Starts at the sparse index entry at or before ``offset``; in each segment the
+        device position index gives where this device's records are, so only they are
+        read (adjacent ones coalesced into one pread) and decoded, never other devices'
+        records. A segment without a usable position index falls back to scanning it and
+        skipping other devices' records by header. Every record returned is CRC-checked.
+        Returns the bytes read into ``out``."""
         if upto <= offset:
             return 0
         self.stats.disk_reads += 1
@@ -1162,58 +1283,188 @@ class LogStore:
         if i < 0:
             raise CorruptRecordError(f"no index entry for {dev.key!r} offset {offset}", 0)
         pos = dev.idx_pos[i]
+        # Without truncation markers a device's records in a segment have consecutive
+        # offsets, so the reader can jump straight from the index entry to ``offset``.
+        skip = 0 if dev.markers else offset - dev.idx_off[i]
         limit = self._committed_pos
-        kb = dev.kb
-        klen = len(kb)
-        markers = dev.markers
-        used = 0
-        want = offset
-        unpack = HEADER.unpack_from
-        size = READ_CHUNK
-        retried = False
-        while want < upto and pos < limit:
+        state = [offset, 0]  # next wanted offset, bytes used
+        while state[0] < upto and pos < limit:
             si = bisect.bisect_right(self._seg_bases, pos) - 1
             seg = self._segments[si]
             seg_limit = min(seg.end, limit)
             if pos >= seg_limit:
                 break
-            fd = self._read_fd(seg)
-            data = os.pread(fd, min(size, seg_limit - pos), pos - seg.base)
-            n = len(data)
-            p = 0
-            while p + HEADER_SIZE <= n:
-                (length, _c, _m, flags, _a, off, _t, kl, _tl, _hc) = unpack(data, p)
-                end = p + 4 + length
-                if end > n:
-                    break
-                if kl == klen and data[p + HEADER_SIZE : p + HEADER_SIZE + kl] == kb and not (
-                    flags & FLAG_CONTROL
-                ):
-                    if off >= want and not (markers and dev.is_stale(pos + p, off)):
-                        if off != want:
-                            raise CorruptRecordError(
-                                f"{dev.key!r}: found offset {off} while reading {want}", pos + p)
-                        if out and used + length + 4 > max_bytes:
-                            return used
-                        rec, _f, _e = decode_one(data, p)
-                        out.append(rec)
-                        used += length + 4
-                        want += 1
-                        if want >= upto or used >= max_bytes:
-                            return used
-                p = end
-            if p == 0:
-                # One record larger than the chunk: re-read exactly it.
-                if n < HEADER_SIZE or retried:
-                    raise CorruptRecordError("truncated record in a committed segment", pos)
-                (length,) = struct.unpack_from("<I", data, 0)
-                size = 4 + length
-                retried = True
-                continue
-            size = READ_CHUNK
-            retried = False
-            pos += p
-        return used
+            if si == len(self._segments) - 1:
+                plist = (dev.apos if dev.apos_base == seg.base else _EMPTY) if self._apos_ok \
+                    else None
+            else:
+                idx = self._sealed_positions(seg)
+                plist = None if idx is None else (idx.get(dev.kb) or _EMPTY)
+            done = None
+            if plist is not None:
+                try:
+                    done = self._read_positions(dev, seg, plist, pos, skip, seg_limit, upto,
+                                                max_bytes, state, out)
+                except _Stale:
+                    log.warning("commitlog %s: position index of %s does not match the "
+                                "segment; rebuilding it", self.directory, seg.path)
+                    self._drop_pidx(seg)
+                    if si == len(self._segments) - 1:
+                        self._apos_ok = False  # the scan fallback serves the active segment
+            if done is None:
+                done = self._scan_segment(dev, seg, pos, seg_limit, upto, max_bytes, state, out)
+            if done:
+                break
+            skip = 0
+            pos = seg.end
+        return state[1]
+
+    def _read_positions(
+        self, dev: DeviceLog, seg: Segment, plist: array, pos: int, skip: int, seg_limit: int,
+        upto: int, max_bytes: int, state: list[int], out: list[Record],
+    ) -> bool:
+        """Read this device's records of ``seg`` from its positions; True when done."""
+        base = seg.base
+        rel_limit = seg_limit - base
+        n = len(plist)
+        j = bisect.bisect_left(plist, (pos - base) << 32)
+        if skip and j + skip < n:
+            j += skip
+        want, used = state
+        kb = dev.kb
+        klen = len(kb)
+        key = dev.key
+        markers = dev.markers
+        unpack = HEADER.unpack_from
+        crc32 = zlib.crc32
+        append = out.append
+        fd = self._read_fd(seg)
+        last_tb = b""
+        last_topic = ""
+        try:
+            while j < n and want < upto:
+                v = plist[j]
+                s = v >> 32
+                e = s + (v & LEN_MASK)
+                if e > rel_limit:
+                    return True  # not committed yet
+                k = j + 1
+                kmax = j + (upto - want)
+                while k < n and k < kmax:
+                    v = plist[k]
+                    if v >> 32 != e:
+                        break
+                    e2 = e + (v & LEN_MASK)
+                    if e2 > rel_limit or e2 - s > READ_CHUNK:
+                        break
+                    e = e2
+                    k += 1
+                data = os.pread(fd, e - s, s)
+                if len(data) != e - s:
+                    raise _Stale()
+                mv = memoryview(data)
+                p = 0
+                dn = len(data)
+                while p < dn:
+                    (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(data, p)
+                    rend = p + 4 + length
+                    q = p + HEADER_SIZE
+                    if (magic != MAGIC or rend > dn or kl != klen or flags & FLAG_CONTROL
+                            or data[q : q + kl] != kb):
+                        raise _Stale()
+                    if off != want:
+                        if off < want or (markers and dev.is_stale(base + s + p, off)):
+                            p = rend
+                            continue
+                        raise CorruptRecordError(
+                            f"{key!r}: found offset {off} while reading {want}", base + s + p)
+                    if out and used + length + 4 > max_bytes:
+                        return True
+                    if crc32(mv[p + 8 : rend]) != crc:
+                        raise CorruptRecordError("CRC mismatch", base + s + p)
+                    q += kl
+                    tb = data[q : q + tl]
+                    if tb != last_tb:
+                        last_tb = tb
+                        last_topic = tb.decode()
+                    q += tl
+                    headers: Sequence[Header] = ()
+                    if hc:
+                        headers, q = _decode_headers(data, q, hc)
+                        if q > rend:
+                            raise CorruptRecordError("record fields overrun its length",
+                                                     base + s + p)
+                    append(_new_record(Record, (off, ts, key, last_topic, attrs, headers,
+                                                data[q:rend])))
+                    used += length + 4
+                    want += 1
+                    if want >= upto or used >= max_bytes:
+                        return True
+                    p = rend
+                mv.release()
+                j = k
+            return want >= upto
+        finally:
+            state[0] = want
+            state[1] = used
+
+    def _scan_segment(
+        self, dev: DeviceLog, seg: Segment, pos: int, seg_limit: int, upto: int,
+        max_bytes: int, state: list[int], out: list[Record],
+    ) -> bool:
+        """Fallback without position index: scan ``seg`` from ``pos`` picking this
+        device's records out of the interleaved stream (others skipped by header only,
+        no CRC, no decode). True when done."""
+        kb = dev.kb
+        klen = len(kb)
+        markers = dev.markers
+        want, used = state
+        unpack = HEADER.unpack_from
+        size = READ_CHUNK
+        retried = False
+        fd = self._read_fd(seg)
+        try:
+            while want < upto and pos < seg_limit:
+                data = os.pread(fd, min(size, seg_limit - pos), pos - seg.base)
+                n = len(data)
+                p = 0
+                while p + HEADER_SIZE <= n:
+                    (length, _c, _m, flags, _a, off, _t, kl, _tl, _hc) = unpack(data, p)
+                    end = p + 4 + length
+                    if end > n:
+                        break
+                    if kl == klen and data[p + HEADER_SIZE : p + HEADER_SIZE + kl] == kb and not (
+                        flags & FLAG_CONTROL
+                    ):
+                        if off >= want and not (markers and dev.is_stale(pos + p, off)):
+                            if off != want:
+                                raise CorruptRecordError(
+                                    f"{dev.key!r}: found offset {off} while reading {want}",
+                                    pos + p)
+                            if out and used + length + 4 > max_bytes:
+                                return True
+                            rec, _f, _e = decode_one(data, p)
+                            out.append(rec)
+                            used += length + 4
+                            want += 1
+                            if want >= upto or used >= max_bytes:
+                                return True
+                    p = end
+                if p == 0:
+                    # One record larger than the chunk: re-read exactly it.
+                    if n < HEADER_SIZE or retried:
+                        raise CorruptRecordError("truncated record in a committed segment", pos)
+                    (length,) = struct.unpack_from("<I", data, 0)
+                    size = 4 + length
+                    retried = True
+                    continue
+                size = READ_CHUNK
+                retried = False
+                pos += p
+            return want >= upto
+        finally:
+            state[0] = want
+            state[1] = used
 
     def offset_for_timestamp(self, key: str, timestamp_us: int) -> int:
         """First committed offset whose timestamp is >= ``timestamp_us``; the end offset
@@ -1271,8 +1522,15 @@ class LogStore:
             dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
         self._trim_cache_back(dev)
         ts = time.time_ns() // 1000 if timestamp_us is None else timestamp_us
-        self._pend_recs.append(_new_record(Record, (offset, ts, key, "", 0, (), b"")))
-        self._pend_devs.append(None)
+        pend = dev.pend
+        if pend is None:
+            pend = dev.pend = []
+            self._pend_devs.append(dev)
+        # No appends of this key can be pending (next == hwm), so control records are
+        # always the first ``n_ctl`` pending records of the device.
+        pend.append(_new_record(Record, (offset, ts, key, "", 0, (), b"")))
+        dev.n_ctl += 1
+        self._pend_n += 1
         self._pend_bound += HEADER_SIZE + len(dev.kb)
 
     def _truncate_state(self, dev: DeviceLog, offset: int, boundary: int) -> None:
@@ -1329,6 +1587,7 @@ class LogStore:
             seg = segs.pop(0)
             self._seg_bases.pop(0)
             self._close_read_fd(seg.base)
+            self._drop_pidx(seg)
             try:
                 os.unlink(seg.path)
             except FileNotFoundError:
@@ -1382,13 +1641,21 @@ class LogStore:
                 parts.append(CKPT_SEG.pack(seg.base, seg.max_ts))
                 nseg += 1
         parts[0] = CKPT_HEAD.pack(CKPT_MAGIC, CKPT_VERSION, pos, nseg)
+        # Device positions of the segment holding the checkpoint position, if it is the
+        # active one (else recovery rebuilds them with a header walk up to ``pos``).
+        active = self._segments[-1]
+        abase = active.base if active.base <= pos and self._apos_ok else -1
+        acut = (pos - active.base) << 32
+        parts.append(CKPT_ACTIVE.pack(abase))
         parts.append(struct.pack("<I", len(self._devices)))
         pack = CKPT_DEV.pack
         for dev in self._devices.values():
             n = bisect.bisect_left(dev.idx_off, dev.hwm)
             marks = dev.markers or ()
+            ap = dev.apos if abase >= 0 and dev.apos_base == abase else None
+            npos = bisect.bisect_left(ap, acut) if ap else 0
             parts.append(pack(len(dev.kb), dev.start, dev.hwm, dev.c_total, dev.c_since,
-                              dev.c_seg, dev.c_max, 0, n, len(marks)))
+                              dev.c_seg, dev.c_max, 0, n, len(marks), npos))
             parts.append(dev.kb)
             if n == len(dev.idx_off):
                 parts += (dev.idx_off.tobytes(), dev.idx_pos.tobytes(), dev.idx_ts.tobytes(),
@@ -1398,6 +1665,8 @@ class LogStore:
                           dev.idx_ts[:n].tobytes(), dev.idx_cum[:n].tobytes())
             for m in marks:
                 parts.append(struct.pack("<qq", m[0], m[1]))
+            if npos:
+                parts.append(ap[:npos].tobytes())
         body = b"".join(parts)
         return body + zlib.crc32(body).to_bytes(4, "little")
 

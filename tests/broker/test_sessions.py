@@ -244,6 +244,10 @@ def _fill_offline_queue(b, clients, n=10):
     c.connect(clean_start=True, properties=_v5_connect_props(300))
     c.subscribe(topic, 1)
     c.disconnect()
+    # The broker must have processed the DISCONNECT before anything is published, or the first
+    # messages go in flight to the still-connected session instead of into its offline queue.
+    wait_for(lambda: b.metric("meshmq_clients_connected") == 0, timeout=10,
+             message="the subscriber's session to go offline")
     before = b.metric("meshmq_messages_dropped_total", reason="queue_full")
     pub = clients.connected(b, protocol=V5)
     for i in range(n):
