@@ -330,10 +330,10 @@ def _inspect(path: str, out: TextIO, err: TextIO) -> int:
         report = inspect(path)
     except OSError as exc:
         raise LogCliError(f"{path}: {exc.strerror or exc}") from None
-    print(report.format(), file=out)
-    if not report.segments:
+    if not report.segments:  # before printing: an empty report would end in "RESULT: ok"
         raise LogCliError(f"no segment files (*{SEGMENT_SUFFIX}) in {path}: is this the "
                           "commit-log directory (usually <data_dir>/log)?")
+    print(report.format(), file=out)
     if not report.ok:
         bad = next(s for s in report.segments if s.corrupt_at is not None)
         print(f"meshmq log inspect: {path} is CORRUPT: {os.path.basename(bad.path)} at byte "
