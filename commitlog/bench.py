@@ -5,7 +5,9 @@ Measures, on one core:
     payloads: what a busy event-loop tick hands the store);
   * the same through GroupCommitter on asyncio (fsync on the worker thread, batches grow);
   * reads: from the tail cache, from disk via the sparse index, and decoding a fetch body
-    (records and columnar).
+    (records and columnar);
+  * replay-style reads of single devices' whole history from disk (1000 and 100 devices
+    interleaved, 8 MiB segments), with and without the position index files.
 """
 
 from __future__ import annotations
@@ -151,6 +153,44 @@ def bench_reads(path: str, devices: int) -> None:
     print(f"fetch decode (columnar, no CRC): {len(cols.offsets) / dt:,.0f} rec/s")
 
 
+def bench_read_one_device(path: str, records: int, devices: int, batch: int) -> None:
+    """Replay-style reads: whole history of single devices from disk (no tail cache)
+    among ``devices`` interleaved ones, 8 MiB segments (most of it in sealed segments)."""
+    keys = [f"device-{i:05d}" for i in range(devices)]
+    topics = [f"sensors/{k}/telemetry" for k in keys]
+    s = LogSettings(segment_bytes=8 * 1024 * 1024, tail_cache_bytes_per_device=0)
+    st = LogStore.open(path, s)
+    ts = time.time_ns() // 1000
+    n = 0
+    while n < records:
+        for j in range(batch):
+            d = (n + j) % devices
+            st.append(keys[d], ts, topics[d], 1, None, PAYLOAD)
+        n += batch
+        st.flush_sync_commit()
+    st.close()
+    sample = keys[:: max(1, devices // 100)][:100]
+    for label in ("position index files", "no .pidx files (rebuilt on first read)"):
+        if label.startswith("no"):
+            for name in os.listdir(path):
+                if name.endswith(".pidx"):
+                    os.unlink(os.path.join(path, name))
+        st = LogStore.open(path, s)
+        t0 = time.perf_counter()
+        got = 0
+        for k in sample:
+            off, end = st.log_range(k)
+            while off < end:
+                recs = st.read(k, off, 5000, 1 << 24)
+                got += len(recs)
+                off = recs[-1].offset + 1
+        dt = time.perf_counter() - t0
+        print(f"read one device from disk ({devices} devices interleaved, batch {batch}, "
+              f"{len(st.segments)} segments, {label}): {got} records of {len(sample)} "
+              f"devices in {dt:.3f}s = {got / dt:,.0f} rec/s")
+        st.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run all benchmarks in a temporary directory (or --dir) and print the figures."""
     ap = argparse.ArgumentParser(description=__doc__)
@@ -164,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_append(os.path.join(base, "a"), args.records, args.batch, args.devices)
         bench_group_commit(os.path.join(base, "g"), args.records, args.batch, args.devices)
         bench_reads(os.path.join(base, "a"), args.devices)
+        bench_read_one_device(os.path.join(base, "r1"), args.records, 1000, args.batch)
+        bench_read_one_device(os.path.join(base, "r2"), args.records, args.devices, args.batch)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -9,7 +9,9 @@ recovery reads one sequential tail instead of opening 100k directories.
 
 What makes per-device reads cheap in a shared store is a per-device in-memory sparse
 index (offset -> store position, running max timestamp, cumulative bytes), checkpointed
-to disk, plus a per-device tail cache of the newest records. See README.md.
+to disk, a per-segment device position index (where each device's records are, so a
+read preads and decodes only that device's records; ``.pidx`` files for sealed segments),
+plus a per-device tail cache of the newest records. See README.md.
 
 Threading: everything runs on one thread (the event loop) except :meth:`sync`, which may
 run concurrently on ONE other thread (the group committer's fsync worker). The state the
@@ -1372,12 +1374,14 @@ class LogStore:
                     if (magic != MAGIC or rend > dn or kl != klen or flags & FLAG_CONTROL
                             or data[q : q + kl] != kb):
                         raise _Stale()
-                    if off != want:
+                    if off != want or markers:
                         if off < want or (markers and dev.is_stale(base + s + p, off)):
                             p = rend
                             continue
-                        raise CorruptRecordError(
-                            f"{key!r}: found offset {off} while reading {want}", base + s + p)
+                        if off != want:
+                            raise CorruptRecordError(
+                                f"{key!r}: found offset {off} while reading {want}",
+                                base + s + p)
                     if out and used + length + 4 > max_bytes:
                         return True
                     if crc32(mv[p + 8 : rend]) != crc:
