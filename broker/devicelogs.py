@@ -107,6 +107,18 @@ class PendingPublish:
 DurableHandler = Callable[[list[PendingPublish], BaseException | None], None]
 
 
+def offset_request(props: dict | None) -> tuple[str | None, str]:
+    """The SUBSCRIBE user properties ``offset`` and ``offset-reset`` (see README)."""
+    offset, reset = None, "error"
+    if props:
+        for name, value in props.get(Prop.USER_PROPERTY, ()):
+            if name == "offset":
+                offset = value
+            elif name == "offset-reset":
+                reset = value
+    return offset, reset
+
+
 class DeviceLogs:
     """Appends for the router and hands back whole durable batches, in append order."""
 
@@ -138,6 +150,40 @@ class DeviceLogs:
         batch.append(PendingPublish(conn, packet_id, msg.qos, msg))
         self.held += 1
         return offset
+
+    def open_cursor(self, real: str, group: str | None, spec: str,
+                    reset: str) -> tuple[ReplayCursor | None, str]:
+        """Resolve a held offset ("earliest" | "latest" | N | "@unix_ms") against the log:
+        a cursor, or None and the reason string the SUBACK carries."""
+        if group is not None:
+            return None, "offset replay is not available on shared subscriptions"
+        key = self.rules.key_for_filter(real)
+        if key is None:
+            return None, (f"offset replay needs a filter covering one device log "
+                          f"(like devices/<id>/#), not {real!r}")
+        store = self.store
+        start, end = store.log_range(key)
+        if spec == "earliest":
+            return ReplayCursor(key, start), ""
+        if spec == "latest":
+            return ReplayCursor(key, end), ""
+        try:
+            if spec.startswith("@"):
+                offset = store.offset_for_timestamp(key, int(spec[1:]) * 1000)
+                return ReplayCursor(key, max(offset, start)), ""
+            offset = int(spec)
+        except ValueError:
+            return None, (f"offset {spec!r} is not earliest, latest, an integer offset "
+                          f"or @<unix ms>")
+        if start <= offset <= end:
+            return ReplayCursor(key, offset), ""
+        if reset == "earliest":
+            return ReplayCursor(key, start), ""
+        if reset == "latest":
+            return ReplayCursor(key, end), ""
+        return None, (f"offset {offset} of {key!r} is outside the log [{start}, {end}]"
+                      f" (retention removed older records); subscribe from {start}, or add"
+                      f" offset-reset=earliest")
 
     def _seal(self) -> None:
         batch, self._batch = self._batch, []

@@ -53,11 +53,34 @@ class Message:
     def expired(self, now: float) -> bool:
         return self.expiry_at is not None and now >= self.expiry_at
 
+    def remaining_expiry(self) -> int:
+        """Seconds left of the v5 Message Expiry Interval (0 = none) [MQTT-3.3.2-6]."""
+        if self.expiry_at is None:
+            return 0
+        return max(1, math.ceil(self.expiry_at - time.monotonic()))
+
+    def v5_properties(self, sub_ids: tuple[int, ...] | None, remaining: int,
+                      position: bool) -> dict | None:
+        """The properties one v5 subscriber gets: the forwarded ones plus per-delivery ones."""
+        props = self.properties
+        if not (sub_ids or remaining or position):
+            return props
+        props = dict(props) if props else {}
+        if sub_ids:
+            props[Prop.SUBSCRIPTION_IDENTIFIER] = list(sub_ids)
+        if remaining:
+            props[Prop.MESSAGE_EXPIRY_INTERVAL] = remaining
+        if position:
+            # where the message sits in its device log, for a subscriber that holds its own
+            # offset. Only such subscriptions get it: [MQTT-3.3.2-17] wants everyone else to
+            # see the publisher's user properties unaltered.
+            props[Prop.USER_PROPERTY] = [*props.get(Prop.USER_PROPERTY, ()),
+                                         *self.log_position()]
+        return props
+
     def parts(self, v5: bool, qos: int, retain: bool, sub_ids: tuple[int, ...] | None,
               position: bool = False) -> Parts:
-        remaining = 0
-        if v5 and self.expiry_at is not None:
-            remaining = max(1, math.ceil(self.expiry_at - time.monotonic()))
+        remaining = self.remaining_expiry() if v5 else 0
         position = position and v5 and self.device is not None
         key = (v5, qos, retain, sub_ids, remaining, position)
         shapes = self._shapes
@@ -65,19 +88,7 @@ class Message:
             shapes = self._shapes = {}
         parts = shapes.get(key)
         if parts is None:
-            props = self.properties if v5 else None
-            if v5 and (sub_ids or remaining or position):
-                props = dict(props) if props else {}
-                if sub_ids:
-                    props[Prop.SUBSCRIPTION_IDENTIFIER] = list(sub_ids)
-                if remaining:
-                    props[Prop.MESSAGE_EXPIRY_INTERVAL] = remaining
-                if position:
-                    # where the message sits in its device log, for a subscriber that holds
-                    # its own offset. Only such subscriptions get it: [MQTT-3.3.2-17] wants
-                    # everyone else to see the publisher's user properties unaltered.
-                    props[Prop.USER_PROPERTY] = [*props.get(Prop.USER_PROPERTY, ()),
-                                                 *self.log_position()]
+            props = self.v5_properties(sub_ids, remaining, position) if v5 else None
             level = 5 if v5 else 4
             parts = publish_parts(self.topic, self.payload, qos, retain, False, props, level)
             shapes[key] = parts
@@ -112,3 +123,20 @@ class Delivery:
         # acking, the router hands the message to another member instead of losing it.
         self.group = group
         self.position = position  # add device/offset user properties (offset subscribers)
+
+
+def aliased_parts(d: Delivery, aliases: dict[str, int], alias_max: int) -> Parts:
+    """Outbound topic alias (v5): the first send of a topic carries topic + alias, later ones
+    only the alias. Per connection, so these bytes are never shared with other subscribers."""
+    msg = d.msg
+    position = d.position and msg.device is not None
+    props = dict(msg.v5_properties(d.sub_ids, msg.remaining_expiry(), position) or {})
+    topic = msg.topic
+    alias = aliases.get(topic)
+    if alias is not None:
+        props[Prop.TOPIC_ALIAS] = alias
+        topic = ""
+    elif len(aliases) < alias_max:
+        alias = aliases[topic] = len(aliases) + 1
+        props[Prop.TOPIC_ALIAS] = alias
+    return publish_parts(topic, msg.payload, d.qos, d.retain, False, props or None, 5)

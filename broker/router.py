@@ -21,10 +21,9 @@ from typing import Any
 
 from broker.auth import Authenticator, topic_matches
 from broker.connection import Connection
-from broker.devicelogs import DeviceLogs, PendingPublish, ReplayCursor, record_message
+from broker.devicelogs import DeviceLogs, PendingPublish, offset_request, record_message
 from broker.logrules import LogRules
-from broker.message import Delivery, Message
-from broker.protocol.codec import publish_parts
+from broker.message import Delivery, Message, aliased_parts
 from broker.protocol.errors import ProtocolError, UnsupportedProtocolVersion
 from broker.protocol.packets import (
     Connack,
@@ -75,18 +74,6 @@ _HELD_LIMIT = 50_000
 _REPLAY_CHUNK = 500  # records read per replay step
 _REPLAY_STEP = 5_000  # records replayed per loop turn before yielding to other work
 _NOT_STORED = "message not stored: the commit log cannot write (disk full or failing?)"
-
-
-def _offset_request(props: dict | None) -> tuple[str | None, str]:
-    """The SUBSCRIBE user properties ``offset`` and ``offset-reset`` (see README)."""
-    offset, reset = None, "error"
-    if props:
-        for name, value in props.get(Prop.USER_PROPERTY, ()):
-            if name == "offset":
-                offset = value
-            elif name == "offset-reset":
-                reset = value
-    return offset, reset
 
 
 def _forwarded_properties(props: dict | None) -> dict | None:
@@ -671,7 +658,7 @@ class Router:
         v5 = conn.level == 5
         aliases = conn.out_aliases
         if aliases is not None:
-            head, tail = self._aliased_parts(session, aliases, d)
+            head, tail = aliased_parts(d, aliases, session.alias_max)
         else:
             head, tail = msg.parts(v5, d.qos, d.retain, d.sub_ids, d.position)
         size = len(head) + len(tail) + (2 if d.qos else 0)
@@ -687,28 +674,6 @@ class Router:
         self.stats.packets_out[_PUBLISH] += 1
         self.stats.messages_out += 1
         return True
-
-    def _aliased_parts(self, session: Session, aliases: dict[str, int], d: Delivery) -> tuple:
-        """Outbound topic alias (v5): the first send carries topic + alias, later ones only
-        the alias. Per connection, so these bytes are never shared with other subscribers."""
-        msg = d.msg
-        props = dict(msg.properties) if msg.properties else {}
-        if d.sub_ids:
-            props[Prop.SUBSCRIPTION_IDENTIFIER] = list(d.sub_ids)
-        if msg.expiry_at is not None:
-            props[Prop.MESSAGE_EXPIRY_INTERVAL] = max(1, int(msg.expiry_at - time.monotonic()))
-        if d.position and msg.device is not None:
-            props[Prop.USER_PROPERTY] = [*props.get(Prop.USER_PROPERTY, ()),
-                                         *msg.log_position()]
-        topic = msg.topic
-        alias = aliases.get(topic)
-        if alias is not None:
-            props[Prop.TOPIC_ALIAS] = alias
-            topic = ""
-        elif len(aliases) < session.alias_max:
-            alias = aliases[topic] = len(aliases) + 1
-            props[Prop.TOPIC_ALIAS] = alias
-        return publish_parts(topic, msg.payload, d.qos, d.retain, False, props or None, 5)
 
     def _pump(self, session: Session) -> None:
         """Move queued deliveries into the window while the client can take them."""
@@ -804,7 +769,7 @@ class Router:
         retained_out: list[tuple[Subscription, list[Message]]] = []
         replays: list[Subscription] = []
         reasons: list[str] = []
-        offset_req, reset = _offset_request(pkt.properties)
+        offset_req, reset = offset_request(pkt.properties)
         for flt, opts in pkt.subscriptions:
             sub_offset = offset_req
             if flt.startswith("$replay/"):
@@ -843,7 +808,9 @@ class Router:
             sub = Subscription(real, granted, opts.no_local, opts.retain_as_published,
                                opts.retain_handling, sub_id, group)
             if sub_offset is not None:
-                cursor, why = self._replay_cursor(real, group, sub_offset, reset)
+                cursor, why = (self.logs.open_cursor(real, group, sub_offset, reset)
+                               if self.logs is not None else
+                               (None, "offset replay needs the commit log, which is disabled"))
                 if cursor is None:
                     reasons.append(why)
                     codes.append(Reason.IMPLEMENTATION_SPECIFIC_ERROR if v5
@@ -874,42 +841,6 @@ class Router:
         if replays:
             self._replaying.add(session)
             self._pump_replays(session)
-
-    def _replay_cursor(self, real: str, group: str | None, spec: str,
-                       reset: str) -> tuple[ReplayCursor | None, str]:
-        """Resolve a held offset ("earliest" | "latest" | N | "@unix_ms") against the log."""
-        logs = self.logs
-        if logs is None:
-            return None, "offset replay needs the commit log, which is disabled"
-        if group is not None:
-            return None, "offset replay is not available on shared subscriptions"
-        key = logs.rules.key_for_filter(real)
-        if key is None:
-            return None, (f"offset replay needs a filter covering one device log "
-                          f"(like devices/<id>/#), not {real!r}")
-        store = logs.store
-        start, end = store.log_range(key)
-        if spec == "earliest":
-            return ReplayCursor(key, start), ""
-        if spec == "latest":
-            return ReplayCursor(key, end), ""
-        try:
-            if spec.startswith("@"):
-                offset = store.offset_for_timestamp(key, int(spec[1:]) * 1000)
-                return ReplayCursor(key, max(offset, start)), ""
-            offset = int(spec)
-        except ValueError:
-            return None, (f"offset {spec!r} is not earliest, latest, an integer offset "
-                          f"or @<unix ms>")
-        if start <= offset <= end:
-            return ReplayCursor(key, offset), ""
-        if reset == "earliest":
-            return ReplayCursor(key, start), ""
-        if reset == "latest":
-            return ReplayCursor(key, end), ""
-        return None, (f"offset {offset} of {key!r} is outside the log [{start}, {end}]"
-                      f" (retention removed older records); subscribe from {start}, or add"
-                      f" offset-reset=earliest")
 
     def _pump_replays(self, session: Session) -> None:
         """Advance this session's replay cursors while its window and socket have room."""
