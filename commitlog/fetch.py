@@ -2,7 +2,8 @@
 
 Pure Python, no imports from the rest of meshmq except the record framing, so the
 Spark connector (and any other client) can vendor or import just this module and
-``commitlog.record``.
+``commitlog.record`` (which uses the optional compiled loops of ``commitlog._speedups``
+when they are built, and pure Python otherwise).
 
 Layout (little-endian)::
 
@@ -26,6 +27,7 @@ import zlib
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from commitlog import record
 from commitlog.record import (
     ATTR_QOS_MASK,
     ATTR_RETAIN,
@@ -121,7 +123,14 @@ def decode_fetch_columns(
     crc32 = zlib.crc32
     pos = FETCH_HEADER.size
     end = len(buf)
+    fast = record.c_columns_run
+    columns = (keys, offsets, tss, topics, qos, retain, payloads, hdrs)
     while pos < end:
+        if fast is not None:
+            # C decodes the plain records; the body below handles the one it stopped at.
+            pos = fast(buf, pos, end, verify, with_headers, columns)
+            if pos >= end:
+                break
         if end - pos < HEADER_SIZE:
             raise CorruptRecordError("truncated record header", pos)
         (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(buf, pos)

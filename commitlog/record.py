@@ -31,6 +31,7 @@ it is not a defence against deliberate tampering.
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
@@ -73,6 +74,35 @@ class Record(NamedTuple):
 
 
 _new_record = tuple.__new__
+
+# Optional compiled fast path (commitlog/_speedups.c): C versions of the per-record loops
+# of flush, recovery, device reads, the position walk and batch/columnar decode, and the
+# plain case of LogStore.append. Each C function only fast-forwards over records that
+# take the loop's plain path and hands every other record (errors, control records, index
+# entries, odd types) back to the Python loop, so the Python code below and in store.py
+# stays the reference and raises every error. COMMITLOG_PURE_PYTHON=1 (or a failed
+# build) runs the pure-Python loops only. See README.md, "Compiled fast path".
+_speedups = None
+if os.environ.get("COMMITLOG_PURE_PYTHON", "").strip() in ("", "0"):
+    try:
+        from commitlog import _speedups
+    except ImportError:  # not built (optional extension): pure Python
+        _speedups = None
+if _speedups is not None:
+    _speedups.setup(Record)
+SPEEDUPS: bool = _speedups is not None
+"""True when the compiled fast path is in use (reported by the bench and the metrics)."""
+
+# The hooks the loops call; None runs pure Python. Looked up at call time, so a test can
+# switch one implementation off with monkeypatch.
+c_encode_run = _speedups.encode_run if _speedups else None
+c_decode_run = _speedups.decode_run if _speedups else None
+c_read_run = _speedups.read_run if _speedups else None
+c_scan_run = _speedups.scan_run if _speedups else None
+c_walk_run = _speedups.walk_run if _speedups else None
+c_columns_run = _speedups.columns_run if _speedups else None
+c_coalesce = _speedups.coalesce if _speedups else None
+c_make_append = _speedups.make_append if _speedups else None  # bound once, in store.py
 
 
 def make_record(
@@ -229,7 +259,13 @@ def decode_batch(
     crc32 = zlib.crc32
     pos = start
     keys: dict[bytes, str] = {}
+    fast = c_decode_run
     while pos < end:
+        if fast is not None:
+            # C decodes the plain records; the loop below handles the one it stopped at.
+            pos = fast(buf, pos, end, verify, out)
+            if pos >= end:
+                break
         if end - pos < HEADER_SIZE:
             raise CorruptRecordError("truncated record header", pos)
         (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(buf, pos)

@@ -34,6 +34,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 
+from commitlog import record as _rec
 from commitlog.record import (
     FLAG_CONTROL,
     HDR_ENTRY,
@@ -295,6 +296,10 @@ def write_file_atomic(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _new_positions() -> array:
+    return array("q")
+
+
 def walk_positions(data: bytes, rel0: int) -> tuple[dict[bytes, array], int]:
     """Header-only walk of segment bytes ``data`` (starting at relative position
     ``rel0``): each key's record positions, and the bytes of whole records walked."""
@@ -304,6 +309,9 @@ def walk_positions(data: bytes, rel0: int) -> tuple[dict[bytes, array], int]:
     if rel0 + n >= POS_LIMIT:
         raise ValueError("segment too large for the position index")
     p = 0
+    fast = _rec.c_walk_run
+    if fast is not None and type(data) is bytes:
+        p = fast(data, 0, rel0, out, _new_positions)
     while n - p >= HEADER_SIZE:
         (length, _c, magic, flags, _a, _o, _t, kl, _tl, _hc) = unpack(data, p)
         end = p + 4 + length
@@ -571,7 +579,14 @@ class LogStore:
             bad: str | None = None
             mv = memoryview(data)
             smax = seg.max_ts
+            fast = _rec.c_scan_run
             while p < n:
+                if fast is not None:
+                    # C applies the plain records; the body below handles the one it
+                    # stopped at (new device, control record, index entry, any error).
+                    p, smax = fast(data, p, by_kb, segb, interval, rel0 if track else -1, smax)
+                    if p >= n:
+                        break
                 if n - p < HEADER_SIZE:
                     bad = "torn record header"
                     break
@@ -751,6 +766,7 @@ class LogStore:
         u32pack = U32.pack_into
         crc32 = zlib.crc32
         apos_devs = self._apos_devs
+        c_encode = _rec.c_encode_run
         for dev in devs:
             recs = dev.pend
             dev.pend = None
@@ -780,7 +796,22 @@ class LogStore:
                     dev.apos_base = segb
                     apos_devs.append(dev)
                 ap_append = ap.append
-            for rec in recs:
+            fast = c_encode
+            i = 0
+            nrecs = len(recs)
+            while i < nrecs:
+                if fast is not None and since < interval:
+                    # C encodes the plain records up to the next index entry; the body
+                    # below encodes the one it stopped at.
+                    i, p, since, total, dmax, posb = fast(
+                        buf, p, recs, i, kb, since, interval, total, dmax,
+                        rel0 if track else -1)
+                    if posb:
+                        ap.frombytes(posb)
+                    if i >= nrecs:
+                        break
+                rec = recs[i]
+                i += 1
                 topic = rec[3]
                 if topic is not last_topic and topic != last_topic:
                     last_topic = topic
@@ -1343,6 +1374,8 @@ class LogStore:
         fd = self._read_fd(seg)
         last_tb = b""
         last_topic = ""
+        fast = None if markers else _rec.c_read_run
+        coalesce = _rec.c_coalesce
         try:
             while j < n and want < upto:
                 v = plist[j]
@@ -1352,6 +1385,8 @@ class LogStore:
                     return True  # not committed yet
                 k = j + 1
                 kmax = j + (upto - want)
+                if coalesce is not None:
+                    k, e = coalesce(plist, k, kmax, s, e, rel_limit, READ_CHUNK)
                 while k < n and k < kmax:
                     v = plist[k]
                     if v >> 32 != e:
@@ -1368,6 +1403,15 @@ class LogStore:
                 p = 0
                 dn = len(data)
                 while p < dn:
+                    if fast is not None:
+                        # C decodes the plain records; the body below handles the one it
+                        # stopped at (any failed check, the byte cap, anything odd).
+                        p, want, used, done = fast(data, p, kb, key, want, upto, used,
+                                                   max_bytes, out)
+                        if done:
+                            return True
+                        if p >= dn:
+                            break
                     (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(data, p)
                     rend = p + 4 + length
                     q = p + HEADER_SIZE
@@ -1743,3 +1787,11 @@ class LogStore:
         """File descriptors this store holds now (bounded, independent of device count)."""
         return (1 if self._wfd >= 0 else 0) + len(self._retired) + len(self._read_fds) + (
             1 if self._lock_fd >= 0 else 0)
+
+
+# The compiled plain path of ``append`` (commitlog._speedups, see record.py): a known
+# device, a str topic, a bytes payload, no headers, a healthy store. Everything else it
+# hands, untouched, to the Python method above, which stays the reference.
+_py_append = LogStore.append
+if _rec.c_make_append is not None:
+    LogStore.append = _rec.c_make_append(_py_append)

@@ -31,3 +31,29 @@ def crash_image(src: Path, dst: Path) -> Path:
     """Copy a live store's files as a crash would leave them (no close, no checkpoint)."""
     shutil.copytree(src, dst)
     return dst
+
+
+C_HOOKS = ("c_encode_run", "c_decode_run", "c_read_run", "c_scan_run", "c_walk_run",
+           "c_columns_run", "c_coalesce")
+
+
+def use_impl(monkeypatch, impl: str) -> None:
+    """Run the commit log's loops in C ("c": skips when not built) or pure Python ("py").
+
+    The hooks are looked up at call time, so patching the module attributes switches
+    every store; subprocesses get COMMITLOG_PURE_PYTHON for "py"."""
+    import pytest
+
+    from commitlog import record
+
+    if impl == "c":
+        if not record.SPEEDUPS:
+            pytest.skip("commitlog._speedups is not built")
+        monkeypatch.delenv("COMMITLOG_PURE_PYTHON", raising=False)
+    else:
+        from commitlog import store
+
+        for name in C_HOOKS:
+            monkeypatch.setattr(record, name, None)
+        monkeypatch.setattr(store.LogStore, "append", store._py_append)
+        monkeypatch.setenv("COMMITLOG_PURE_PYTHON", "1")

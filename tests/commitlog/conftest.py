@@ -1,4 +1,8 @@
-"""Fixtures for the commit log tests."""
+"""Fixtures for the commit log tests.
+
+Every test in this folder runs twice: with the compiled fast path (``commitlog._speedups``,
+skipped when it is not built) and with the pure-Python loops (the reference).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,16 @@ import pytest
 # not on sys.path by itself (same pattern as tests/conftest.py uses for helpers/).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from commitlog_testlib import use_impl
+
 from commitlog.settings import LogSettings
+
+
+@pytest.fixture(autouse=True, params=["c", "py"])
+def impl(request, monkeypatch) -> str:
+    """Which implementation of the per-record loops this test runs ("c" or "py")."""
+    use_impl(monkeypatch, request.param)
+    return request.param
 
 
 @pytest.fixture

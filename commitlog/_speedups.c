@@ -1,0 +1,1313 @@
+/* Optional compiled fast path of the commit log's per-record loops.
+ *
+ * Every function here is a "fast-forward" over the records the pure-Python loop would
+ * handle without any special case: it processes records until it meets one that needs
+ * anything else (an error, a control record, an index entry, an unknown key, an odd type
+ * or value) and returns the position of that record WITHOUT having changed any state for
+ * it. The Python loop that called it then handles that one record with its own code, so
+ * every error is raised by the same Python line with the same message and position, and
+ * every rare branch stays in Python. The pure-Python code (commitlog/record.py,
+ * store.py, fetch.py) is the reference; see commitlog/README.md.
+ *
+ * The record layout (little-endian, 34-byte header) is documented in record.py.
+ * The CRC is zlib's crc32, the same function Python's zlib.crc32 calls.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+#define HEADER_SIZE 34
+#define MAGIC 1
+#define FLAG_CONTROL 0x01
+
+static PyTypeObject *RecordType = NULL; /* commitlog.record.Record, set by setup() */
+static PyObject *EmptyTuple = NULL;
+static PyObject *One = NULL;
+static PyObject *s_since_idx, *s_total, *s_max_ts, *s_next, *s_hwm, *s_seg_base,
+    *s_apos_base, *s_apos, *s_frombytes, *s_kb, *s_pend, *s_cache, *s_cache_bytes, *s__broken,
+    *s__devices, *s__pend_devs, *s__pend_n, *s__pend_bound, *s__cache_on, *s__cache_total;
+
+/* ------------------------------------------------------------------ helpers */
+
+static inline uint16_t rd16(const unsigned char *b) { return (uint16_t)(b[0] | (b[1] << 8)); }
+static inline uint32_t rd32(const unsigned char *b)
+{
+    return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) |
+           ((uint32_t)b[3] << 24);
+}
+static inline int64_t rd64(const unsigned char *b)
+{
+    return (int64_t)((uint64_t)rd32(b) | ((uint64_t)rd32(b + 4) << 32));
+}
+static inline void wr16(unsigned char *b, uint32_t v)
+{
+    b[0] = (unsigned char)v;
+    b[1] = (unsigned char)(v >> 8);
+}
+static inline void wr32(unsigned char *b, uint32_t v)
+{
+    b[0] = (unsigned char)v;
+    b[1] = (unsigned char)(v >> 8);
+    b[2] = (unsigned char)(v >> 16);
+    b[3] = (unsigned char)(v >> 24);
+}
+static inline void wr64(unsigned char *b, int64_t v)
+{
+    wr32(b, (uint32_t)((uint64_t)v & 0xFFFFFFFFu));
+    wr32(b + 4, (uint32_t)((uint64_t)v >> 32));
+}
+
+static uint32_t crc(const unsigned char *p, Py_ssize_t n)
+{
+    uLong c = crc32(0L, Z_NULL, 0);
+    while (n > 0) { /* zlib takes uInt lengths */
+        uInt chunk = n > (Py_ssize_t)0x40000000 ? 0x40000000u : (uInt)n;
+        c = crc32(c, p, chunk);
+        p += chunk;
+        n -= chunk;
+    }
+    return (uint32_t)c;
+}
+
+typedef struct {
+    int32_t length;
+    uint32_t len_u, crc;
+    unsigned magic, flags, attrs, kl, tl, hc;
+    int64_t off, ts;
+} Hdr;
+
+static inline void unpack_header(const unsigned char *b, Hdr *h)
+{
+    h->len_u = rd32(b);
+    h->crc = rd32(b + 4);
+    h->magic = b[8];
+    h->flags = b[9];
+    h->attrs = rd16(b + 10);
+    h->off = rd64(b + 12);
+    h->ts = rd64(b + 20);
+    h->kl = rd16(b + 28);
+    h->tl = rd16(b + 30);
+    h->hc = rd16(b + 32);
+}
+
+/* A Record (tuple subclass) from 7 new references (stolen); NULL on error. */
+static PyObject *make_record(PyObject *off, PyObject *ts, PyObject *key, PyObject *topic,
+                             PyObject *attrs, PyObject *headers, PyObject *payload)
+{
+    PyObject *r = RecordType->tp_alloc(RecordType, 7);
+    if (r == NULL) {
+        Py_XDECREF(off); Py_XDECREF(ts); Py_XDECREF(key); Py_XDECREF(topic);
+        Py_XDECREF(attrs); Py_XDECREF(headers); Py_XDECREF(payload);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(r, 0, off);
+    PyTuple_SET_ITEM(r, 1, ts);
+    PyTuple_SET_ITEM(r, 2, key);
+    PyTuple_SET_ITEM(r, 3, topic);
+    PyTuple_SET_ITEM(r, 4, attrs);
+    PyTuple_SET_ITEM(r, 5, headers);
+    PyTuple_SET_ITEM(r, 6, payload);
+    if (off == NULL || ts == NULL || key == NULL || topic == NULL || attrs == NULL ||
+        headers == NULL || payload == NULL) {
+        Py_DECREF(r);
+        return NULL;
+    }
+    /* A record without headers holding only ints, str and bytes: it cannot be part of a
+     * reference cycle, so the cyclic GC need not track it (CPython untracks such plain
+     * tuples itself, but only exact tuples and only when a collection reaches them).
+     * Reading 1M records otherwise spends ~40% of its time in collections walking them. */
+    if (headers == EmptyTuple && !PyObject_IS_GC(off) && !PyObject_IS_GC(ts) &&
+        !PyObject_IS_GC(key) && !PyObject_IS_GC(topic) && !PyObject_IS_GC(attrs) &&
+        !PyObject_IS_GC(payload))
+        PyObject_GC_UnTrack(r);
+    return r;
+}
+
+/* Decode the headers at b[q:] (count hc) without passing ``limit``. Returns a new list,
+ * or NULL with *defer set (malformed: the Python loop handles it) or with an exception
+ * (memory). *qp is advanced. */
+static PyObject *decode_headers(const unsigned char *b, Py_ssize_t *qp, Py_ssize_t limit,
+                                unsigned hc, int *defer)
+{
+    Py_ssize_t q = *qp;
+    PyObject *list = PyList_New(hc);
+    if (list == NULL)
+        return NULL;
+    for (unsigned i = 0; i < hc; i++) {
+        if (q + 6 > limit)
+            goto bad;
+        Py_ssize_t nl = rd16(b + q), vl = rd32(b + q + 2);
+        q += 6;
+        if (nl > limit - q || vl > limit - q - nl)
+            goto bad;
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)b + q, nl, NULL);
+        if (name == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                PyErr_Clear();
+                goto bad;
+            }
+            Py_DECREF(list);
+            return NULL;
+        }
+        q += nl;
+        PyObject *value = PyBytes_FromStringAndSize((const char *)b + q, vl);
+        q += vl;
+        PyObject *t = value ? PyTuple_Pack(2, name, value) : NULL;
+        Py_DECREF(name);
+        Py_XDECREF(value);
+        if (t == NULL) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    *qp = q;
+    return list;
+bad:
+    Py_DECREF(list);
+    *defer = 1;
+    return NULL;
+}
+
+/* Small cache: the last decoded string for a byte range (keys and topics repeat). */
+typedef struct {
+    PyObject *str;
+    PyObject *raw; /* bytes of the last decoded value */
+} StrCache;
+
+static void cache_clear(StrCache *c)
+{
+    Py_CLEAR(c->str);
+    Py_CLEAR(c->raw);
+}
+
+/* New reference to the str for b[0:n]; NULL with *defer (invalid UTF-8) or exception. */
+static PyObject *cached_str(StrCache *c, const unsigned char *b, Py_ssize_t n, int *defer)
+{
+    if (c->raw != NULL && PyBytes_GET_SIZE(c->raw) == n &&
+        memcmp(PyBytes_AS_STRING(c->raw), b, (size_t)n) == 0) {
+        Py_INCREF(c->str);
+        return c->str;
+    }
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)b, n, NULL);
+    if (s == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            *defer = 1;
+        }
+        return NULL;
+    }
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)b, n);
+    if (raw == NULL) {
+        Py_DECREF(s);
+        return NULL;
+    }
+    Py_XSETREF(c->str, s);
+    Py_XSETREF(c->raw, raw);
+    Py_INCREF(s);
+    return s;
+}
+
+static int get_buffer_ro(PyObject *o, Py_buffer *view)
+{
+    return PyObject_GetBuffer(o, view, PyBUF_SIMPLE);
+}
+
+/* ------------------------------------------------------------------ setup */
+
+static PyObject *py_setup(PyObject *self, PyObject *cls)
+{
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type) ||
+        ((PyTypeObject *)cls)->tp_dictoffset != 0) {
+        PyErr_SetString(PyExc_TypeError, "setup() needs a tuple subclass without __dict__");
+        return NULL;
+    }
+    Py_INCREF(cls);
+    Py_XSETREF(RecordType, (PyTypeObject *)cls);
+    Py_RETURN_NONE;
+}
+
+static int need_setup(void)
+{
+    if (RecordType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "commitlog._speedups.setup(Record) not called");
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ encode (flush) */
+
+/* Checked int conversion; 0 on success, -1 if not an int or out of range (no error set). */
+static int as_i64(PyObject *o, int64_t *out)
+{
+    if (!PyLong_Check(o))
+        return -1;
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* UTF-8 of a str (cached in the str object); -1 (no error set) if not encodable. */
+static int utf8_of(PyObject *s, const char **p, Py_ssize_t *n)
+{
+    if (!PyUnicode_Check(s))
+        return -1;
+    *p = PyUnicode_AsUTF8AndSize(s, n);
+    if (*p == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+/* encode_run(buf, p, recs, i, kb, since, interval, total, dmax, rel0)
+ *     -> (i, p, since, total, dmax, positions: bytes | None)
+ *
+ * The inner loop of LogStore.flush for one device's records recs[i:]: encodes records
+ * at buf[p:] (framing, CRC) while no index entry is due (since < interval) and the
+ * record holds only the plain types the loop expects; returns where it stopped. With
+ * rel0 >= 0 it also returns the records' position entries ((rel0 + p) << 32 | size)
+ * as int64 bytes for array.frombytes. */
+static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "encode_run takes 10 arguments");
+        return NULL;
+    }
+    PyObject *bufo = args[0], *recs = args[2], *kbo = args[4];
+    if (!PyByteArray_Check(bufo) || !PyList_Check(recs) || !PyBytes_Check(kbo)) {
+        PyErr_SetString(PyExc_TypeError, "encode_run(bytearray, int, list, int, bytes, ...)");
+        return NULL;
+    }
+    Py_ssize_t p = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t i = PyLong_AsSsize_t(args[3]);
+    long long since = PyLong_AsLongLong(args[5]);
+    long long interval = PyLong_AsLongLong(args[6]);
+    long long total = PyLong_AsLongLong(args[7]);
+    long long dmax = PyLong_AsLongLong(args[8]);
+    long long rel0 = PyLong_AsLongLong(args[9]);
+    if (PyErr_Occurred())
+        return NULL;
+    unsigned char *buf = (unsigned char *)PyByteArray_AS_STRING(bufo);
+    Py_ssize_t buflen = PyByteArray_GET_SIZE(bufo);
+    const char *kb = PyBytes_AS_STRING(kbo);
+    Py_ssize_t kl = PyBytes_GET_SIZE(kbo);
+    Py_ssize_t nrec = PyList_GET_SIZE(recs);
+    if (p < 0 || i < 0 || kl > 0xFFFF)
+        goto done_early;
+
+    int64_t *pos_out = NULL;
+    Py_ssize_t npos = 0, pos_cap = 0;
+    PyObject *posb = NULL;
+    if (rel0 >= 0 && nrec > i) {
+        pos_cap = nrec - i;
+        pos_out = PyMem_Malloc(sizeof(int64_t) * (size_t)pos_cap);
+        if (pos_out == NULL)
+            return PyErr_NoMemory();
+    }
+    for (; i < nrec; i++) {
+        if (since >= interval)
+            break;
+        PyObject *rec = PyList_GET_ITEM(recs, i);
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != 7)
+            break;
+        int64_t off, ts, attrs;
+        const char *tp;
+        Py_ssize_t tl;
+        PyObject *hdrs = PyTuple_GET_ITEM(rec, 5), *payload = PyTuple_GET_ITEM(rec, 6);
+        if (as_i64(PyTuple_GET_ITEM(rec, 0), &off) || as_i64(PyTuple_GET_ITEM(rec, 1), &ts) ||
+            as_i64(PyTuple_GET_ITEM(rec, 4), &attrs) || attrs < 0 || attrs > 0xFFFF ||
+            utf8_of(PyTuple_GET_ITEM(rec, 3), &tp, &tl) || tl > 0xFFFF ||
+            !PyBytes_Check(payload))
+            break;
+        Py_ssize_t hc = 0, hbytes = 0;
+        int ok = 1;
+        if (PyTuple_Check(hdrs) || PyList_Check(hdrs)) {
+            hc = PySequence_Fast_GET_SIZE(hdrs);
+            if (hc > 0xFFFF)
+                break;
+            for (Py_ssize_t h = 0; h < hc; h++) {
+                PyObject *pair = PySequence_Fast_GET_ITEM(hdrs, h);
+                const char *np;
+                Py_ssize_t nl;
+                if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 ||
+                    utf8_of(PyTuple_GET_ITEM(pair, 0), &np, &nl) || nl > 0xFFFF ||
+                    !PyBytes_Check(PyTuple_GET_ITEM(pair, 1)) ||
+                    PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, 1)) > (Py_ssize_t)0xFFFFFFFF) {
+                    ok = 0;
+                    break;
+                }
+                hbytes += 6 + nl + PyBytes_GET_SIZE(PyTuple_GET_ITEM(pair, 1));
+            }
+        } else {
+            ok = 0;
+        }
+        if (!ok)
+            break;
+        Py_ssize_t pl = PyBytes_GET_SIZE(payload);
+        Py_ssize_t n = HEADER_SIZE + kl + tl + hbytes + pl;
+        if (n - 4 > (Py_ssize_t)0xFFFFFFFF || n > buflen - p)
+            break;
+        unsigned char *r = buf + p;
+        unsigned char *q = r + HEADER_SIZE;
+        memcpy(q, kb, (size_t)kl);
+        q += kl;
+        memcpy(q, tp, (size_t)tl);
+        q += tl;
+        for (Py_ssize_t h = 0; h < hc; h++) {
+            PyObject *pair = PySequence_Fast_GET_ITEM(hdrs, h);
+            const char *np = NULL;
+            Py_ssize_t nl = 0;
+            PyObject *v = PyTuple_GET_ITEM(pair, 1);
+            utf8_of(PyTuple_GET_ITEM(pair, 0), &np, &nl); /* checked above */
+            Py_ssize_t vl = PyBytes_GET_SIZE(v);
+            wr16(q, (uint32_t)nl);
+            wr32(q + 2, (uint32_t)vl);
+            q += 6;
+            memcpy(q, np, (size_t)nl);
+            q += nl;
+            memcpy(q, PyBytes_AS_STRING(v), (size_t)vl);
+            q += vl;
+        }
+        memcpy(q, PyBytes_AS_STRING(payload), (size_t)pl);
+        wr32(r, (uint32_t)(n - 4));
+        r[8] = MAGIC;
+        r[9] = 0;
+        wr16(r + 10, (uint32_t)attrs);
+        wr64(r + 12, off);
+        wr64(r + 20, ts);
+        wr16(r + 28, (uint32_t)kl);
+        wr16(r + 30, (uint32_t)tl);
+        wr16(r + 32, (uint32_t)hc);
+        wr32(r + 4, crc(r + 8, n - 8));
+        since += n;
+        total += n;
+        if (ts > dmax)
+            dmax = ts;
+        if (pos_out != NULL)
+            pos_out[npos++] = (int64_t)(((uint64_t)(rel0 + p) << 32) | (uint64_t)n);
+        p += n;
+    }
+    if (pos_out != NULL) {
+        posb = PyBytes_FromStringAndSize((const char *)pos_out, (Py_ssize_t)sizeof(int64_t) * npos);
+        PyMem_Free(pos_out);
+        if (posb == NULL)
+            return NULL;
+    } else {
+        posb = Py_NewRef(Py_None);
+    }
+    return Py_BuildValue("(nnLLLN)", i, p, since, total, dmax, posb);
+done_early:
+    return Py_BuildValue("(nnLLLO)", i, p, since, total, dmax, Py_None);
+}
+
+/* ------------------------------------------------------------------ decode_batch */
+
+/* decode_run(buf, pos, end, verify, out) -> pos
+ *
+ * The loop of record.decode_batch: decodes records of buf[pos:end] into ``out``
+ * (control records skipped) until one would take any error or odd path. */
+static PyObject *py_decode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "decode_run(buf, pos, end, verify, out: list)");
+        return NULL;
+    }
+    if (need_setup())
+        return NULL;
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    int verify = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || verify < 0)
+        return NULL;
+    PyObject *out = args[4];
+    Py_buffer view;
+    if (get_buffer_ro(args[0], &view))
+        return NULL;
+    const unsigned char *b = view.buf;
+    if (end > view.len)
+        end = view.len;
+    StrCache kc = {0}, tc = {0};
+    PyObject *result = NULL;
+    while (pos >= 0 && pos < end) {
+        if (end - pos < HEADER_SIZE)
+            break;
+        Hdr h;
+        unpack_header(b + pos, &h);
+        Py_ssize_t rend = pos + 4 + (Py_ssize_t)h.len_u;
+        if (h.len_u < HEADER_SIZE - 4 || rend > end || h.magic != MAGIC)
+            break;
+        if (verify && crc(b + pos + 8, rend - pos - 8) != h.crc)
+            break;
+        Py_ssize_t q = pos + HEADER_SIZE;
+        if ((Py_ssize_t)h.kl + h.tl > rend - q)
+            break;
+        int defer = 0;
+        PyObject *key = cached_str(&kc, b + q, h.kl, &defer);
+        if (key == NULL) {
+            if (defer)
+                break;
+            goto error;
+        }
+        q += h.kl;
+        PyObject *topic = cached_str(&tc, b + q, h.tl, &defer);
+        if (topic == NULL) {
+            Py_DECREF(key);
+            if (defer)
+                break;
+            goto error;
+        }
+        q += h.tl;
+        PyObject *headers;
+        if (h.hc) {
+            headers = decode_headers(b, &q, rend, h.hc, &defer);
+            if (headers == NULL) {
+                Py_DECREF(key);
+                Py_DECREF(topic);
+                if (defer)
+                    break;
+                goto error;
+            }
+        } else {
+            headers = Py_NewRef(EmptyTuple);
+        }
+        if (!(h.flags & FLAG_CONTROL)) {
+            PyObject *r = make_record(
+                PyLong_FromLongLong(h.off), PyLong_FromLongLong(h.ts), key, topic,
+                PyLong_FromLong((long)h.attrs), headers,
+                PyBytes_FromStringAndSize((const char *)b + q, rend - q));
+            if (r == NULL)
+                goto error;
+            int rc = PyList_Append(out, r);
+            Py_DECREF(r);
+            if (rc)
+                goto error;
+        } else {
+            Py_DECREF(key);
+            Py_DECREF(topic);
+            Py_DECREF(headers);
+        }
+        pos = rend;
+    }
+    result = PyLong_FromSsize_t(pos);
+error:
+    cache_clear(&kc);
+    cache_clear(&tc);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* ------------------------------------------------------------------ device read */
+
+/* read_run(data, p, kb, key, want, upto, used, max_bytes, out) -> (p, want, used, done)
+ *
+ * The inner loop of LogStore._read_positions (device without truncation markers): the
+ * records in ``data`` must all be this device's, at consecutive offsets from ``want``.
+ * Decodes and appends them to ``out`` until ``upto``/``max_bytes`` is reached
+ * (done=True, after the record that reached it) or a record needs the Python loop
+ * (a check that fails, the byte cap before it, anything odd). */
+static PyObject *py_read_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2]) ||
+        !PyUnicode_Check(args[3]) || !PyList_Check(args[8])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read_run(bytes, p, kb: bytes, key: str, want, upto, used, max, list)");
+        return NULL;
+    }
+    if (need_setup())
+        return NULL;
+    PyObject *data = args[0], *kbo = args[2], *key = args[3], *out = args[8];
+    Py_ssize_t p = PyLong_AsSsize_t(args[1]);
+    long long want = PyLong_AsLongLong(args[4]);
+    long long upto = PyLong_AsLongLong(args[5]);
+    long long used = PyLong_AsLongLong(args[6]);
+    long long max_bytes = PyLong_AsLongLong(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t dn = PyBytes_GET_SIZE(data);
+    const char *kb = PyBytes_AS_STRING(kbo);
+    Py_ssize_t klen = PyBytes_GET_SIZE(kbo);
+    StrCache tc = {0};
+    int done = 0;
+    while (p >= 0 && p < dn) {
+        if (dn - p < HEADER_SIZE)
+            break;
+        Hdr h;
+        unpack_header(b + p, &h);
+        Py_ssize_t rend = p + 4 + (Py_ssize_t)h.len_u;
+        Py_ssize_t q = p + HEADER_SIZE;
+        if (h.magic != MAGIC || rend > dn || h.len_u < HEADER_SIZE - 4 ||
+            (Py_ssize_t)h.kl != klen || (h.flags & FLAG_CONTROL) || klen > rend - q ||
+            memcmp(b + q, kb, (size_t)klen) != 0)
+            break;
+        if (h.off != want)
+            break;
+        long long rlen = (long long)h.len_u + 4;
+        if (PyList_GET_SIZE(out) && used + rlen > max_bytes)
+            break;
+        if (crc(b + p + 8, rend - p - 8) != h.crc)
+            break;
+        q += klen;
+        if ((Py_ssize_t)h.tl > rend - q)
+            break;
+        int defer = 0;
+        PyObject *topic = cached_str(&tc, b + q, h.tl, &defer);
+        if (topic == NULL) {
+            if (defer)
+                break;
+            goto error;
+        }
+        q += h.tl;
+        PyObject *headers;
+        if (h.hc) {
+            headers = decode_headers(b, &q, rend, h.hc, &defer);
+            if (headers == NULL) {
+                Py_DECREF(topic);
+                if (defer)
+                    break;
+                goto error;
+            }
+        } else {
+            headers = Py_NewRef(EmptyTuple);
+        }
+        PyObject *r = make_record(PyLong_FromLongLong(h.off), PyLong_FromLongLong(h.ts),
+                                  Py_NewRef(key), topic, PyLong_FromLong((long)h.attrs),
+                                  headers,
+                                  PyBytes_FromStringAndSize((const char *)b + q, rend - q));
+        if (r == NULL)
+            goto error;
+        int rc = PyList_Append(out, r);
+        Py_DECREF(r);
+        if (rc)
+            goto error;
+        used += rlen;
+        want += 1;
+        p = rend;
+        if (want >= upto || used >= max_bytes) {
+            done = 1;
+            break;
+        }
+    }
+    cache_clear(&tc);
+    return Py_BuildValue("(nLLO)", p, want, used, done ? Py_True : Py_False);
+error:
+    cache_clear(&tc);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ recovery scan */
+
+/* Per-device state the scan works on, loaded from / stored back to a DeviceLog. */
+typedef struct {
+    PyObject *dev;      /* borrowed from by_kb */
+    const char *kb;     /* the dict key's bytes (borrowed) */
+    Py_ssize_t kl;
+    long long since, total, max_ts, next, seg_base, apos_base;
+    PyObject *apos;     /* new reference or NULL */
+    int64_t *pbuf;      /* positions to append to apos */
+    Py_ssize_t np, cap;
+} DevState;
+
+static int get_ll(PyObject *o, PyObject *name, long long *v)
+{
+    PyObject *x = PyObject_GetAttr(o, name);
+    if (x == NULL)
+        return -1;
+    *v = PyLong_AsLongLong(x);
+    Py_DECREF(x);
+    return (*v == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int set_ll(PyObject *o, PyObject *name, long long v)
+{
+    PyObject *x = PyLong_FromLongLong(v);
+    if (x == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(o, name, x);
+    Py_DECREF(x);
+    return rc;
+}
+
+static int dev_load(DevState *d, PyObject *dev, PyObject *kbo)
+{
+    d->dev = dev;
+    d->kb = PyBytes_AS_STRING(kbo);
+    d->kl = PyBytes_GET_SIZE(kbo);
+    d->np = 0;
+    if (get_ll(dev, s_since_idx, &d->since) || get_ll(dev, s_total, &d->total) ||
+        get_ll(dev, s_max_ts, &d->max_ts) || get_ll(dev, s_next, &d->next) ||
+        get_ll(dev, s_seg_base, &d->seg_base) || get_ll(dev, s_apos_base, &d->apos_base))
+        return -1;
+    d->apos = PyObject_GetAttr(dev, s_apos);
+    return d->apos == NULL ? -1 : 0;
+}
+
+/* Write the state back (only the fields the plain path changes). 0 / -1. */
+static int dev_store(DevState *d, int changed)
+{
+    int rc = 0;
+    if (d->dev == NULL)
+        return 0;
+    if (changed) {
+        if (set_ll(d->dev, s_since_idx, d->since) || set_ll(d->dev, s_total, d->total) ||
+            set_ll(d->dev, s_max_ts, d->max_ts) || set_ll(d->dev, s_next, d->next) ||
+            set_ll(d->dev, s_hwm, d->next))
+            rc = -1;
+        if (rc == 0 && d->np) {
+            PyObject *bytes = PyBytes_FromStringAndSize((const char *)d->pbuf,
+                                                        (Py_ssize_t)sizeof(int64_t) * d->np);
+            PyObject *res = bytes ? PyObject_CallMethodOneArg(d->apos, s_frombytes, bytes)
+                                  : NULL;
+            Py_XDECREF(bytes);
+            if (res == NULL)
+                rc = -1;
+            Py_XDECREF(res);
+        }
+    }
+    d->np = 0;
+    Py_CLEAR(d->apos);
+    d->dev = NULL;
+    return rc;
+}
+
+/* scan_run(data, p, by_kb, segb, interval, rel0, smax) -> (p, smax)
+ *
+ * The loop of LogStore._scan_tail (recovery): verifies and applies to the device
+ * indexes every record that takes the plain path (known device, not a control record,
+ * the expected offset, no index entry due, device positions already started in this
+ * segment); stops at the first record that needs anything else, leaving it (and its
+ * device's state) untouched for the Python loop. rel0 < 0: no position tracking. */
+static PyObject *py_scan_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyBytes_Check(args[0]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "scan_run(bytes, p, dict, segb, interval, rel0, smax)");
+        return NULL;
+    }
+    PyObject *data = args[0], *by_kb = args[2];
+    Py_ssize_t p = PyLong_AsSsize_t(args[1]);
+    long long segb = PyLong_AsLongLong(args[3]);
+    long long interval = PyLong_AsLongLong(args[4]);
+    long long rel0 = PyLong_AsLongLong(args[5]);
+    long long smax = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    int track = rel0 >= 0;
+    DevState d = {0};
+    int changed = 0;
+    while (p >= 0 && p < n) {
+        if (n - p < HEADER_SIZE)
+            break;
+        Hdr h;
+        unpack_header(b + p, &h);
+        Py_ssize_t end = p + 4 + (Py_ssize_t)h.len_u;
+        if (h.len_u < HEADER_SIZE - 4 || end > n || h.magic != MAGIC)
+            break;
+        if (crc(b + p + 8, end - p - 8) != h.crc)
+            break;
+        const unsigned char *kp = b + p + HEADER_SIZE;
+        if ((Py_ssize_t)h.kl > end - (p + HEADER_SIZE))
+            break;
+        if (d.dev == NULL || d.kl != (Py_ssize_t)h.kl || memcmp(d.kb, kp, h.kl) != 0) {
+            if (dev_store(&d, changed))
+                goto error;
+            changed = 0;
+            PyObject *kbo = PyBytes_FromStringAndSize((const char *)kp, h.kl);
+            if (kbo == NULL)
+                goto error;
+            PyObject *dev = PyDict_GetItemWithError(by_kb, kbo);
+            Py_DECREF(kbo);
+            if (dev == NULL) {
+                if (PyErr_Occurred())
+                    goto error;
+                break; /* new device: created by the Python loop */
+            }
+            /* borrow the dict's own key bytes so kb stays valid */
+            PyObject *devkb = PyObject_GetAttrString(dev, "kb");
+            if (devkb == NULL)
+                goto error;
+            if (!PyBytes_Check(devkb)) {
+                Py_DECREF(devkb);
+                break;
+            }
+            Py_DECREF(devkb); /* the DeviceLog holds it */
+            if (dev_load(&d, dev, devkb)) {
+                d.dev = NULL;
+                Py_CLEAR(d.apos);
+                goto error;
+            }
+            if (d.kl != (Py_ssize_t)h.kl || memcmp(d.kb, kp, h.kl) != 0) {
+                dev_store(&d, 0);
+                break;
+            }
+        }
+        if ((h.flags & FLAG_CONTROL) || h.off != d.next || d.since >= interval ||
+            d.seg_base != segb)
+            break;
+        if (track) {
+            if (d.apos_base != segb || d.apos == Py_None)
+                break;
+            if (d.np == d.cap) {
+                Py_ssize_t cap = d.cap ? d.cap * 2 : 64;
+                int64_t *nb = PyMem_Realloc(d.pbuf, sizeof(int64_t) * (size_t)cap);
+                if (nb == NULL) {
+                    PyErr_NoMemory();
+                    goto error;
+                }
+                d.pbuf = nb;
+                d.cap = cap;
+            }
+        }
+        long long size = 4 + (long long)h.len_u;
+        d.since += size;
+        d.total += size;
+        if (h.ts > d.max_ts)
+            d.max_ts = h.ts;
+        if (h.ts > smax)
+            smax = h.ts;
+        d.next = h.off + 1;
+        if (track)
+            d.pbuf[d.np++] = (int64_t)(((uint64_t)(rel0 + p) << 32) | (uint64_t)size);
+        changed = 1;
+        p = end;
+    }
+    if (dev_store(&d, changed))
+        goto error;
+    PyMem_Free(d.pbuf);
+    return Py_BuildValue("(nL)", p, smax);
+error:
+    if (d.dev != NULL) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        dev_store(&d, changed);
+        PyErr_Restore(et, ev, tb);
+    }
+    PyMem_Free(d.pbuf);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ position walk */
+
+/* walk_run(data, p, rel0, out: dict) -> p
+ *
+ * The loop of store.walk_positions: header-only walk that appends each non-control
+ * record's position entry to out[key bytes] (an array('q') created by the caller's
+ * ``new`` callable when missing); stops at the first record that fails the length or
+ * magic check. */
+static PyObject *py_walk_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyBytes_Check(args[0]) || !PyDict_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "walk_run(bytes, p, rel0, dict, new)");
+        return NULL;
+    }
+    PyObject *data = args[0], *out = args[3], *factory = args[4];
+    Py_ssize_t p = PyLong_AsSsize_t(args[1]);
+    long long rel0 = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t n = PyBytes_GET_SIZE(data);
+    /* Positions are gathered per key run and appended with one frombytes call. */
+    PyObject *cur = NULL; /* borrowed array of the current key */
+    PyObject *curkb = NULL; /* new ref: key bytes of cur */
+    int64_t *pbuf = NULL;
+    Py_ssize_t np = 0, cap = 0;
+    PyObject *result = NULL;
+#define FLUSH_RUN()                                                                     \
+    do {                                                                                \
+        if (cur != NULL && np) {                                                        \
+            PyObject *bb = PyBytes_FromStringAndSize((const char *)pbuf,                \
+                                                     (Py_ssize_t)sizeof(int64_t) * np); \
+            PyObject *res = bb ? PyObject_CallMethodOneArg(cur, s_frombytes, bb) : NULL;\
+            Py_XDECREF(bb);                                                             \
+            if (res == NULL)                                                            \
+                goto error;                                                             \
+            Py_DECREF(res);                                                             \
+        }                                                                               \
+        np = 0;                                                                         \
+    } while (0)
+    while (p >= 0 && n - p >= HEADER_SIZE) {
+        Hdr h;
+        unpack_header(b + p, &h);
+        Py_ssize_t end = p + 4 + (Py_ssize_t)h.len_u;
+        if (h.len_u < HEADER_SIZE - 4 || end > n || h.magic != MAGIC)
+            break;
+        if (!(h.flags & FLAG_CONTROL)) {
+            const unsigned char *kp = b + p + HEADER_SIZE;
+            Py_ssize_t kl = h.kl;
+            if (kl > n - (p + HEADER_SIZE))
+                kl = n - (p + HEADER_SIZE); /* a slice stops at the end of the data */
+            if (curkb == NULL || PyBytes_GET_SIZE(curkb) != kl ||
+                memcmp(PyBytes_AS_STRING(curkb), kp, (size_t)kl) != 0) {
+                FLUSH_RUN();
+                PyObject *kbo = PyBytes_FromStringAndSize((const char *)kp, kl);
+                if (kbo == NULL)
+                    goto error;
+                PyObject *arr = PyDict_GetItemWithError(out, kbo);
+                if (arr == NULL) {
+                    if (PyErr_Occurred()) {
+                        Py_DECREF(kbo);
+                        goto error;
+                    }
+                    arr = PyObject_CallNoArgs(factory);
+                    if (arr == NULL || PyDict_SetItem(out, kbo, arr)) {
+                        Py_XDECREF(arr);
+                        Py_DECREF(kbo);
+                        goto error;
+                    }
+                    Py_DECREF(arr); /* the dict holds it */
+                }
+                cur = arr;
+                Py_XSETREF(curkb, kbo);
+            }
+            if (np == cap) {
+                Py_ssize_t ncap = cap ? cap * 2 : 256;
+                int64_t *nb = PyMem_Realloc(pbuf, sizeof(int64_t) * (size_t)ncap);
+                if (nb == NULL) {
+                    PyErr_NoMemory();
+                    goto error;
+                }
+                pbuf = nb;
+                cap = ncap;
+            }
+            pbuf[np++] = (int64_t)(((uint64_t)(rel0 + p) << 32) | (uint64_t)(end - p));
+        }
+        p = end;
+    }
+    FLUSH_RUN();
+    result = PyLong_FromSsize_t(p);
+error:
+#undef FLUSH_RUN
+    Py_XDECREF(curkb);
+    PyMem_Free(pbuf);
+    return result;
+}
+
+/* ------------------------------------------------------------------ columnar fetch */
+
+/* columns_run(buf, pos, end, verify, with_headers, cols: tuple of 8 lists) -> pos
+ *
+ * The loop of fetch.decode_fetch_columns: appends each plain record's fields to the
+ * column lists (keys, offsets, timestamps, topics, qos, retain, payloads, headers);
+ * control records are skipped once their length, magic and CRC are checked. */
+static PyObject *py_columns_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyTuple_Check(args[5]) || PyTuple_GET_SIZE(args[5]) != 8) {
+        PyErr_SetString(PyExc_TypeError, "columns_run(buf, pos, end, verify, with_headers, cols)");
+        return NULL;
+    }
+    PyObject *cols[8];
+    for (int c = 0; c < 8; c++) {
+        cols[c] = PyTuple_GET_ITEM(args[5], c);
+        if (!PyList_Check(cols[c])) {
+            PyErr_SetString(PyExc_TypeError, "columns must be lists");
+            return NULL;
+        }
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    int verify = PyObject_IsTrue(args[3]);
+    int with_headers = PyObject_IsTrue(args[4]);
+    if (PyErr_Occurred() || verify < 0 || with_headers < 0)
+        return NULL;
+    Py_buffer view;
+    if (get_buffer_ro(args[0], &view))
+        return NULL;
+    const unsigned char *b = view.buf;
+    if (end > view.len)
+        end = view.len;
+    StrCache kc = {0}, tc = {0};
+    PyObject *result = NULL;
+    while (pos >= 0 && pos < end) {
+        if (end - pos < HEADER_SIZE)
+            break;
+        Hdr h;
+        unpack_header(b + pos, &h);
+        Py_ssize_t rend = pos + 4 + (Py_ssize_t)h.len_u;
+        if (h.len_u < HEADER_SIZE - 4 || rend > end || h.magic != MAGIC)
+            break;
+        if (verify && crc(b + pos + 8, rend - pos - 8) != h.crc)
+            break;
+        if (h.flags & FLAG_CONTROL) {
+            pos = rend;
+            continue;
+        }
+        Py_ssize_t q = pos + HEADER_SIZE;
+        if ((Py_ssize_t)h.kl + h.tl > rend - q)
+            break;
+        int defer = 0;
+        PyObject *v[8] = {NULL};
+        v[0] = cached_str(&kc, b + q, h.kl, &defer);
+        if (v[0] == NULL)
+            goto fail;
+        q += h.kl;
+        v[3] = cached_str(&tc, b + q, h.tl, &defer);
+        if (v[3] == NULL)
+            goto fail;
+        q += h.tl;
+        if (h.hc) {
+            v[7] = decode_headers(b, &q, rend, h.hc, &defer);
+            if (v[7] == NULL)
+                goto fail;
+        } else {
+            v[7] = PyList_New(0);
+            if (v[7] == NULL)
+                goto fail;
+        }
+        v[1] = PyLong_FromLongLong(h.off);
+        v[2] = PyLong_FromLongLong(h.ts);
+        v[4] = PyLong_FromLong((long)(h.attrs & 0x03));
+        v[5] = Py_NewRef((h.attrs & 0x04) ? Py_True : Py_False);
+        v[6] = PyBytes_FromStringAndSize((const char *)b + q, rend - q);
+        if (v[1] == NULL || v[2] == NULL || v[4] == NULL || v[6] == NULL)
+            goto fail;
+        for (int c = 0; c < (with_headers ? 8 : 7); c++) {
+            if (PyList_Append(cols[c], v[c]))
+                goto fail; /* cannot happen short of memory; the columns are then dropped */
+        }
+        for (int c = 0; c < 8; c++)
+            Py_DECREF(v[c]);
+        pos = rend;
+        continue;
+    fail:
+        for (int c = 0; c < 8; c++)
+            Py_XDECREF(v[c]);
+        if (defer && !PyErr_Occurred())
+            break;
+        goto error;
+    }
+    result = PyLong_FromSsize_t(pos);
+error:
+    cache_clear(&kc);
+    cache_clear(&tc);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* ------------------------------------------------------------------ append */
+
+static int incr_attr(PyObject *o, PyObject *name, long long delta)
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL)
+        return -1;
+    PyObject *d = PyLong_FromLongLong(delta);
+    PyObject *nv = d ? PyNumber_Add(v, d) : NULL;
+    Py_DECREF(v);
+    Py_XDECREF(d);
+    if (nv == NULL)
+        return -1;
+    int rc = PyObject_SetAttr(o, name, nv);
+    Py_DECREF(nv);
+    return rc;
+}
+
+/* LogStore.append (as made by make_append(fallback)): the method for the plain case, a
+ * healthy store, a known device, a str topic, a bytes payload and no headers. Anything
+ * else (and any call with keywords) calls ``fallback``, the pure-Python method, with the
+ * same arguments before touching any state. */
+static PyObject *c_append(PyObject *fallback, PyObject *const *args, size_t nargsf,
+                          PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 7 || kwnames != NULL || RecordType == NULL)
+        return PyObject_Vectorcall(fallback, args, nargsf, kwnames);
+    PyObject *store = args[0], *key = args[1], *ts = args[2], *topic = args[3],
+             *attrs = args[4], *headers = args[5], *payload = args[6];
+    PyObject *devices = NULL, *dev = NULL, *next = NULL, *pend = NULL, *kb = NULL,
+             *rec = NULL, *tmp = NULL, *result = NULL;
+    int defer = 1;
+    if (!PyUnicode_Check(topic) || !PyBytes_Check(payload) || !PyUnicode_CheckExact(key))
+        goto done;
+    if (headers != Py_None &&
+        !((PyTuple_Check(headers) || PyList_Check(headers)) &&
+          PySequence_Fast_GET_SIZE(headers) == 0))
+        goto done;
+    tmp = PyObject_GetAttr(store, s__broken);
+    if (tmp == NULL)
+        goto error;
+    if (tmp != Py_None)
+        goto done;
+    Py_CLEAR(tmp);
+    devices = PyObject_GetAttr(store, s__devices);
+    if (devices == NULL)
+        goto error;
+    if (!PyDict_CheckExact(devices))
+        goto done;
+    dev = PyDict_GetItemWithError(devices, key);
+    if (dev == NULL) {
+        if (PyErr_Occurred())
+            goto error;
+        goto done; /* new device */
+    }
+    Py_INCREF(dev);
+    next = PyObject_GetAttr(dev, s_next);
+    kb = next ? PyObject_GetAttr(dev, s_kb) : NULL;
+    pend = kb ? PyObject_GetAttr(dev, s_pend) : NULL;
+    if (pend == NULL)
+        goto error;
+    if (!PyLong_CheckExact(next) || !PyBytes_Check(kb) ||
+        !(pend == Py_None || PyList_CheckExact(pend)))
+        goto done;
+    defer = 0;
+    /* From here on: the same steps as LogStore.append. */
+    tmp = PyNumber_Add(next, One);
+    if (tmp == NULL || PyObject_SetAttr(dev, s_next, tmp))
+        goto error;
+    Py_CLEAR(tmp);
+    rec = make_record(Py_NewRef(next), Py_NewRef(ts), Py_NewRef(key), Py_NewRef(topic),
+                      Py_NewRef(attrs), Py_NewRef(EmptyTuple), Py_NewRef(payload));
+    if (rec == NULL)
+        goto error;
+    if (pend == Py_None) {
+        Py_DECREF(pend);
+        pend = PyList_New(0);
+        if (pend == NULL || PyObject_SetAttr(dev, s_pend, pend))
+            goto error;
+        tmp = PyObject_GetAttr(store, s__pend_devs);
+        if (tmp == NULL || PyList_Append(tmp, dev))
+            goto error;
+        Py_CLEAR(tmp);
+    }
+    if (PyList_Append(pend, rec) || incr_attr(store, s__pend_n, 1))
+        goto error;
+    long long tl = PyUnicode_GET_LENGTH(topic);
+    long long size = HEADER_SIZE + PyBytes_GET_SIZE(kb) + tl + PyBytes_GET_SIZE(payload);
+    if (incr_attr(store, s__pend_bound, size + 3 * tl))
+        goto error;
+    tmp = PyObject_GetAttr(store, s__cache_on);
+    if (tmp == NULL)
+        goto error;
+    int on = PyObject_IsTrue(tmp);
+    Py_CLEAR(tmp);
+    if (on < 0)
+        goto error;
+    if (on) {
+        tmp = PyObject_GetAttr(dev, s_cache);
+        if (tmp == NULL || PyList_Append(tmp, rec) || incr_attr(dev, s_cache_bytes, size) ||
+            incr_attr(store, s__cache_total, size))
+            goto error;
+        Py_CLEAR(tmp);
+    }
+    result = Py_NewRef(next);
+    goto error; /* common cleanup */
+done:
+    if (defer) {
+        Py_XDECREF(tmp);
+        Py_XDECREF(devices);
+        Py_XDECREF(dev);
+        Py_XDECREF(next);
+        Py_XDECREF(kb);
+        Py_XDECREF(pend);
+        return PyObject_Vectorcall(fallback, args, nargsf, kwnames);
+    }
+error:
+    Py_XDECREF(tmp);
+    Py_XDECREF(devices);
+    Py_XDECREF(dev);
+    Py_XDECREF(next);
+    Py_XDECREF(kb);
+    Py_XDECREF(pend);
+    Py_XDECREF(rec);
+    return result;
+}
+
+/* A builtin function whose vectorcall passes its ``self`` (the fallback) to c_append. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *fallback;
+    vectorcallfunc vectorcall;
+} Appender;
+
+static PyObject *appender_call(PyObject *o, PyObject *const *args, size_t nargsf,
+                               PyObject *kwnames)
+{
+    return c_append(((Appender *)o)->fallback, args, nargsf, kwnames);
+}
+
+static void appender_dealloc(PyObject *o)
+{
+    PyObject_GC_UnTrack(o);
+    Py_CLEAR(((Appender *)o)->fallback);
+    Py_TYPE(o)->tp_free(o);
+}
+
+static int appender_traverse(PyObject *o, visitproc visit, void *arg)
+{
+    Py_VISIT(((Appender *)o)->fallback);
+    return 0;
+}
+
+/* Binds like a function (LogStore.append is an attribute of the class). */
+static PyObject *appender_get(PyObject *o, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(o);
+    return PyMethod_New(o, obj);
+}
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "commitlog._speedups.Appender",
+    .tp_basicsize = sizeof(Appender),
+    .tp_dealloc = appender_dealloc,
+    .tp_vectorcall_offset = offsetof(Appender, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = appender_get,
+    /* METHOD_DESCRIPTOR: ``store.append(...)`` calls it with the store prepended, without
+     * building a bound method per call (as for a Python function). */
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_traverse = appender_traverse,
+    .tp_doc = "LogStore.append for the plain case; everything else goes to the Python method.",
+};
+
+/* make_append(fallback) -> a callable that binds like a function, for LogStore.append. */
+static PyObject *py_make_append(PyObject *self, PyObject *fallback)
+{
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "make_append(fallback: callable)");
+        return NULL;
+    }
+    Appender *a = PyObject_GC_New(Appender, &AppenderType);
+    if (a == NULL)
+        return NULL;
+    a->fallback = Py_NewRef(fallback);
+    a->vectorcall = appender_call;
+    PyObject_GC_Track(a);
+    return (PyObject *)a;
+}
+
+/* ------------------------------------------------------------------ read planning */
+
+/* coalesce(plist: array('q'), k, kend, s, e, rel_limit, chunk) -> (k, e)
+ *
+ * The coalescing loop of LogStore._read_positions: extends the read [s, e) over the
+ * position entries plist[k:kend] while each starts where the previous ended, stays
+ * within ``rel_limit`` (committed) and the read stays within ``chunk`` bytes. */
+static PyObject *py_coalesce(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "coalesce takes 7 arguments");
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t kend = PyLong_AsSsize_t(args[2]);
+    long long s = PyLong_AsLongLong(args[3]);
+    long long e = PyLong_AsLongLong(args[4]);
+    long long rel_limit = PyLong_AsLongLong(args[5]);
+    long long chunk = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_FORMAT) < 0)
+        return NULL;
+    if (view.itemsize != 8 || view.format == NULL || strcmp(view.format, "q") != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_TypeError, "coalesce needs an array('q')");
+        return NULL;
+    }
+    const int64_t *pl = view.buf;
+    Py_ssize_t n = view.len / 8;
+    if (kend > n)
+        kend = n;
+    while (k >= 0 && k < kend) {
+        int64_t v = pl[k];
+        if ((v >> 32) != e)
+            break;
+        long long e2 = e + (v & 0xFFFFFFFF);
+        if (e2 > rel_limit || e2 - s > chunk)
+            break;
+        e = e2;
+        k++;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nL)", k, e);
+}
+
+/* ------------------------------------------------------------------ crc */
+
+static PyObject *py_crc32(PyObject *self, PyObject *arg)
+{
+    Py_buffer view;
+    if (get_buffer_ro(arg, &view))
+        return NULL;
+    uint32_t c = crc(view.buf, view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* ------------------------------------------------------------------ module */
+
+static PyMethodDef methods[] = {
+    {"setup", (PyCFunction)py_setup, METH_O, "setup(Record): the record class to build."},
+    {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL,
+     "Inner loop of LogStore.flush for one device (see the C source)."},
+    {"decode_run", (PyCFunction)(void (*)(void))py_decode_run, METH_FASTCALL,
+     "Loop of record.decode_batch (see the C source)."},
+    {"read_run", (PyCFunction)(void (*)(void))py_read_run, METH_FASTCALL,
+     "Inner loop of LogStore._read_positions (see the C source)."},
+    {"scan_run", (PyCFunction)(void (*)(void))py_scan_run, METH_FASTCALL,
+     "Loop of LogStore._scan_tail (see the C source)."},
+    {"walk_run", (PyCFunction)(void (*)(void))py_walk_run, METH_FASTCALL,
+     "Loop of store.walk_positions (see the C source)."},
+    {"columns_run", (PyCFunction)(void (*)(void))py_columns_run, METH_FASTCALL,
+     "Loop of fetch.decode_fetch_columns (see the C source)."},
+    {"make_append", (PyCFunction)py_make_append, METH_O,
+     "make_append(python_append) -> LogStore.append with a C plain path."},
+    {"coalesce", (PyCFunction)(void (*)(void))py_coalesce, METH_FASTCALL,
+     "Coalescing loop of LogStore._read_positions (see the C source)."},
+    {"crc32", (PyCFunction)py_crc32, METH_O, "zlib.crc32 of a buffer (for tests)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "commitlog._speedups",
+    "Optional compiled loops of the commit log (pure-Python fallback: COMMITLOG_PURE_PYTHON=1).",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void)
+{
+    EmptyTuple = PyTuple_New(0);
+    One = PyLong_FromLong(1);
+    if (EmptyTuple == NULL || One == NULL)
+        return NULL;
+#define INTERN(var, s)                                                                  \
+    if ((var = PyUnicode_InternFromString(s)) == NULL)                                  \
+        return NULL;
+    INTERN(s_since_idx, "since_idx");
+    INTERN(s_total, "total");
+    INTERN(s_max_ts, "max_ts");
+    INTERN(s_next, "next");
+    INTERN(s_hwm, "hwm");
+    INTERN(s_seg_base, "seg_base");
+    INTERN(s_apos_base, "apos_base");
+    INTERN(s_apos, "apos");
+    INTERN(s_frombytes, "frombytes");
+    INTERN(s_kb, "kb");
+    INTERN(s_pend, "pend");
+    INTERN(s_cache, "cache");
+    INTERN(s_cache_bytes, "cache_bytes");
+    INTERN(s__broken, "_broken");
+    INTERN(s__devices, "_devices");
+    INTERN(s__pend_devs, "_pend_devs");
+    INTERN(s__pend_n, "_pend_n");
+    INTERN(s__pend_bound, "_pend_bound");
+    INTERN(s__cache_on, "_cache_on");
+    INTERN(s__cache_total, "_cache_total");
+#undef INTERN
+    if (PyType_Ready(&AppenderType) < 0)
+        return NULL;
+    return PyModule_Create(&moduledef);
+}
