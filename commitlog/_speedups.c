@@ -92,6 +92,15 @@ static inline void unpack_header(const unsigned char *b, Hdr *h)
     h->hc = rd16(b + 32);
 }
 
+/* The one framing rule every reader applies: the record's length covers at least the header,
+ * it ends inside ``limit``, and its magic is ours. Sets *rend (the byte after the record).
+ * Each caller keeps its own reaction (stop for the Python loop, truncate, skip). */
+static inline int frame_ok(const Hdr *h, Py_ssize_t pos, Py_ssize_t limit, Py_ssize_t *rend)
+{
+    *rend = pos + 4 + (Py_ssize_t)h->len_u;
+    return h->len_u >= HEADER_SIZE - 4 && *rend <= limit && h->magic == MAGIC;
+}
+
 /* A Record (tuple subclass) from 7 new references (stolen); NULL on error. */
 static PyObject *make_record(PyObject *off, PyObject *ts, PyObject *key, PyObject *topic,
                              PyObject *attrs, PyObject *headers, PyObject *payload)
@@ -442,8 +451,8 @@ static PyObject *py_decode_run(PyObject *self, PyObject *const *args, Py_ssize_t
             break;
         Hdr h;
         unpack_header(b + pos, &h);
-        Py_ssize_t rend = pos + 4 + (Py_ssize_t)h.len_u;
-        if (h.len_u < HEADER_SIZE - 4 || rend > end || h.magic != MAGIC)
+        Py_ssize_t rend;
+        if (!frame_ok(&h, pos, end, &rend))
             break;
         if (verify && crc(b + pos + 8, rend - pos - 8) != h.crc)
             break;
@@ -543,10 +552,10 @@ static PyObject *py_read_run(PyObject *self, PyObject *const *args, Py_ssize_t n
             break;
         Hdr h;
         unpack_header(b + p, &h);
-        Py_ssize_t rend = p + 4 + (Py_ssize_t)h.len_u;
+        Py_ssize_t rend;
+        int framed = frame_ok(&h, p, dn, &rend);
         Py_ssize_t q = p + HEADER_SIZE;
-        if (h.magic != MAGIC || rend > dn || h.len_u < HEADER_SIZE - 4 ||
-            (Py_ssize_t)h.kl != klen || (h.flags & FLAG_CONTROL) || klen > rend - q ||
+        if (!framed || (Py_ssize_t)h.kl != klen || (h.flags & FLAG_CONTROL) || klen > rend - q ||
             memcmp(b + q, kb, (size_t)klen) != 0)
             break;
         if (h.off != want)
@@ -710,8 +719,8 @@ static PyObject *py_scan_run(PyObject *self, PyObject *const *args, Py_ssize_t n
             break;
         Hdr h;
         unpack_header(b + p, &h);
-        Py_ssize_t end = p + 4 + (Py_ssize_t)h.len_u;
-        if (h.len_u < HEADER_SIZE - 4 || end > n || h.magic != MAGIC)
+        Py_ssize_t end;
+        if (!frame_ok(&h, p, n, &end))
             break;
         if (crc(b + p + 8, end - p - 8) != h.crc)
             break;
@@ -839,8 +848,8 @@ static PyObject *py_walk_run(PyObject *self, PyObject *const *args, Py_ssize_t n
     while (p >= 0 && n - p >= HEADER_SIZE) {
         Hdr h;
         unpack_header(b + p, &h);
-        Py_ssize_t end = p + 4 + (Py_ssize_t)h.len_u;
-        if (h.len_u < HEADER_SIZE - 4 || end > n || h.magic != MAGIC)
+        Py_ssize_t end;
+        if (!frame_ok(&h, p, n, &end))
             break;
         if (!(h.flags & FLAG_CONTROL)) {
             const unsigned char *kp = b + p + HEADER_SIZE;
@@ -933,8 +942,8 @@ static PyObject *py_columns_run(PyObject *self, PyObject *const *args, Py_ssize_
             break;
         Hdr h;
         unpack_header(b + pos, &h);
-        Py_ssize_t rend = pos + 4 + (Py_ssize_t)h.len_u;
-        if (h.len_u < HEADER_SIZE - 4 || rend > end || h.magic != MAGIC)
+        Py_ssize_t rend;
+        if (!frame_ok(&h, pos, end, &rend))
             break;
         if (verify && crc(b + pos + 8, rend - pos - 8) != h.crc)
             break;

@@ -35,11 +35,11 @@ from commitlog.record import (
     HDR_ENTRY,
     HEADER,
     HEADER_SIZE,
-    MAGIC,
     CorruptRecordError,
     Record,
     decode_batch,
     encode_batch,
+    frame_end,
 )
 
 FETCH_MAGIC = b"MQF1"
@@ -134,8 +134,8 @@ def decode_fetch_columns(
         if end - pos < HEADER_SIZE:
             raise CorruptRecordError("truncated record header", pos)
         (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(buf, pos)
-        rend = pos + 4 + length
-        if length < HEADER_SIZE - 4 or rend > end or magic != MAGIC:
+        rend = frame_end(length, magic, pos, end)
+        if rend < 0:
             raise CorruptRecordError("bad record length or magic", pos)
         if verify and crc32(mv[pos + 8 : rend]) != crc:
             raise CorruptRecordError("CRC mismatch", pos)

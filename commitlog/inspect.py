@@ -11,7 +11,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 
-from commitlog.record import FLAG_CONTROL, HEADER, HEADER_SIZE, MAGIC
+from commitlog.record import FLAG_CONTROL, HEADER, HEADER_SIZE, frame_end
 from commitlog.store import CHECKPOINT_NAME, SEGMENT_SUFFIX
 
 
@@ -101,8 +101,8 @@ def inspect(path: str) -> InspectReport:
             else:
                 (length, crc, magic, flags, _a, off, _ts, kl, _tl, _hc) = HEADER.unpack_from(
                     data, p)
-                end = p + 4 + length
-                if length < HEADER_SIZE - 4 or end > n or magic != MAGIC:
+                end = frame_end(length, magic, p, n)
+                if end < 0:
                     reason = "bad length/magic or torn record"
                 elif zlib.crc32(mv[p + 8 : end]) != crc:
                     reason = "CRC mismatch"

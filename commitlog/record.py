@@ -52,6 +52,17 @@ MAX_RECORD_BYTES = 0x7FFFFFFF
 Header = tuple[str, bytes]
 
 
+def frame_end(length: int, magic: int, pos: int, limit: int) -> int:
+    """The byte after the record at ``pos`` whose header reads ``length``/``magic``, or -1.
+
+    The one framing rule every reader applies (the C fast path's ``frame_ok`` too): the length
+    covers at least the header, the record ends inside ``limit``, and the magic is ours. Each
+    caller keeps its own reaction: raise, truncate a torn tail, or treat an index as stale.
+    """
+    end = pos + 4 + length
+    return end if length >= HEADER_SIZE - 4 and end <= limit and magic == MAGIC else -1
+
+
 class CorruptRecordError(ValueError):
     """A record failed its length or CRC check: the bytes at ``position`` are not a record."""
 
@@ -219,8 +230,8 @@ def decode_one(buf: bytes, pos: int, verify: bool = True) -> tuple[Record, int, 
     if avail < HEADER_SIZE:
         raise CorruptRecordError("truncated record header", pos)
     (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = HEADER.unpack_from(buf, pos)
-    end = pos + 4 + length
-    if length < HEADER_SIZE - 4 or end > len(buf) or magic != MAGIC:
+    end = frame_end(length, magic, pos, len(buf))
+    if end < 0:
         raise CorruptRecordError("bad record length or magic", pos)
     if verify and zlib.crc32(memoryview(buf)[pos + 8 : end]) != crc:
         raise CorruptRecordError("CRC mismatch", pos)
@@ -269,8 +280,8 @@ def decode_batch(
         if end - pos < HEADER_SIZE:
             raise CorruptRecordError("truncated record header", pos)
         (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(buf, pos)
-        rend = pos + 4 + length
-        if length < HEADER_SIZE - 4 or rend > end or magic != MAGIC:
+        rend = frame_end(length, magic, pos, end)
+        if rend < 0:
             raise CorruptRecordError("bad record length or magic", pos)
         if verify and crc32(mv[pos + 8 : rend]) != crc:
             raise CorruptRecordError("CRC mismatch", pos)

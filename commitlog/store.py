@@ -48,6 +48,7 @@ from commitlog.record import (
     _decode_headers,
     decode_one,
     encode_into,
+    frame_end,
     headers_size,
 )
 from commitlog.settings import LogSettings
@@ -314,8 +315,8 @@ def walk_positions(data: bytes, rel0: int) -> tuple[dict[bytes, array], int]:
         p = fast(data, 0, rel0, out, _new_positions)
     while n - p >= HEADER_SIZE:
         (length, _c, magic, flags, _a, _o, _t, kl, _tl, _hc) = unpack(data, p)
-        end = p + 4 + length
-        if length < HEADER_SIZE - 4 or end > n or magic != MAGIC:
+        end = frame_end(length, magic, p, n)
+        if end < 0:
             break
         if not flags & FLAG_CONTROL:
             kb = data[p + HEADER_SIZE : p + HEADER_SIZE + kl]
@@ -591,8 +592,8 @@ class LogStore:
                     bad = "torn record header"
                     break
                 (length, crc, magic, flags, _a, off, ts, kl, _tl, _hc) = unpack(data, p)
-                end = p + 4 + length
-                if length < HEADER_SIZE - 4 or end > n or magic != MAGIC:
+                end = frame_end(length, magic, p, n)
+                if end < 0:
                     bad = "bad length or torn record"
                     break
                 if crc32(mv[p + 8 : end]) != crc:
@@ -1413,9 +1414,9 @@ class LogStore:
                         if p >= dn:
                             break
                     (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(data, p)
-                    rend = p + 4 + length
+                    rend = frame_end(length, magic, p, dn)
                     q = p + HEADER_SIZE
-                    if (magic != MAGIC or rend > dn or kl != klen or flags & FLAG_CONTROL
+                    if (rend < 0 or kl != klen or flags & FLAG_CONTROL
                             or data[q : q + kl] != kb):
                         raise _Stale()
                     if off != want or markers:
