@@ -56,7 +56,6 @@ class Connection(asyncio.Protocol):
         self.inbound_unacked = 0  # QoS>0 PUBLISH received and not yet acknowledged (v5 Receive Max)
         self.closing = False
         self.clean_disconnect = False  # DISCONNECT 0x00 received: the will is discarded
-        self.taken_over = False
         self._first = True
         self._out: list[bytes] = []
         self._out_bytes = 0

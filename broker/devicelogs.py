@@ -94,13 +94,11 @@ def properties_from_headers(headers: Any) -> tuple[dict | None, int | None]:
 class PendingPublish:
     """A stored-but-not-yet-durable publish: what to route and whom to acknowledge."""
 
-    __slots__ = ("conn", "packet_id", "qos", "msg")
+    __slots__ = ("conn", "packet_id", "msg")
 
-    def __init__(self, conn: Connection | None, packet_id: int | None, qos: int,
-                 msg: Message) -> None:
+    def __init__(self, conn: Connection | None, packet_id: int | None, msg: Message) -> None:
         self.conn = conn
         self.packet_id = packet_id
-        self.qos = qos
         self.msg = msg
 
 
@@ -147,7 +145,7 @@ class DeviceLogs:
             # Register one durability callback per tick, after this tick's appends: it then
             # covers exactly the publishes collected in this batch.
             self._loop.call_soon(self._seal)
-        batch.append(PendingPublish(conn, packet_id, msg.qos, msg))
+        batch.append(PendingPublish(conn, packet_id, msg))
         self.held += 1
         return offset
 

@@ -315,7 +315,6 @@ class Router:
         session = self.sessions.get(client_id)
         if session is not None and session.conn is not None:
             old = session.conn
-            old.taken_over = True
             session.conn = None
             log.info("session taken over", extra={"client_id": client_id, "peer": conn.peer,
                                                     "old_peer": old.peer})
@@ -405,7 +404,8 @@ class Router:
             self.stats.dropped(DropReason.NOT_AUTHORIZED)
             log.info("publish denied by ACL", extra={"client_id": conn.client_id,
                                                      "topic": pkt.topic})
-            self._ack_publish(conn, pkt, Reason.NOT_AUTHORIZED if conn.level == 5 else 0)
+            self._ack_publish(conn, pkt.qos, pkt.packet_id,
+                              Reason.NOT_AUTHORIZED if conn.level == 5 else 0)
             return
         self.stats.messages_in += 1
         props = pkt.properties
@@ -425,7 +425,7 @@ class Router:
         if pkt.retain:
             self._retain(msg)
         self.route(msg)
-        self._ack_publish(conn, pkt, 0)
+        self._ack_publish(conn, pkt.qos, pkt.packet_id, 0)
 
     def _append(self, logs: DeviceLogs, key: str, msg: Message, conn: Connection,
                 pkt: Publish, expiry: int | None) -> None:
@@ -447,28 +447,15 @@ class Router:
             conn = item.conn
             msg = item.msg
             if exc is not None:
-                self._not_stored(conn, item.packet_id, item.qos, exc)
+                self._not_stored(conn, item.packet_id, msg.qos, exc)
                 continue
             if msg.retain:
                 self._retain(msg)
             self.route(msg)
-            if item.qos and conn is not None and not conn.closing:
-                session = conn.session
-                if conn.level == 5:
-                    ack_props = {Prop.USER_PROPERTY: msg.log_position()}
-                    if item.qos == 1:
-                        # [MQTT-3.3.4-7]: QoS 1 frees its receive-maximum slot at PUBACK,
-                        # QoS 2 only at PUBCOMP (see _on_pubrel)
-                        conn.inbound_unacked -= 1
-                        conn.send(PubAck(item.packet_id, 0, ack_props))
-                    elif session is not None:
-                        session.incoming_qos2[item.packet_id] = True
-                        conn.send(PubRec(item.packet_id, 0, ack_props))
-                elif item.qos == 1:
-                    self._send_ack(conn, _PUBACK, item.packet_id)
-                elif session is not None:
-                    session.incoming_qos2[item.packet_id] = True
-                    self._send_ack(conn, _PUBREC, item.packet_id)
+            if msg.qos and conn is not None and not conn.closing and conn.session is not None:
+                ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.level == 5
+                             else None)
+                self._ack_publish(conn, msg.qos, item.packet_id, 0, ack_props)
         if self._paused_publishers and self.logs is not None \
                 and self.logs.held <= _HELD_LIMIT // 2:
             for paused in self._paused_publishers:
@@ -500,23 +487,25 @@ class Router:
         self.stats.packets_out[ptype] += 1
         conn.write(_ACK_HEAD[ptype] + packet_id.to_bytes(2, "big"))
 
-    def _ack_publish(self, conn: Connection, pkt: Publish, reason: int) -> None:
-        qos = pkt.qos
+    def _ack_publish(self, conn: Connection, qos: int, packet_id: int | None, reason: int,
+                     props: dict | None = None) -> None:
+        """Answer an inbound QoS 1/2 PUBLISH. [MQTT-3.3.4-7]: QoS 1 frees its receive-maximum
+        slot at PUBACK, QoS 2 only at PUBCOMP (see _on_pubrel) unless refused here."""
         if qos == 1:
             conn.inbound_unacked -= conn.level == 5
-            if reason:
-                conn.send(PubAck(pkt.packet_id, reason))
+            if reason or props:
+                conn.send(PubAck(packet_id, reason, props))
             else:
-                self._send_ack(conn, _PUBACK, pkt.packet_id)
+                self._send_ack(conn, _PUBACK, packet_id)
         elif qos == 2:
             if reason < 0x80:
-                conn.session.incoming_qos2[pkt.packet_id] = True
+                conn.session.incoming_qos2[packet_id] = True
             else:
                 conn.inbound_unacked -= conn.level == 5
-            if reason:
-                conn.send(PubRec(pkt.packet_id, reason))
+            if reason or props:
+                conn.send(PubRec(packet_id, reason, props))
             else:
-                self._send_ack(conn, _PUBREC, pkt.packet_id)
+                self._send_ack(conn, _PUBREC, packet_id)
 
     def _retain(self, msg: Message) -> None:
         if not msg.payload:
@@ -818,8 +807,7 @@ class Router:
                     continue
                 sub.replay = cursor
                 replays.append(sub)
-            old = session.subscriptions.get(key_flt)
-            is_new = old is None
+            is_new = key_flt not in session.subscriptions
             session.subscriptions[key_flt] = sub
             self.trie.add(real, session.client_id, sub, group)
             codes.append(granted)
@@ -850,12 +838,10 @@ class Router:
             return
         store = logs.store
         budget = _REPLAY_STEP
-        active = False
         for sub in list(session.subscriptions.values()):
             cursor = sub.replay
             if cursor is None or cursor.live:
                 continue
-            active = True
             while budget > 0:
                 if conn.congested or len(session.queue) >= session.window:
                     return  # resumed by acks (_on_puback) or the socket draining (writable)
@@ -871,8 +857,6 @@ class Router:
                     continue
                 if not records:
                     cursor.live = True  # caught up: live delivery takes over at cursor.next
-                    active = any(s.replay is not None and not s.replay.live
-                                 for s in session.subscriptions.values())
                     break
                 ids = (sub.sub_id,) if sub.sub_id else None
                 for rec in records:
@@ -887,7 +871,8 @@ class Router:
                         break
         if budget <= 0:
             self.loop.call_soon(self._pump_replays, session)
-        elif not active:
+        else:
+            # every cursor ran out of history without returning early: all are live now
             self._replaying.discard(session)
 
     def _on_unsubscribe(self, conn: Connection, pkt: Unsubscribe) -> None:

@@ -8,7 +8,6 @@ connections only point at one.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -50,7 +49,7 @@ class Session:
     __slots__ = (
         "client_id", "conn", "level", "expiry_interval", "subscriptions", "inflight", "queue",
         "next_pid", "incoming_qos2", "window", "max_packet_size", "alias_max", "expires_at",
-        "will", "will_due", "created", "username",
+        "will", "will_due", "username",
     )
 
     def __init__(self, client_id: str, level: int) -> None:
@@ -72,7 +71,6 @@ class Session:
         self.expires_at: float | None = None  # monotonic deadline while offline
         self.will: Will | None = None  # pending delayed will (v5 Will Delay Interval)
         self.will_due: float | None = None
-        self.created = time.monotonic()
         self.username: str | None = None  # for per-message read ACL checks
 
     @property
