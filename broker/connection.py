@@ -2,7 +2,9 @@
 
 In the spirit of rumqttd's links, a connection does no MQTT logic: it turns each socket read into a
 *batch* of packets for the router (one call per read, however many packets it holds), and collects
-everything the router writes to it during one loop tick into a single ``transport.write``. There is
+everything the router writes to it into a single ``transport.write``: the router flushes every
+connection it wrote to once per loop tick, and inside a long read every ``FLUSH_EVERY`` packets
+(see ``Router.handle_packets``). There is
 no task, ``await`` or ``drain()`` per message: asyncio's Protocol callbacks are the cheapest path
 uvloop offers. Flow control comes from the transport's write-buffer watermarks: past
 ``write_buffer_limit`` the connection reports itself congested and the router stops feeding it
@@ -59,7 +61,7 @@ class Connection(asyncio.Protocol):
         self._first = True
         self._out: list[bytes] = []
         self._out_bytes = 0
-        self._flush_handle: asyncio.Handle | None = None
+        self._queued = False  # in the router's list of connections to flush
         self._write_paused = False
 
     # -- asyncio.Protocol -------------------------------------------------------------------
@@ -119,9 +121,6 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.listener.connections_current -= 1
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
         self._out.clear()
         self.closing = True
         self.router.connection_lost(self)
@@ -132,21 +131,23 @@ class Connection(asyncio.Protocol):
         return self._write_paused or self._out_bytes > self.write_limit
 
     def write(self, data: bytes) -> None:
-        """Queue bytes for this tick's single write (the flush is scheduled once per tick)."""
+        """Queue bytes for the router's next flush (one ``transport.write`` for all of them)."""
         self._out.append(data)
         self._out_bytes += len(data)
-        if self._flush_handle is None and not self.closing:
-            self._flush_handle = self.router.loop.call_soon(self._flush)
+        if not self._queued and not self.closing:
+            self._queued = True
+            self.router.want_flush(self)
 
     def send(self, packet: Packet) -> None:
         data = self.proto.send(packet)
         self.stats.packets_out[packet.type] += 1
         self.write(data)
 
-    def _flush(self) -> None:
-        self._flush_handle = None
+    def flush(self) -> None:
+        """Write everything queued, in one ``transport.write`` (called by the router)."""
+        self._queued = False
         out = self._out
-        if not out:
+        if not out or self.closing:
             return
         data = out[0] if len(out) == 1 else b"".join(out)
         self._out = []
@@ -160,9 +161,7 @@ class Connection(asyncio.Protocol):
             return
         if reason is not None and self.level == 5 and self.session is not None:
             self.send(Disconnect(reason_code=reason))
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush()
+        self.flush()
         self.closing = True
         self.transport.close()
 

@@ -46,6 +46,9 @@ class BrokerStats:
     messages_dropped: dict[str, int] = field(default_factory=dict)
     protocol_errors: int = 0
     auth_failures: int = 0
+    # Reads whose packets took longer than the router's mid-read flush interval to route: the
+    # node was handed a backlog (a rising rate means it is falling behind its input).
+    long_reads: int = 0
     listeners: dict[str, ListenerStats] = field(default_factory=dict)
 
     def dropped(self, reason: str, n: int = 1) -> None:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from helpers import raw as R
-from helpers.broker import REPO_ROOT, BrokerProc, free_port, wait_for
+from helpers.broker import REPO_ROOT, BrokerProc, free_port, metric_sum, wait_for
 from helpers.clients import V5, V311, unique
 
 pytestmark = pytest.mark.timeout(60)
@@ -85,7 +85,6 @@ def test_metrics_move(broker, clients):
     """The gauges and counters follow reality: one more connection, subscription, retained
     message and session, and more PUBLISH packets received."""
     before = broker.metrics()
-    from helpers.broker import metric_sum
 
     topic = unique("metric") + "/t"
     c = clients.connected(broker, protocol=V311)
@@ -238,3 +237,59 @@ def test_restart_keeps_port_and_serves(start_broker, clients):
     c.subscribe(topic, 0)
     c.publish(topic, b"again", 0)
     assert c.expect_message().payload == b"again"
+
+
+def test_backlog_read_is_delivered_in_order_and_counted(broker, raw):
+    """A publisher that hands the broker a backlog (here 30,000 QoS 0 publishes in one sendall,
+    so each socket read holds ~1,500 packets) gets every message through in order, and the
+    broker reports those reads in meshmq_long_reads_total: it wrote to the subscriber while
+    still routing the read, instead of holding the first message until the read was done."""
+    import threading
+
+    topic = unique("backlog") + "/t"
+    n = 30_000
+    sub = raw(broker, rcvbuf=1 << 22)
+    sub.connect(unique("backlog-sub"))
+    sub.subscribe(topic, 0)
+    pub = raw(broker)
+    pub.connect(unique("backlog-pub"))
+    before = broker.metric("meshmq_long_reads_total")
+    burst = b"".join(R.publish(topic, b"%08d" % i) for i in range(n))
+    sender = threading.Thread(target=pub.send, args=(burst,), daemon=True)
+    sender.start()
+    # Read raw bytes as fast as they come (parsing later), so the broker's writes never back up
+    # into its QoS 0 slow-consumer drop.
+    size = len(R.publish(topic, b"%08d" % 0))
+    data = bytearray()
+    deadline = time.monotonic() + 30
+    sub.sock.settimeout(1.0)
+    while len(data) < n * size and time.monotonic() < deadline:
+        try:
+            chunk = sub.sock.recv(1 << 20)
+        except TimeoutError:
+            continue
+        assert chunk, "broker closed the subscriber"
+        data += chunk
+    sender.join(10)
+    assert len(data) == n * size, f"got {len(data) // size} of {n} messages"
+    payloads = [bytes(data[k + size - 8:k + size]) for k in range(0, len(data), size)]
+    assert payloads == [b"%08d" % i for i in range(n)], "messages out of order or changed"
+    assert broker.metric("meshmq_long_reads_total") > before, \
+        "a backlog read was routed without any mid-read write"
+
+
+def test_gc_startup_objects_frozen_and_pauses_timed(broker, clients):
+    """Start-up objects are frozen out of the cyclic GC's reach (a full collection over them
+    is a loop stall of tens of ms) and every collection's pause is timed per generation."""
+    m = broker.metrics()
+    assert m.get("meshmq_gc_frozen_objects", 0) > 1000, m.get("meshmq_gc_frozen_objects")
+    c = clients.connected(broker, protocol=V311)
+    topic = unique("gc") + "/t"
+    c.subscribe(topic, 0)
+    for _ in range(200):  # some allocation on the broker, so young collections run
+        c.publish(topic, b"x" * 100, 0)
+
+    def timed():
+        return metric_sum(broker.metrics(), "meshmq_gc_pause_seconds_count") > 0
+
+    wait_for(timed, timeout=10, message="a timed GC pause in meshmq_gc_pause_seconds")
