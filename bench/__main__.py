@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="seconds measured per throughput run (default 5, or 1 with --quick)")
     ap.add_argument("--connections", type=int, default=None,
                     help="connections for storm/idle (default 10000, or 1000 with --quick)")
+    ap.add_argument("--latency-rate", type=float, default=None, metavar="MSG_PER_S",
+                    help="run the latency workload at this fixed rate for every broker instead "
+                         "of at 50%% of each broker's own qos0 maximum")
     ap.add_argument("--out", default="bench/results", help="output folder (default bench/results)")
     ap.add_argument("--markdown", metavar="RESULTS_JSON",
                     help="only print the Markdown table of an earlier results JSON file")
@@ -100,7 +103,8 @@ def _progress(rnd: int, rounds: int, w: str, b: str, res: dict, secs: float) -> 
         cpu = f"  broker CPU {res['broker_cpu'] * 100:.0f}%"
     if "gen_cpu_total" in res:
         cpu += (f", generator {res['gen_cpu_total'] * 100:.0f}% (busiest process "
-                f"{res['gen_cpu_busiest'] * 100:.0f}%), other {res['other_cpu'] * 100:.0f}%")
+                f"{res['gen_cpu_busiest'] * 100:.0f}%), other {res['other_cpu'] * 100:.0f}%, "
+                f"steal {res.get('steal_cpu', 0) * 100:.1f}%")
     return f"{head} {report.fmt(res['value'], unit):>10} {unit}{cpu}  [{secs:.1f}s]"
 
 
@@ -153,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
                 for b in order:
                     t0 = time.monotonic()
                     ctx = {"qos0": (sorted(qos0_seen[b])[len(qos0_seen[b]) // 2]
-                                    if qos0_seen[b] else None)}
+                                    if qos0_seen[b] else None),
+                           "latency_rate": args.latency_rate}
                     broker = Broker(b, tcp_nodelay=step in NODELAY_WORKLOADS)
                     try:
                         broker.start()

@@ -4,12 +4,21 @@ It answers CONNECT and SUBSCRIBE, then copies every byte a publisher sends, unpa
 subscriber connection. That is only a valid MQTT broker for the single-topic QoS 0 workloads
 (qos0, large), which is all it is for: whatever rate it reaches is the generator's limit, not a
 broker's.
+
+``NULLBROKER_SPIN_NS_PER_BYTE=<ns>`` makes it busy-wait that long per forwarded byte: an "ideal"
+broker that costs a chosen CPU time per message and has no allocation, GC or queueing of its
+own. Run ``latency`` against it at a broker's per-message cost to see what the machine alone
+(steal, scheduling) does to the tail at that utilisation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+import time
+
+SPIN_NS_PER_BYTE = float(os.environ.get("NULLBROKER_SPIN_NS_PER_BYTE", "0") or 0)
 
 SUBS: list[asyncio.Transport] = []
 
@@ -29,6 +38,10 @@ class Link(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.state == "pub":
+            if SPIN_NS_PER_BYTE:
+                end = time.perf_counter_ns() + int(len(data) * SPIN_NS_PER_BYTE)
+                while time.perf_counter_ns() < end:
+                    pass
             for t in SUBS:
                 t.write(data)
             return

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from bench.runner import METRICS
 
-EXTRAS = ["broker_cpu", "gen_cpu_total", "gen_cpu_busiest", "other_cpu", "p50_ms", "p99_ms",
-          "p999_ms", "max_ms", "target_rate", "connects_per_s", "peak_rss_MB", "connected",
-          "sent_per_s", "vs_own_qos0", "missing", "rss_MB_idle", "baseline_rss_MB", "connections"]
+EXTRAS = ["broker_cpu", "gen_cpu_total", "gen_cpu_busiest", "other_cpu", "steal_cpu", "p50_ms",
+          "p99_ms", "p999_ms", "max_ms", "target_rate", "connects_per_s", "peak_rss_MB",
+          "connected", "sent_per_s", "vs_own_qos0", "missing", "rss_MB_idle", "baseline_rss_MB",
+          "connections"]
 
 
 def summarize(runs: list[dict], brokers: list[str], workloads: list[str]) -> dict:
@@ -143,7 +144,7 @@ def _pct(c: dict, k: str) -> str:
 
 def detail_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
     head = ["workload", "broker", "extra", "broker CPU", "generator CPU (busiest proc)",
-            "other CPU"]
+            "other CPU", "steal"]
     body = []
     for w in doc["workloads"]:
         for b in doc["brokers"]:
@@ -151,13 +152,16 @@ def detail_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
             if not c:
                 continue
             if "value" not in c:
-                body.append([w, b, f"{c.get('status')}: {c.get('error', '')}"[:90], "", "", ""])
+                body.append([w, b, f"{c.get('status')}: {c.get('error', '')}"[:90], "", "", "",
+                             ""])
                 continue
             extra = ""
             if w == "latency":
                 extra = (f"p50 {fmt(c.get('p50_ms'))} / p99 {fmt(c.get('p99_ms'))} / p999 "
                          f"{fmt(c.get('p999_ms'))} ms at {fmt(c.get('target_rate'), 'msg/s')} "
                          f"msg/s")
+                if len(c.get("values", ())) > 1:  # the spread is the story on a noisy VM
+                    extra += " (p99 per round: " + " / ".join(fmt(v) for v in c["values"]) + ")"
             elif w == "trie" and c.get("vs_own_qos0"):
                 extra = f"{c['vs_own_qos0']:.2f}x of own qos0"
             elif w == "storm":
@@ -170,7 +174,8 @@ def detail_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
                 extra = f"{fmt(c.get('sent_per_s'), 'msg/s')} publishes/s"
             gen = (f"{_pct(c, 'gen_cpu_total')} ({_pct(c, 'gen_cpu_busiest')})"
                    if "gen_cpu_total" in c else "-")
-            body.append([w, b, extra, _pct(c, "broker_cpu"), gen, _pct(c, "other_cpu")])
+            body.append([w, b, extra, _pct(c, "broker_cpu"), gen, _pct(c, "other_cpu"),
+                         _pct(c, "steal_cpu")])
     return head, body
 
 

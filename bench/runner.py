@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from bench import loadgen as lg
-from bench.brokers import Broker, cpu_seconds, machine_busy_seconds
+from bench.brokers import Broker, cpu_seconds, machine_busy_seconds, machine_steal_seconds
 
 WORKLOADS = ["qos0", "qos1", "qos2", "fanin", "fanout", "trie", "large", "latency", "storm",
              "idle"]
@@ -127,6 +127,7 @@ class Phase:
     def snapshot(self, fields: dict[str, tuple[int, tuple[str, ...]]]) -> dict:
         return {"t": time.monotonic(), "broker_cpu": self.broker.cpu_seconds(),
                 "machine": machine_busy_seconds(),
+                "steal": machine_steal_seconds(),
                 "gen_cpu": self.cpu(),
                 **{name: self.total(f, kinds) for name, (f, kinds) in fields.items()}}
 
@@ -161,6 +162,7 @@ def _cpu_stats(s0: dict, s1: dict) -> dict:
     gen = [b - a for a, b in zip(s0["gen_cpu"], s1["gen_cpu"], strict=True)]
     broker = (s1["broker_cpu"] - s0["broker_cpu"]) / dt
     busy = (s1["machine"] - s0["machine"]) / dt
+    steal = (s1["steal"] - s0["steal"]) / dt
     return {
         "window_s": round(dt, 3),
         "broker_cpu": round(broker, 3),
@@ -168,7 +170,10 @@ def _cpu_stats(s0: dict, s1: dict) -> dict:
         "gen_cpu_busiest": round(max(gen) / dt, 3) if gen else 0.0,
         # Busy cores on the whole machine not explained by broker + generator (kernel softirq,
         # other people's jobs): a large value means the run was disturbed.
-        "other_cpu": round(max(0.0, busy - broker - sum(gen) / dt), 3),
+        "other_cpu": round(max(0.0, busy - steal - broker - sum(gen) / dt), 3),
+        # vCPU time the hypervisor gave to other guests: every stolen slice stalls whoever ran
+        # on that vCPU, so latency tails follow this more than anything the broker does.
+        "steal_cpu": round(steal, 3),
     }
 
 
@@ -286,13 +291,16 @@ def run_large(b: Broker, m: Mode, ctx: dict) -> dict:
 
 def run_latency(b: Broker, m: Mode, ctx: dict) -> dict:
     max_rate = ctx.get("qos0")
-    calibrated = False
-    if not max_rate:
+    source = "50% of own qos0 run"
+    if ctx.get("latency_rate"):  # --latency-rate: the same offered load for every broker
+        max_rate = 2 * ctx["latency_rate"]
+        source = "fixed (--latency-rate)"
+    elif not max_rate:
         cal = run_qos0(b, m, ctx)
         if cal.get("status") != "ok":
             return {"status": "failed", "error": f"qos0 calibration: {cal.get('error')}"}
         max_rate = cal["value"]
-        calibrated = True
+        source = "50% of a qos0 calibration run"
     rate = max(100.0, 0.5 * max_rate)
     ph = Phase(b, m, "lat")
     try:
@@ -314,7 +322,7 @@ def run_latency(b: Broker, m: Mode, ctx: dict) -> dict:
         return {"status": "ok", "value": rep["p99_ms"], "p50_ms": rep["p50_ms"],
                 "p99_ms": rep["p99_ms"], "p999_ms": rep["p999_ms"], "max_ms": rep["max_ms"],
                 "target_rate": rate, "delivered_per_s": d["recv"], "missing": max(0, lost),
-                "rate_from_own_qos0_run": not calibrated, **cpu}
+                "rate_source": source, **cpu}
     finally:
         ph.stop()
 
