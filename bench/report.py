@@ -203,8 +203,19 @@ def render_text(doc: dict) -> str:
     if doc.get("skipped"):
         parts += ["", *(f"skipped {b}: {why}" for b, why in doc["skipped"].items())]
     parts += ["", "Values are medians over rounds; * = some rounds failed or partial. CPU is in "
-              "cores (100% = one core) over the measurement window."]
+              "cores (100% = one core) over the measurement window.", steal_note(doc)]
     return "\n".join(parts)
+
+
+def steal_note(doc: dict) -> str:
+    meta = doc.get("meta", {})
+    n = len(doc.get("discarded", ()))
+    limit = meta.get("steal_limit_cpu")
+    if limit is None:
+        return ""
+    return (f"Runs with hypervisor steal over {limit * 100:.0f}% of a core were run again (up to "
+            f"{meta.get('steal_retries', 0)} times; the least-disturbed attempt counts, chosen "
+            f"by steal, not by result): {n} attempt(s) set aside, all kept in the JSON.")
 
 
 def render_markdown(doc: dict) -> str:
@@ -222,6 +233,8 @@ def render_markdown(doc: dict) -> str:
         "",
         md_table(*targets_rows(doc)),
     ]
+    if steal_note(doc):
+        out += ["", steal_note(doc)]
     if doc.get("skipped"):
         out += ["", *(f"- {b} not measured: {why}" for b, why in doc["skipped"].items())]
     return "\n".join(out) + "\n"
