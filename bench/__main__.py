@@ -30,8 +30,11 @@ KNOWN_BROKERS = [*ALL_BROKERS, "null"]
 NODELAY_WORKLOADS = {"latency"}
 # A run during which the hypervisor stole more than this (cores) from the VM is run again (up to
 # --steal-retries times): a stolen vCPU freezes broker or generator for milliseconds at a time,
-# which is noise from other guests, not a property of the broker. 0 on bare metal.
+# which is noise from other guests, not a property of the broker. 0 on bare metal. A throughput
+# number moves about as much as the steal; a p99 moves when 1% of the window is disturbed (50 ms
+# of a 5 s run), hence the latency workload's lower limit.
 STEAL_LIMIT = 0.05
+STEAL_LIMITS = {"latency": 0.01}
 
 
 def _csv(value: str, allowed: list[str], what: str) -> list[str]:
@@ -65,8 +68,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "of at 50%% of each broker's own qos0 maximum")
     ap.add_argument("--steal-retries", type=int, default=None, metavar="N",
                     help="run a workload again when hypervisor steal during it exceeded "
-                         f"{STEAL_LIMIT * 100:.0f}%% of a core, up to N times; the least-disturbed "
-                         "attempt counts (default 2, or 0 with --quick)")
+                         f"{STEAL_LIMIT * 100:.0f}%% of a core (latency: "
+                         f"{STEAL_LIMITS['latency'] * 100:.0f}%%), up to N times; the "
+                         "least-disturbed attempt counts (default 2, or 0 with --quick)")
     ap.add_argument("--out", default="bench/results", help="output folder (default bench/results)")
     ap.add_argument("--markdown", metavar="RESULTS_JSON",
                     help="only print the Markdown table of an earlier results JSON file")
@@ -174,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
     }
     retries = args.steal_retries if args.steal_retries is not None else (0 if args.quick else 2)
     doc["meta"]["steal_limit_cpu"] = STEAL_LIMIT
+    doc["meta"]["steal_limits_cpu"] = STEAL_LIMITS
     doc["meta"]["steal_retries"] = retries
     doc["meta"]["machine"] = f"{doc['meta']['cpu'] or 'unknown CPU'}, {os.cpu_count()} cores"
     _say(f"brokers: {', '.join(brokers)}; workloads: {', '.join(workloads)}; "
@@ -196,7 +201,8 @@ def run(args: argparse.Namespace) -> int:
                         ctx["qos0"] = None
                     res = _run_step(b, step, mode, ctx)
                     attempts = [res]
-                    while len(attempts) <= retries and _steal(res) > STEAL_LIMIT:
+                    limit = STEAL_LIMITS.get(step, STEAL_LIMIT)
+                    while len(attempts) <= retries and _steal(res) > limit:
                         _say(f"  ({b} {step}: hypervisor steal {_steal(res) * 100:.0f}% of a "
                              f"core during the run; running it again)")
                         res = _run_step(b, step, mode, ctx)

@@ -213,7 +213,12 @@ def steal_note(doc: dict) -> str:
     limit = meta.get("steal_limit_cpu")
     if limit is None:
         return ""
-    return (f"Runs with hypervisor steal over {limit * 100:.0f}% of a core were run again (up to "
+    lat = meta.get("steal_limits_cpu", {}).get("latency")
+    if lat is not None:
+        limit_text = f"{limit * 100:.0f}% of a core ({lat * 100:.0f}% for latency)"
+    else:
+        limit_text = f"{limit * 100:.0f}% of a core"
+    return (f"Runs with hypervisor steal over {limit_text} were run again (up to "
             f"{meta.get('steal_retries', 0)} times; the least-disturbed attempt counts, chosen "
             f"by steal, not by result): {n} attempt(s) set aside, all kept in the JSON.")
 
