@@ -125,7 +125,6 @@ class Router:
         self._paused_publishers: set[Connection] = set()
         self._replaying: set[Session] = set()  # sessions with a cursor still reading history
         self._handlers: dict[int, Callable[[Connection, Any], None]] = {
-            PacketType.PUBACK: self._on_puback,
             PacketType.PUBREC: self._on_pubrec,
             PacketType.PUBREL: self._on_pubrel,
             PacketType.PUBCOMP: self._on_pubcomp,
@@ -226,6 +225,7 @@ class Router:
         handlers = self._handlers
         flush_at = 0.0
         long_read = False
+        freed: Session | None = None  # a QoS 1 ack made window room: refill once, after the read
         for i, packet in enumerate(packets):
             if conn.closing:
                 return
@@ -246,6 +246,11 @@ class Router:
             packets_in[ptype] += 1
             if ptype == _PUBLISH:
                 self._on_publish(conn, packet)
+            elif ptype == _PUBACK:
+                # A subscriber acks in batches: one _pump moving 100 queued messages after the
+                # read is cheaper than 100 pumps moving one each, and sends them in one write.
+                if self._settle_puback(conn, packet):
+                    freed = conn.session
             elif ptype == PacketType.CONNECT:
                 if conn.session is None and conn.pending is None:
                     self._on_connect(conn, packet, packets[i + 1:])
@@ -254,6 +259,8 @@ class Router:
                 return
             else:
                 handlers[ptype](conn, packet)
+        if freed is not None and not conn.closing:
+            self._window_freed(freed)
 
     # -- CONNECT ------------------------------------------------------------------------------
     def _on_connect(self, conn: Connection, pkt: Connect, rest: list[Packet]) -> None:
@@ -732,14 +739,16 @@ class Router:
                 del session.inflight[delivery.pid]
 
     # -- acks from subscribers -----------------------------------------------------------------
-    def _on_puback(self, conn: Connection, pkt: PubAck) -> None:
+    def _settle_puback(self, conn: Connection, pkt: PubAck) -> bool:
+        """End a QoS 1 flow; True when it freed window room (the caller refills the window)."""
         session = conn.session
         if session is None:
-            return
+            return False
         delivery = session.inflight.get(pkt.packet_id)
         if delivery is not None and delivery.qos == 1:
             del session.inflight[pkt.packet_id]
-            self._window_freed(session)
+            return True
+        return False
 
     def _window_freed(self, session: Session) -> None:
         """An ack ended a flow: refill the window from the queue, then from replay cursors."""
@@ -887,7 +896,7 @@ class Router:
                 continue
             while budget > 0:
                 if conn.congested or len(session.queue) >= session.window:
-                    return  # resumed by acks (_on_puback) or the socket draining (writable)
+                    return  # resumed by acks (_window_freed) or the socket draining (writable)
                 try:
                     records = store.read(cursor.device, cursor.next, _REPLAY_CHUNK)
                 except OffsetOutOfRangeError as err:
