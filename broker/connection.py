@@ -3,12 +3,11 @@
 In the spirit of rumqttd's links, a connection does no MQTT logic: it turns each socket read into a
 *batch* of packets for the router (one call per read, however many packets it holds), and collects
 everything the router writes to it into a single ``transport.write``: the router flushes every
-connection it wrote to once per loop tick, and inside a long read every ``FLUSH_EVERY`` packets
-(see ``Router.handle_packets``). There is
-no task, ``await`` or ``drain()`` per message: asyncio's Protocol callbacks are the cheapest path
-uvloop offers. Flow control comes from the transport's write-buffer watermarks: past
-``write_buffer_limit`` the connection reports itself congested and the router stops feeding it
-(QoS 0 is dropped and counted; QoS>0 waits in the session queue).
+connection it wrote to once per loop tick, and every 2 ms inside a long read
+(``Router.handle_packets``). There is no task, ``await`` or ``drain()`` per message: asyncio's
+Protocol callbacks are the cheapest path uvloop offers. Flow control comes from the transport's
+write-buffer watermarks: past ``write_buffer_limit`` the connection reports itself congested and
+the router stops feeding it (QoS 0 is dropped and counted; QoS>0 waits in the session queue).
 """
 
 from __future__ import annotations
