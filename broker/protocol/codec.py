@@ -246,11 +246,8 @@ def _decode_suback(data: bytes, p: int, end: int, level: int | None) -> Suback:
         valid = SUBACK_REASONS
     else:
         valid = SUBACK_RETURN_CODES_V3
-    codes = list(data[p:end])
-    for code in codes:
-        if code not in valid:  # [MQTT-3.9.3-2] (3.1.1) / 3.9.3 (5.0)
-            raise protocol_error(f"invalid SUBACK code 0x{code:02X}")
-    return Suback(pid, codes, props)
+    # [MQTT-3.9.3-2] (3.1.1) / 3.9.3 (5.0)
+    return Suback(pid, _reason_codes(data, p, end, valid, "SUBACK code"), props)
 
 
 def _decode_unsubscribe(data: bytes, p: int, end: int, level: int | None) -> Unsubscribe:
@@ -276,11 +273,17 @@ def _decode_unsuback(data: bytes, p: int, end: int, level: int | None) -> Unsuba
             raise malformed("UNSUBACK remaining length must be 2")
         return Unsuback(pid)
     props, p = decode_properties(data, p, end, PacketType.UNSUBACK)
+    return Unsuback(pid, _reason_codes(data, p, end, UNSUBACK_REASONS, "UNSUBACK reason code"),
+                    props)
+
+
+def _reason_codes(data: bytes, p: int, end: int, valid: frozenset[int], what: str) -> list[int]:
+    """SUBACK / UNSUBACK end with one code per filter; each must be in ``valid``."""
     codes = list(data[p:end])
     for code in codes:
-        if code not in UNSUBACK_REASONS:
-            raise protocol_error(f"invalid UNSUBACK reason code 0x{code:02X}")
-    return Unsuback(pid, codes, props)
+        if code not in valid:
+            raise protocol_error(f"invalid {what} 0x{code:02X}")
+    return codes
 
 
 def _decode_pingreq(data: bytes, p: int, end: int, level: int | None) -> PingReq:
