@@ -91,15 +91,10 @@ def properties_from_headers(headers: Any) -> tuple[dict | None, int | None]:
     return props or None, expiry
 
 
-class PendingPublish:
-    """A stored-but-not-yet-durable publish: what to route and whom to acknowledge."""
-
-    __slots__ = ("conn", "packet_id", "msg")
-
-    def __init__(self, conn: Connection | None, packet_id: int | None, msg: Message) -> None:
-        self.conn = conn
-        self.packet_id = packet_id
-        self.msg = msg
+# A stored-but-not-yet-durable publish: (publisher connection or None, packet id, message):
+# what to route and whom to acknowledge once its batch is durable. A tuple, not a class: one
+# is made per logged publish, and a tuple is the cheapest record CPython builds.
+PendingPublish = tuple["Connection | None", "int | None", "Message"]
 
 
 DurableHandler = Callable[[list[PendingPublish], BaseException | None], None]
@@ -145,7 +140,7 @@ class DeviceLogs:
             # Register one durability callback per tick, after this tick's appends: it then
             # covers exactly the publishes collected in this batch.
             self._loop.call_soon(self._seal)
-        batch.append(PendingPublish(conn, packet_id, msg))
+        batch.append((conn, packet_id, msg))
         self.held += 1
         return offset
 

@@ -493,11 +493,9 @@ class Router:
 
     def _on_durable(self, batch: list[PendingPublish], exc: BaseException | None) -> None:
         """A batch is on disk (or failed): route it and answer its publishers, in log order."""
-        for item in batch:
-            conn = item.conn
-            msg = item.msg
+        for conn, packet_id, msg in batch:
             if exc is not None:
-                self._not_stored(conn, item.packet_id, msg.qos, exc)
+                self._not_stored(conn, packet_id, msg.qos, exc)
                 continue
             if msg.retain:
                 self._retain(msg)
@@ -505,7 +503,7 @@ class Router:
             if msg.qos and conn is not None and not conn.closing and conn.session is not None:
                 ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.level == 5
                              else None)
-                self._ack_publish(conn, msg.qos, item.packet_id, 0, ack_props)
+                self._ack_publish(conn, msg.qos, packet_id, 0, ack_props)
         if self._paused_publishers and self.logs is not None \
                 and self.logs.held <= _HELD_LIMIT // 2:
             for paused in self._paused_publishers:

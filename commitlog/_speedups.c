@@ -1244,6 +1244,74 @@ static PyObject *py_coalesce(PyObject *self, PyObject *const *args, Py_ssize_t n
     return Py_BuildValue("(nL)", k, e);
 }
 
+/* ------------------------------------------------------------------ trim_count */
+
+/* trim_count(cache, klen, excess) -> (k, freed): the fewest cached records, from the front,
+   whose charged sizes (store._cache_size) add up to at least ``excess`` bytes, or all of
+   them. LogStore.commit trims every device's tail cache after each fsync; in Python this
+   loop was ~5% of a QoS 1 publish's CPU (one function call per record). */
+static PyObject *py_trim_count(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "trim_count(list, klen, excess)");
+        return NULL;
+    }
+    PyObject *cache = args[0];
+    Py_ssize_t klen = PyLong_AsSsize_t(args[1]);
+    long long excess = PyLong_AsLongLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t k = 0, n = PyList_GET_SIZE(cache);
+    long long freed = 0;
+    while (k < n && freed < excess) {
+        PyObject *r = PyList_GET_ITEM(cache, k);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 7) {
+            PyErr_SetString(PyExc_TypeError, "trim_count: cached records must be Records");
+            return NULL;
+        }
+        Py_ssize_t tl = PyObject_Length(PyTuple_GET_ITEM(r, 3));
+        Py_ssize_t pl = PyObject_Length(PyTuple_GET_ITEM(r, 6));
+        if (tl < 0 || pl < 0)
+            return NULL;
+        long long size = HEADER_SIZE + klen + tl + pl;
+        PyObject *hdrs = PyTuple_GET_ITEM(r, 5);
+        int truth = PyObject_IsTrue(hdrs);
+        if (truth < 0)
+            return NULL;
+        if (truth) {  /* record.headers_size: 6 + 4 * len(name) + len(value) each */
+            PyObject *it = PyObject_GetIter(hdrs), *h;
+            if (it == NULL)
+                return NULL;
+            while ((h = PyIter_Next(it)) != NULL) {
+                PyObject *name = NULL, *value = NULL;
+                Py_ssize_t nl = -1, vl = -1;
+                if (PySequence_Check(h) && PySequence_Size(h) == 2) {
+                    name = PySequence_GetItem(h, 0);
+                    value = name ? PySequence_GetItem(h, 1) : NULL;
+                    nl = name ? PyObject_Length(name) : -1;
+                    vl = value ? PyObject_Length(value) : -1;
+                } else if (!PyErr_Occurred()) {
+                    PyErr_SetString(PyExc_TypeError, "trim_count: a header is not a pair");
+                }
+                Py_XDECREF(name);
+                Py_XDECREF(value);
+                Py_DECREF(h);
+                if (nl < 0 || vl < 0) {
+                    Py_DECREF(it);
+                    return NULL;
+                }
+                size += 6 + 4 * (long long)nl + vl;
+            }
+            Py_DECREF(it);
+            if (PyErr_Occurred())
+                return NULL;
+        }
+        freed += size;
+        k++;
+    }
+    return Py_BuildValue("nL", k, freed);
+}
+
 /* ------------------------------------------------------------------ crc */
 
 static PyObject *py_crc32(PyObject *self, PyObject *arg)
@@ -1276,6 +1344,8 @@ static PyMethodDef methods[] = {
      "make_append(python_append) -> LogStore.append with a C plain path."},
     {"coalesce", (PyCFunction)(void (*)(void))py_coalesce, METH_FASTCALL,
      "Coalescing loop of LogStore._read_positions (see the C source)."},
+    {"trim_count", (PyCFunction)(void (*)(void))py_trim_count, METH_FASTCALL,
+     "Loop of LogStore._trim_cache_front (see the C source)."},
     {"crc32", (PyCFunction)py_crc32, METH_O, "zlib.crc32 of a buffer (for tests)."},
     {NULL, NULL, 0, NULL},
 };

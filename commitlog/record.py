@@ -109,6 +109,7 @@ SPEEDUPS: bool = _speedups is not None
 c_encode_run = _speedups.encode_run if _speedups else None
 c_decode_run = _speedups.decode_run if _speedups else None
 c_read_run = _speedups.read_run if _speedups else None
+c_trim_count = _speedups.trim_count if _speedups else None
 c_scan_run = _speedups.scan_run if _speedups else None
 c_walk_run = _speedups.walk_run if _speedups else None
 c_columns_run = _speedups.columns_run if _speedups else None

@@ -1072,11 +1072,15 @@ class LogStore:
     def _trim_cache_front(self, dev: DeviceLog, cap: int) -> None:
         klen = len(dev.kb)
         cache = dev.cache
-        k = 0
-        freed = 0
-        while k < len(cache) and dev.cache_bytes - freed > cap:
-            freed += _cache_size(cache[k], klen)
-            k += 1
+        trim = _rec.c_trim_count
+        if trim is not None:
+            k, freed = trim(cache, klen, dev.cache_bytes - cap)
+        else:
+            k = 0
+            freed = 0
+            while k < len(cache) and dev.cache_bytes - freed > cap:
+                freed += _cache_size(cache[k], klen)
+                k += 1
         del cache[:k]
         dev.cache_start += k
         dev.cache_bytes -= freed

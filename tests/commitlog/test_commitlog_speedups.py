@@ -129,6 +129,36 @@ def test_crc_is_zlib_crc32():
         assert _speedups.crc32(data) == zlib.crc32(data)
 
 
+# ------------------------------------------------------------------ tail-cache trim
+
+
+def py_trim_count(cache, klen, excess):
+    """LogStore._trim_cache_front's Python loop, as the reference for trim_count."""
+    k = freed = 0
+    while k < len(cache) and freed < excess:
+        freed += store_mod._cache_size(cache[k], klen)
+        k += 1
+    return k, freed
+
+
+@HYP
+@given(recs=st.lists(records(), max_size=12), klen=st.integers(0, 40),
+       excess=st.integers(-5, 6000))
+def test_trim_count_matches_python(recs, klen, excess):
+    from commitlog import _speedups
+
+    assert _speedups.trim_count(recs, klen, excess) == py_trim_count(recs, klen, excess)
+
+
+def test_trim_count_refuses_what_is_not_a_record():
+    from commitlog import _speedups
+
+    with pytest.raises(TypeError):
+        _speedups.trim_count([(1, 2)], 0, 10)
+    with pytest.raises(TypeError):
+        _speedups.trim_count([make_record(0, 0, "k", "t", 0, ((1, 2, 3),), b"")], 0, 10)
+
+
 # ------------------------------------------------------------------ encode (flush)
 
 

@@ -8,6 +8,7 @@ import shutil
 import pytest
 from commitlog_testlib import crash_image, fill, payload_for
 
+from commitlog import store as store_mod
 from commitlog.inspect import inspect
 from commitlog.settings import LogSettings
 from commitlog.store import CHECKPOINT_NAME, LogStore, LogStoreError, OffsetOutOfRangeError
@@ -293,6 +294,28 @@ def test_truncate_key_then_reappend(tmp_path, small_settings):
             assert [r.offset for r in recs] == list(range(20))
             assert recs[12].payload == b"new12" and recs[19].payload == b"new19"
             check_all(st, ["b"], 30)
+
+
+def test_tail_cache_keeps_the_newest_records_within_its_cap(tmp_path):
+    """The per-device trim after each commit (C trim_count or the Python loop) charges every
+    record what _cache_size says, keeps the newest ones, and stays at or under the cap."""
+    cap = 1500
+    s = LogSettings(tail_cache_bytes_per_device=cap)
+    with LogStore.open(str(tmp_path), s) as st:
+        for batch in range(12):
+            for i in range(batch * 7, batch * 7 + 7):
+                headers = [("h", b"v" * (i % 5))] if i % 3 == 0 else None
+                st.append("dev", i, f"t/{i % 4}", 1, headers, b"x" * (i * 13 % 90))
+            st.flush_sync_commit()
+            dev = st._devices["dev"]
+            klen = len(dev.kb)
+            charged = [store_mod._cache_size(r, klen) for r in dev.cache]
+            assert dev.cache_bytes == sum(charged) <= cap
+            # nothing kept that fit: one record more would have gone over the cap
+            assert dev.cache_start == 0 or dev.cache_bytes + store_mod._cache_size(
+                st.read("dev", dev.cache_start - 1, 1)[0], klen) > cap
+            assert [r.offset for r in dev.cache] == list(range(dev.cache_start, dev.hwm))
+            assert st._cache_total == dev.cache_bytes
 
 
 def test_tail_cache_hits_and_eviction(tmp_path):
