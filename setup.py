@@ -1,8 +1,10 @@
-"""Build of the optional C fast path of the commit log (``commitlog/_speedups.c``).
+"""Build of the optional C fast paths: the commit log's (``commitlog/_speedups.c``) and the MQTT
+codec's (``broker/protocol/_speedups.c``).
 
-Everything else is in pyproject.toml. The extension is optional: if it cannot be built
-(no compiler, no Python or zlib headers) the install still succeeds and the commit log
-runs its pure-Python code (``commitlog.record.SPEEDUPS`` is then False).
+Everything else is in pyproject.toml. Both extensions are optional: if one cannot be built
+(no compiler, no Python or zlib headers) the install still succeeds and that part runs its
+pure-Python code (``commitlog.record.SPEEDUPS`` / ``broker.protocol.codec.SPEEDUPS`` is then
+False).
 """
 
 from setuptools import Extension, setup
@@ -15,6 +17,12 @@ setup(
             libraries=["z"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "broker.protocol._speedups",
+            sources=["broker/protocol/_speedups.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ],
 )

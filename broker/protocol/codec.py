@@ -7,10 +7,16 @@ Hot path notes: ``feed`` copies the buffered bytes into one immutable ``bytes`` 
 walks it with index arithmetic (slices of ``bytes`` are single copies), decodes PUBLISH and PUBACK
 inline in the loop, dispatches the other types through a 256-entry table indexed by the first byte
 (which also validates the fixed-header flags), and keeps the unconsumed tail once per call.
+
+Compiled fast path (optional): ``_speedups.parse_run`` (``_speedups.c``) consumes runs of plain
+PUBLISH (no properties) and PUBACK packets and returns at the first packet that is anything else,
+which this module's loop then handles, so the Python code stays the reference and raises every
+error. BROKER_PURE_PYTHON=1, or a failed build, runs the Python loop only.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from .errors import ProtocolError, UnsupportedProtocolVersion
@@ -68,6 +74,19 @@ from .wire import (
 MAX_PACKET_SIZE = 268_435_460
 
 Decoder = Callable[[bytes, int, int, "int | None"], Packet]
+
+_speedups = None
+if os.environ.get("BROKER_PURE_PYTHON", "").strip() in ("", "0"):
+    try:
+        from broker.protocol import _speedups
+    except ImportError:  # not built (optional extension): pure Python
+        _speedups = None
+if _speedups is not None:
+    _speedups.setup(Publish, PubAck)
+SPEEDUPS: bool = _speedups is not None
+"""True when the compiled parse loop is in use."""
+# Looked up at call time, so a test can switch it off with monkeypatch.
+c_parse_run = _speedups.parse_run if _speedups else None
 
 # --------------------------------------------------------------------------------------------------
 # Decoders: (data, body_start, end, level) -> packet. ``data[body_start:end]`` is exactly the
@@ -399,8 +418,14 @@ class PacketParser:
         level = self.protocol_level
         maxsize = self.max_packet_size
         decoders = _DECODERS
+        c_run = c_parse_run
         try:
             while pos < n:
+                if c_run is not None and level is not None:
+                    # C consumes the plain PUBLISH/PUBACK run; this loop gets what stops it
+                    pos = c_run(data, pos, level, maxsize, out)
+                    if pos >= n:
+                        break
                 b0 = data[pos]
                 if level is None and b0 != 0x10:
                     if b0 >> 4 == 1:

@@ -1,0 +1,200 @@
+/* Optional compiled fast path of the MQTT codec (broker/protocol/codec.py).
+
+   parse_run() is the plain case of PacketParser.feed's loop: a run of complete PUBLISH
+   packets without properties and of 4-byte PUBACKs, which is what a device and a QoS 1
+   subscriber send all day. In Python that loop was the largest single cost of a QoS 1
+   publish (~13% of the broker's CPU in the bench's qos1 profile). It stops, without
+   consuming it, at the first packet that is anything else: another type, v5 properties,
+   a topic that needs the slow checks (empty, wildcards, NUL), a partial packet, or
+   anything malformed. PacketParser.feed then handles that packet in Python, which stays
+   the reference and raises every error, and calls parse_run again after it. So this code
+   never raises a protocol error itself and can only ever produce what the Python loop
+   would have produced (tests/protocol/test_codec_speedups.py checks that on generated
+   streams). BROKER_PURE_PYTHON=1, or a failed build, runs the Python loop only. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+static PyObject *PublishCls = NULL, *PubAckCls = NULL;
+
+/* setup(Publish, PubAck): the packet classes parse_run builds. */
+static PyObject *py_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyType_Check(args[0]) || !PyType_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "setup(Publish, PubAck)");
+        return NULL;
+    }
+    Py_XSETREF(PublishCls, Py_NewRef(args[0]));
+    Py_XSETREF(PubAckCls, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+/* parse_run(data: bytes, pos: int, level: int, max_packet_size: int, out: list) -> int
+
+   Appends the packets of the plain run starting at ``pos`` to ``out`` and returns the
+   position of the first byte it did not consume. */
+static PyObject *py_parse_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyBytes_Check(args[0]) || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "parse_run(bytes, pos, level, max_packet_size, list)");
+        return NULL;
+    }
+    if (PublishCls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "parse_run: setup() was not called");
+        return NULL;
+    }
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    long level = PyLong_AsLong(args[2]);
+    Py_ssize_t maxsize = PyLong_AsSsize_t(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (pos < 0)
+        pos = n;  /* nothing to do: Python handles whatever this is */
+    PyObject *out = args[4];
+    /* Devices publish to the same topic again and again: reuse the str of the last one. */
+    const unsigned char *last_tb = NULL;
+    Py_ssize_t last_tl = 0;
+    PyObject *last_topic = NULL;
+
+    while (pos < n) {
+        unsigned b0 = d[pos];
+        if (pos + 1 >= n)
+            break;
+        Py_ssize_t rl = d[pos + 1], body;
+        if (rl < 128) {
+            body = pos + 2;
+        } else {
+            /* Remaining Length, at most 4 bytes; anything odd goes to Python. */
+            rl &= 127;
+            int shift = 7, ok = 0;
+            Py_ssize_t i = pos + 2;
+            while (i < n && shift < 28) {
+                unsigned b = d[i++];
+                rl |= (Py_ssize_t)(b & 127) << shift;
+                if (b < 128) {
+                    ok = b != 0 || level != 5;  /* v5 wants the minimal encoding */
+                    break;
+                }
+                shift += 7;
+            }
+            if (!ok)
+                break;
+            body = i;
+        }
+        Py_ssize_t end = body + rl;
+        if (end - pos > maxsize || end > n)
+            break;
+        PyObject *pkt;
+        if (b0 >= 0x30 && b0 < 0x40) {
+            unsigned qos = (b0 >> 1) & 3;
+            if (body + 2 > end)
+                break;
+            Py_ssize_t tl = ((Py_ssize_t)d[body] << 8) | d[body + 1];
+            const unsigned char *tb = d + body + 2;
+            Py_ssize_t p = body + 2 + tl;
+            if (p > end || tl == 0)
+                break;
+            long pid = -1;
+            if (qos) {
+                if (qos == 3 || p + 2 > end)
+                    break;
+                pid = ((long)d[p] << 8) | d[p + 1];
+                if (pid == 0)
+                    break;
+                p += 2;
+            } else if (b0 & 8) {
+                break;
+            }
+            if (level == 5) {
+                if (p >= end || d[p] != 0)
+                    break;  /* properties: the Python decoder */
+                p += 1;
+            }
+            PyObject *topic;
+            if (last_topic != NULL && tl == last_tl && memcmp(tb, last_tb, tl) == 0) {
+                topic = Py_NewRef(last_topic);
+            } else {
+                /* '+', '#' and NUL are ASCII, never inside a multi-byte UTF-8 sequence:
+                   scanning the bytes is the same test as scanning the str. */
+                if (memchr(tb, '+', tl) || memchr(tb, '#', tl) || memchr(tb, 0, tl))
+                    break;
+                topic = PyUnicode_DecodeUTF8((const char *)tb, tl, NULL);
+                if (topic == NULL) {
+                    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                        return NULL;
+                    PyErr_Clear();
+                    break;  /* Python raises the malformed-packet error */
+                }
+                Py_XSETREF(last_topic, Py_NewRef(topic));
+                last_tb = tb;
+                last_tl = tl;
+            }
+            PyObject *argv[7];
+            argv[0] = topic;
+            argv[1] = PyBytes_FromStringAndSize((const char *)d + p, end - p);
+            argv[2] = PyLong_FromLong(qos);
+            argv[3] = (b0 & 1) ? Py_True : Py_False;
+            argv[4] = (b0 & 8) ? Py_True : Py_False;
+            argv[5] = pid < 0 ? Py_None : PyLong_FromLong(pid);
+            argv[6] = Py_None;
+            if (argv[1] == NULL || argv[2] == NULL || argv[5] == NULL) {
+                Py_DECREF(topic);
+                Py_XDECREF(argv[1]);
+                Py_XDECREF(argv[2]);
+                if (pid >= 0)
+                    Py_XDECREF(argv[5]);
+                Py_XDECREF(last_topic);
+                return NULL;
+            }
+            pkt = PyObject_Vectorcall(PublishCls, argv, 7, NULL);
+            Py_DECREF(topic);
+            Py_DECREF(argv[1]);
+            Py_DECREF(argv[2]);
+            if (pid >= 0)
+                Py_DECREF(argv[5]);
+        } else if (b0 == 0x40 && rl == 2) {
+            long pid = ((long)d[body] << 8) | d[body + 1];
+            if (pid == 0)
+                break;
+            PyObject *v = PyLong_FromLong(pid);
+            if (v == NULL) {
+                Py_XDECREF(last_topic);
+                return NULL;
+            }
+            pkt = PyObject_Vectorcall(PubAckCls, &v, 1, NULL);
+            Py_DECREF(v);
+        } else {
+            break;
+        }
+        if (pkt == NULL || PyList_Append(out, pkt) < 0) {
+            Py_XDECREF(pkt);
+            Py_XDECREF(last_topic);
+            return NULL;
+        }
+        Py_DECREF(pkt);
+        pos = end;
+    }
+    Py_XDECREF(last_topic);
+    return PyLong_FromSsize_t(pos);
+}
+
+static PyMethodDef methods[] = {
+    {"setup", (PyCFunction)(void (*)(void))py_setup, METH_FASTCALL,
+     "setup(Publish, PubAck): the packet classes to build."},
+    {"parse_run", (PyCFunction)(void (*)(void))py_parse_run, METH_FASTCALL,
+     "The plain-packet loop of PacketParser.feed (see the C source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "broker.protocol._speedups",
+    "Compiled fast path of the MQTT codec (optional; see codec.py).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,138 @@
+"""The codec's compiled parse loop (broker/protocol/_speedups.c) against the pure-Python loop.
+
+Differential: the same bytes, cut into the same chunks, through PacketParser with the C run and
+without it must give identical packets, identical errors (class, reason code, message, the
+packets that preceded the error) and the same buffered tail. Skipped when the extension is not
+built (the Python loop is then the only one, and the rest of the suite tests it).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from protocol_strategies import packets
+
+from broker.protocol import PacketParser, ProtocolError, PubAck, Publish, codec, encode
+
+ROOT = Path(__file__).resolve().parents[2]
+HYP = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+pytestmark = pytest.mark.skipif(not codec.SPEEDUPS, reason="broker.protocol._speedups not built")
+
+
+def run(level: int | None, chunks: list[bytes], c: bool, max_packet_size: int = 4096) -> Any:
+    """Everything observable of feeding ``chunks``: packets per feed, then the error or tail."""
+    saved = codec.c_parse_run
+    codec.c_parse_run = saved if c else None
+    try:
+        parser = PacketParser(max_packet_size=max_packet_size, protocol_level=level)
+        seen: list[Any] = []
+        for chunk in chunks:
+            try:
+                seen.append(parser.feed(chunk))
+            except ProtocolError as err:
+                seen.append(("error", type(err), err.reason_code, str(err), err.packets))
+                break
+        return seen, parser.buffered, parser.protocol_level
+    finally:
+        codec.c_parse_run = saved
+
+
+def same_both_ways(level: int | None, chunks: list[bytes], max_packet_size: int = 4096) -> None:
+    assert run(level, chunks, True, max_packet_size) == run(level, chunks, False,
+                                                             max_packet_size)
+
+
+topics = st.one_of(st.sampled_from(["devices/d1/t", "a", "ü/€", "x" * 200]),
+                   st.text(max_size=12))
+plain = st.one_of(
+    st.builds(lambda t, p, r: Publish(t, p, 0, r), topics, st.binary(max_size=150),
+              st.booleans()),
+    st.builds(lambda t, p, q, r, d, i: Publish(t, p, q, r, d, i), topics,
+              st.binary(max_size=150), st.integers(1, 2), st.booleans(), st.booleans(),
+              st.integers(1, 65535)),
+    st.builds(PubAck, st.integers(1, 65535)),
+)
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[int, list[bytes]]:
+    level = draw(st.sampled_from([3, 4, 5]))
+    pkts = draw(st.lists(st.one_of(plain, plain, packets(level)), min_size=1, max_size=8))
+    stream = bytearray(b"".join(encode(p, level) for p in pkts))
+    for _ in range(draw(st.integers(0, 3))):  # damage: set, insert or delete a byte
+        i = draw(st.integers(0, len(stream) - 1))
+        op = draw(st.sampled_from(["set", "insert", "delete"]))
+        if op == "set":
+            stream[i] = draw(st.integers(0, 255))
+        elif op == "insert":
+            stream.insert(i, draw(st.integers(0, 255)))
+        elif len(stream) > 1:
+            del stream[i]
+    cuts = sorted(draw(st.lists(st.integers(0, len(stream)), max_size=3)))
+    bounds = [0, *cuts, len(stream)]
+    return level, [bytes(stream[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+@HYP
+@given(s=streams())
+def test_same_packets_errors_and_tail(s: tuple[int, list[bytes]]) -> None:
+    level, chunks = s
+    same_both_ways(level, chunks)
+    same_both_ways(level, chunks, max_packet_size=60)  # the size limit inside a run
+
+
+@HYP
+@given(chunks=st.lists(st.binary(max_size=120), max_size=6), level=st.sampled_from([3, 4, 5]))
+def test_same_on_garbage(chunks: list[bytes], level: int) -> None:
+    same_both_ways(level, chunks)
+
+
+@pytest.mark.parametrize("wire", [
+    b"\x32\x06\x00\x01a\x00\x00x",  # packet id 0
+    b"\x36\x06\x00\x01a\x00\x01x",  # QoS 3
+    b"\x38\x04\x00\x01ax",  # DUP on QoS 0
+    b"\x30\x04\x00\x02\xc3\x28",  # ill-formed UTF-8 topic
+    b"\x30\x03\x00\x01+",  # wildcard in a topic name
+    b"\x30\x03\x00\x01\x00",  # NUL in a topic name
+    b"\x30\x02\x00\x00",  # empty topic without an alias
+    b"\x30\x05\x00\x05ab",  # topic runs past the packet
+    b"\x40\x02\x00\x00",  # PUBACK packet id 0
+    b"\x30\x80\x00",  # non-minimal remaining length (v5 refuses it)
+])
+@pytest.mark.parametrize("level", [4, 5])
+def test_bad_packet_after_a_plain_run(wire: bytes, level: int) -> None:
+    """The run stops at the bad packet: the same good packets first, then the same error."""
+    good = encode(Publish("t", b"p", 1, packet_id=7), level) + encode(PubAck(3), level)
+    same_both_ways(level, [good + wire + good])
+
+
+def test_a_plain_run_is_consumed_in_c() -> None:
+    """Not vacuous: the C loop really takes plain publishes and acks (v3.1.1 and v5)."""
+    from broker.protocol import _speedups
+
+    for level in (4, 5):
+        wire = b"".join([encode(Publish("devices/d/t", b"x" * 64, 1, packet_id=i), level)
+                         for i in range(1, 50)] + [encode(PubAck(9), level)])
+        out: list[Any] = []
+        assert _speedups.parse_run(wire, 0, level, 4096, out) == len(wire)
+        assert out[0] == Publish("devices/d/t", b"x" * 64, 1, packet_id=1)
+        assert out[-1] == PubAck(9) and len(out) == 50
+        # v5 properties are left to Python
+        props = encode(Publish("t", b"", 0, properties={1: 1}), 5)
+        assert _speedups.parse_run(props, 0, 5, 4096, []) == 0
+
+
+def test_pure_python_switch() -> None:
+    code = "from broker.protocol import codec; print(codec.SPEEDUPS, codec.c_parse_run)"
+    env = {**os.environ, "BROKER_PURE_PYTHON": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["False", "None"]
