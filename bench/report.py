@@ -8,7 +8,8 @@ from pathlib import Path
 
 from bench.runner import METRICS
 
-EXTRAS = ["broker_cpu", "gen_cpu_total", "gen_cpu_busiest", "other_cpu", "steal_cpu", "p50_ms",
+EXTRAS = ["broker_cpu", "gen_cpu_total", "gen_cpu_busiest", "other_cpu", "steal_cpu",
+          "steal_burst_ms", "p50_ms",
           "p99_ms", "p999_ms", "max_ms", "target_rate", "connects_per_s", "peak_rss_MB",
           "connected", "sent_per_s", "vs_own_qos0", "missing", "rss_MB_idle", "baseline_rss_MB",
           "connections"]
@@ -162,6 +163,8 @@ def detail_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
                          f"msg/s")
                 if len(c.get("values", ())) > 1:  # the spread is the story on a noisy VM
                     extra += " (p99 per round: " + " / ".join(fmt(v) for v in c["values"]) + ")"
+                if "steal_burst_ms" in c:
+                    extra += f"; worst 100 ms of steal: {fmt(c['steal_burst_ms'])} ms"
             elif w == "trie" and c.get("vs_own_qos0"):
                 extra = f"{c['vs_own_qos0']:.2f}x of own qos0"
             elif w == "storm":
@@ -214,7 +217,11 @@ def steal_note(doc: dict) -> str:
     if limit is None:
         return ""
     lat = meta.get("steal_limits_cpu", {}).get("latency")
-    if lat is not None:
+    burst = meta.get("steal_burst_limits_ms", {}).get("latency")
+    if lat is not None and burst is not None:
+        limit_text = (f"{limit * 100:.0f}% of a core ({lat * 100:.0f}% for latency, or over "
+                      f"{burst:.0f} ms stolen in any 100 ms of it)")
+    elif lat is not None:
         limit_text = f"{limit * 100:.0f}% of a core ({lat * 100:.0f}% for latency)"
     else:
         limit_text = f"{limit * 100:.0f}% of a core"
