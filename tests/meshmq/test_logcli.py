@@ -229,10 +229,12 @@ def test_unreachable_admin_is_one_clear_line():
 def test_tail_follow_until_ctrl_c(node: NodeThread):
     node.call(lambda s: append(s, "d1", [b"one", b"two"]))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MESHMQ_")}
+    # A test run started in the background by a non-interactive shell inherits SIGINT as
+    # ignored, and Python then keeps it ignored: give the CLI the disposition a terminal has.
     proc = subprocess.Popen(
         [sys.executable, "-u", "-m", "meshmq", "log", "tail", "d1", "--follow", "--admin",
          node.admin], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout or ()],
                               daemon=True)
