@@ -103,6 +103,10 @@ def machine_info() -> dict:
         from importlib.metadata import version
 
         info["amqtt"] = version("amqtt")
+    with contextlib.suppress(Exception):  # meshmq runs from this checkout: same extensions
+        from meshmq.metrics import fast_paths
+
+        info["meshmq_compiled_fast_paths"] = fast_paths()
     return info
 
 

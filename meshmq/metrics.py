@@ -33,7 +33,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from broker.protocol import codec
 from broker.stats import PACKET_NAMES, BrokerStats, DropReason
+from commitlog import record
 from commitlog.stats import FSYNC_BUCKETS_S, LogStats
 from commitlog.store import LogStore
 
@@ -246,6 +248,24 @@ class _CommitLogCollector(Collector):
         return out
 
 
+def fast_paths() -> dict[str, bool]:
+    """Which optional C extensions this process runs (False: built without a compiler, or
+    switched off with BROKER_PURE_PYTHON / COMMITLOG_PURE_PYTHON)."""
+    return {"codec": codec.SPEEDUPS, "commitlog": record.SPEEDUPS}
+
+
+def _fast_path_gauges() -> list[Metric]:
+    # A failed build falls back to pure Python silently (by design: the install must work
+    # without a compiler); an operator graphing CPU per message needs to see which one runs.
+    g = GaugeMetricFamily(
+        "meshmq_compiled_fast_path",
+        "1 when the part's optional C loop is in use, 0 when it runs pure Python (slower).",
+        labels=["part"])
+    for part, on in fast_paths().items():
+        g.add_metric([part], 1.0 if on else 0.0)
+    return [g]
+
+
 class MetricsRegistry:
     """The node's metrics: broker counters, router gauges, loop lag, process, and add-ons.
 
@@ -273,6 +293,7 @@ class MetricsRegistry:
             "meshmq_gc_frozen_objects",
             "Objects moved out of the collector's reach at start-up (gc.freeze).",
             value=gc.get_freeze_count())], "gc_frozen")
+        self.add_collector(_fast_path_gauges, "fast_paths")
         ProcessCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         if stats is not None:

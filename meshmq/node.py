@@ -23,7 +23,7 @@ from commitlog.groupcommit import GroupCommitter
 from commitlog.store import LogStore, LogStoreError
 from meshmq.admin import AdminServer
 from meshmq.config import NodeConfig
-from meshmq.metrics import GcPauseMonitor, LoopLagMonitor, MetricsRegistry
+from meshmq.metrics import GcPauseMonitor, LoopLagMonitor, MetricsRegistry, fast_paths
 
 log = logging.getLogger("meshmq.node")
 
@@ -82,6 +82,13 @@ class Node:
         # 60k msg/s latency run). The CPython docs recommend gc.freeze() for exactly this.
         gc.collect()
         gc.freeze()
+        slow = [part for part, on in fast_paths().items() if not on]
+        if slow:
+            log.warning("running the pure-Python %s (its optional C extension is not built or "
+                        "is switched off): expect more CPU per message. Reinstall with a C "
+                        "compiler and the Python headers (pip install -e .) to build it, and "
+                        "unset BROKER_PURE_PYTHON / COMMITLOG_PURE_PYTHON",
+                        " and ".join(slow), extra={"pure_python": slow})
         self._ready = True
         log.info("meshmq node ready", extra={"node_id": self.config.node_id,
                                               "mqtt": self.config.broker.listeners.tcp_bind,

@@ -293,3 +293,27 @@ def test_gc_startup_objects_frozen_and_pauses_timed(broker, clients):
         return metric_sum(broker.metrics(), "meshmq_gc_pause_seconds_count") > 0
 
     wait_for(timed, timeout=10, message="a timed GC pause in meshmq_gc_pause_seconds")
+
+
+def test_compiled_fast_paths_are_reported(start_broker, clients):
+    """A failed build falls back to pure Python silently, so the node says which parts run
+    pure Python: a gauge per part and a start-up warning; and that fallback really serves."""
+    from broker.protocol import codec
+    from commitlog import record
+
+    fast = start_broker()
+    assert fast.metric("meshmq_compiled_fast_path", part="codec") == float(codec.SPEEDUPS)
+    assert fast.metric("meshmq_compiled_fast_path", part="commitlog") == float(record.SPEEDUPS)
+    if codec.SPEEDUPS and record.SPEEDUPS:
+        assert "pure-Python" not in fast.log_text()
+
+    slow = start_broker(env={"BROKER_PURE_PYTHON": "1", "COMMITLOG_PURE_PYTHON": "1"})
+    text = slow.metrics_text()
+    assert 'meshmq_compiled_fast_path{part="codec"} 0.0' in text
+    assert 'meshmq_compiled_fast_path{part="commitlog"} 0.0' in text
+    assert "running the pure-Python codec and commitlog" in slow.log_text()
+    c = clients.connected(slow, protocol=V311)
+    topic = f"devices/{unique('pure')}/t"
+    c.subscribe(topic, 1)
+    c.publish(topic, b"slow path", 1)
+    assert c.expect_message(topic=topic).payload == b"slow path"
