@@ -151,3 +151,62 @@ def test_websocket_upgrade_selects_mqtt_subprotocol(lbroker):
     head = resp.split(b"\r\n\r\n", 1)[0].decode("latin-1")
     assert " 101 " in head.split("\r\n", 1)[0], head
     assert re.search(r"(?im)^sec-websocket-protocol:\s*mqtt\s*$", head), head
+
+
+def _openssl(*args: str) -> None:
+    res = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, f"openssl {args[0]} failed: {res.stderr}"
+
+
+@pytest.fixture(scope="module")
+def client_pki(tmp_path_factory):
+    """A CA, a client certificate it signed, and a self-signed client certificate it did not."""
+    d = tmp_path_factory.mktemp("mtls")
+    ca_key, ca = str(d / "ca.key"), str(d / "ca.pem")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca,
+             "-days", "2", "-subj", "/CN=meshmq test CA")
+    key, csr, crt = str(d / "dev.key"), str(d / "dev.csr"), str(d / "dev.pem")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr,
+             "-subj", "/CN=device-1")
+    _openssl("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+             "-out", crt, "-days", "2")
+    rogue_key, rogue = str(d / "rogue.key"), str(d / "rogue.pem")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", rogue_key, "-out",
+             rogue, "-days", "2", "-subj", "/CN=device-1")
+    return {"ca": ca, "client": (crt, key), "rogue": (rogue, rogue_key)}
+
+
+def _mtls_connect(broker, server_ca: str, client: tuple[str, str] | None) -> R.RawClient:
+    ctx = ssl.create_default_context(cafile=server_ca)
+    if client is not None:
+        ctx.load_cert_chain(*client)
+    s = socket.create_connection((broker.host, broker.tls_port), timeout=10)
+    return R.RawClient(broker.host, broker.tls_port,
+                       sock=ctx.wrap_socket(s, server_hostname="localhost"))
+
+
+def test_tls_client_certificates_required_when_cafile_set(start_broker, cert, client_pki):
+    """listener.tls.cafile: a client must present a certificate signed by that CA (Mosquitto's
+    require_certificate + cafile); one signed by it gets a CONNACK, a self-signed one or none
+    at all never reaches MQTT, and the broker keeps serving."""
+    b = start_broker(tls=cert, listener={"tls": {"cafile": client_pki["ca"]}})
+    ok = _mtls_connect(b, cert[0], client_pki["client"])
+    try:
+        assert ok.connect(unique("mtls")).raw == b"\x20\x02\x00\x00"
+    finally:
+        ok.close()
+    for who in ("rogue", None):
+        try:
+            c = _mtls_connect(b, cert[0], client_pki[who] if who else None)
+        except (ssl.SSLError, OSError):
+            continue  # refused during the handshake (TLS 1.2)
+        try:  # TLS 1.3: the server's verdict arrives after the client's handshake returns
+            with pytest.raises((ssl.SSLError, OSError, R.MalformedError, AssertionError)):
+                c.connect(unique("mtls-bad"))
+        finally:
+            c.close()
+    again = _mtls_connect(b, cert[0], client_pki["client"])
+    try:
+        assert again.connect(unique("mtls2")).raw == b"\x20\x02\x00\x00"
+    finally:
+        again.close()
