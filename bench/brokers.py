@@ -90,10 +90,16 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / CLK_TCK
 
 
+def _machine_cpu_ticks() -> list[int]:
+    """The aggregate "cpu" line of /proc/stat: user, nice, system, idle, iowait, irq, softirq,
+    steal, ... in clock ticks."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
 def machine_busy_seconds() -> float:
     """Busy CPU seconds of the whole machine (all cores) from /proc/stat, steal included."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
+    v = _machine_cpu_ticks()
     idle = v[3] + (v[4] if len(v) > 4 else 0)
     return (sum(v[:8]) - idle) / CLK_TCK
 
@@ -104,9 +110,8 @@ def machine_steal_seconds() -> float:
     A process whose vCPU is stolen stops for that long without being descheduled by this
     kernel, so steal shows up directly in latency tails; it is 0 on bare metal.
     """
-    with open("/proc/stat") as f:
-        v = f.readline().split()[1:]
-    return int(v[7]) / CLK_TCK if len(v) > 7 else 0.0
+    v = _machine_cpu_ticks()
+    return v[7] / CLK_TCK if len(v) > 7 else 0.0
 
 
 def rss_bytes(pids: list[int]) -> int:
