@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bench import report
 from bench.brokers import REPO, Broker, BrokerUnavailable, check_available, find_mosquitto
+from bench.hosttune import cpu_latency_request, cpuidle_info
 from bench.loadgen import raise_nofile
 from bench.runner import FULL, QUICK, RUNNERS, WORKLOADS, Mode, run_storm_idle
 
@@ -27,7 +28,12 @@ ALL_BROKERS = ["meshmq", "mosquitto", "amqtt"]
 KNOWN_BROKERS = [*ALL_BROKERS, "null"]
 # Mosquitto's default leaves Nagle on, which is what gives it its best throughput here; for the
 # latency run Nagle plus the subscriber's delayed ACKs would measure the kernel, not the broker.
-NODELAY_WORKLOADS = {"latency"}
+NODELAY_WORKLOADS = {"latency", "latency_untuned"}
+# Held around each "latency" run, for every broker (bench/hosttune.py): on a VM whose idle vCPUs
+# halt, the wake-ups, not the brokers, own the tail. "latency_untuned" is the same run without it.
+CPU_LATENCY_QOS_WORKLOADS = {"latency"}
+# Run once whatever the steal: it measures the host as it is, disturbances included.
+NO_RETRY_WORKLOADS = {"latency_untuned"}
 # A run during which the hypervisor stole more than this (cores) from the VM is run again (up to
 # --steal-retries times): a stolen vCPU freezes broker or generator for milliseconds at a time,
 # which is noise from other guests, not a property of the broker. 0 on bare metal. A throughput
@@ -93,7 +99,7 @@ def machine_info() -> dict:
                 model = line.split(":", 1)[1].strip()
                 break
     info = {"cpu": model, "cpus": os.cpu_count(), "kernel": platform.release(),
-            "python": platform.python_version()}
+            "python": platform.python_version(), **cpuidle_info()}
     mosq = find_mosquitto()
     if mosq:
         with contextlib.suppress(Exception):
@@ -137,6 +143,10 @@ def _run_step(b: str, step: str, mode: Mode, ctx: dict) -> dict[str, dict]:
         broker.start()
         if step == "storm+idle":
             return run_storm_idle(broker, mode, ctx)
+        if step in CPU_LATENCY_QOS_WORKLOADS:
+            with cpu_latency_request(0) as held:
+                res = RUNNERS[step](broker, mode, ctx)
+            return {step: {**res, "cpu_latency_qos": held}}
         return {step: RUNNERS[step](broker, mode, ctx)}
     except RuntimeError as exc:
         failed = {"status": "failed", "error": str(exc)}
@@ -154,6 +164,8 @@ def _burst(res: dict[str, dict]) -> float:
 
 
 def _disturbed(step: str, res: dict[str, dict]) -> bool:
+    if step in NO_RETRY_WORKLOADS:
+        return False
     burst_limit = STEAL_BURST_LIMITS_MS.get(step)
     return (_steal(res) > STEAL_LIMITS.get(step, STEAL_LIMIT)
             or (burst_limit is not None and _burst(res) > burst_limit))
