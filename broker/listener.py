@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl
 from typing import Any
 
@@ -17,7 +18,7 @@ from aiohttp import WSMsgType, web
 from broker.connection import Connection
 from broker.router import Router
 from broker.settings import ListenerSettings
-from broker.stats import BrokerStats
+from broker.stats import BrokerStats, ListenerStats
 
 log = logging.getLogger("broker.listener")
 
@@ -110,12 +111,141 @@ class _WsTransport(asyncio.Transport):
         self.reading_paused.set()
 
 
+def _handshake_failure(exc: BaseException, timed_out: float | None) -> tuple[str, str]:
+    """(reason label for the metric, text for the log) of a failed server-side TLS handshake;
+    ``timed_out`` is the deadline in seconds when it had passed."""
+    if timed_out is not None or isinstance(exc, TimeoutError) or \
+            "taking longer than" in str(exc):
+        # uvloop aborts an overdue handshake with ConnectionAbortedError("... taking longer")
+        within = f" within {timed_out:g} s (mqtt.connect_timeout)" if timed_out else " in time"
+        return "timeout", f"the client did not finish the handshake{within}"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return "client_certificate", f"client certificate refused: {exc.verify_message}"
+    if isinstance(exc, ssl.SSLError):
+        text = exc.reason or str(exc)
+        if exc.reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
+            return "client_certificate", "the client sent no certificate (listener.tls.cafile " \
+                                         "requires one)"
+        if exc.reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_RECORD",
+                          "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
+            return "not_tls", f"the client is not speaking TLS ({text}): plain MQTT belongs " \
+                              "on the TCP listener"
+        return "tls_error", text
+    return "closed", "the client closed the connection during the handshake"
+
+
+class _TlsListener:
+    """The TLS listener: accepts sockets itself and runs each handshake as its own task.
+
+    ``create_server(ssl=...)`` would do the same handshake, but uvloop reports a failed one (an
+    ``SSLError`` is an ``OSError``) only with loop debug on, and no ``Connection`` exists yet to
+    notice: a device with the wrong CA, an unsigned client certificate, or plain MQTT on the TLS
+    port just vanished without a log line. Mosquitto and EMQX log those; so do we, with a count
+    per reason. ``loop.connect_accepted_socket`` wraps the socket in the same ``SSLProtocol``
+    from its first byte (no race with ``start_tls``, which is for STARTTLS) and raises the
+    handshake's error; the data path afterwards is the one ``create_server`` would have built.
+    """
+
+    def __init__(self, listeners: Listeners, ctx: ssl.SSLContext, lstats: ListenerStats) -> None:
+        self._listeners = listeners
+        self._ctx = ctx
+        self._lstats = lstats
+        self._socks: list[socket.socket] = []
+        self._handshakes: set[asyncio.Task] = set()
+        self._loop = asyncio.get_running_loop()
+
+    def listen(self, host: str, port: int) -> None:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+        seen = set()
+        for family, type_, proto, _, addr in infos:
+            if (family, addr) in seen:
+                continue
+            seen.add((family, addr))
+            sock = socket.socket(family, type_, proto)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:  # as create_server: v4 gets its own socket
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(addr)
+                sock.listen(4096)
+                sock.setblocking(False)
+            except OSError:
+                sock.close()
+                self.close()
+                raise
+            self._socks.append(sock)
+            self._loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def _accept(self, lsock: socket.socket) -> None:
+        for _ in range(64):  # a bounded batch per wake-up, like asyncio's server
+            try:
+                sock, _addr = lsock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:  # EMFILE/ENFILE/ENOBUFS: out of descriptors or memory
+                log.error("accept failed on the TLS listener; pausing it for 1 s (raise the "
+                          "process's open-files limit?)", extra={"error": str(exc)})
+                self._loop.remove_reader(lsock.fileno())
+                self._loop.call_later(1.0, self._resume, lsock)
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            task = self._loop.create_task(self._handshake(sock))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    def _resume(self, lsock: socket.socket) -> None:
+        if lsock in self._socks:
+            self._loop.add_reader(lsock.fileno(), self._accept, lsock)
+
+    async def _handshake(self, sock: socket.socket) -> None:
+        lst = self._listeners
+        try:
+            peer = sock.getpeername()
+        except OSError:
+            peer = None
+        # The CONNECT deadline also bounds the handshake: no CONNECT can come before it.
+        timeout = lst.router.settings.mqtt.connect_timeout
+        started = self._loop.time()
+        try:
+            await self._loop.connect_accepted_socket(
+                lambda: Connection(lst.router, self._lstats, lst.stats), sock, ssl=self._ctx,
+                ssl_handshake_timeout=timeout)
+        except asyncio.CancelledError:
+            sock.close()
+            raise
+        except (OSError, TimeoutError, ConnectionError) as exc:
+            sock.close()  # the transport closed it already, unless it failed before taking it
+            late = self._loop.time() - started >= timeout
+            reason, text = _handshake_failure(exc, timeout if late else None)
+            self._lstats.tls_handshake_failures[reason] = \
+                self._lstats.tls_handshake_failures.get(reason, 0) + 1
+            extra = {"listener": self._lstats.name, "reason": reason,
+                     "peer": f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"}
+            # A load balancer's TCP probe connects and closes: that is not a broken device.
+            level = logging.DEBUG if reason == "closed" else logging.WARNING
+            log.log(level, f"TLS handshake failed: {text}", extra=extra)
+
+    def close(self) -> None:
+        for sock in self._socks:
+            self._loop.remove_reader(sock.fileno())
+            sock.close()
+        self._socks.clear()
+        for task in self._handshakes:  # not a client yet: nothing to drain
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        if self._handshakes:
+            await asyncio.gather(*self._handshakes, return_exceptions=True)
+
+
 class Listeners:
     def __init__(self, router: Router, settings: ListenerSettings, stats: BrokerStats) -> None:
         self.router = router
         self.settings = settings
         self.stats = stats
-        self._servers: list[asyncio.AbstractServer] = []
+        self._servers: list[asyncio.AbstractServer | _TlsListener] = []
         self._ws_runner: web.AppRunner | None = None
         self.ws_handlers: set[asyncio.Task] = set()
 
@@ -138,10 +268,14 @@ class Listeners:
                      ctx: ssl.SSLContext | None) -> None:
         host, port = parse_bind(bind)
         lstats = self.stats.listener(name)
-        server = await loop.create_server(
-            lambda: Connection(self.router, lstats, self.stats), host, port, ssl=ctx,
-            backlog=4096, reuse_address=True,
-        )
+        server: asyncio.AbstractServer | _TlsListener
+        if ctx is None:
+            server = await loop.create_server(
+                lambda: Connection(self.router, lstats, self.stats), host, port, backlog=4096,
+                reuse_address=True)
+        else:
+            server = _TlsListener(self, ctx, lstats)
+            server.listen(host, port)
         self._servers.append(server)
         log.info("listening", extra={"listener": name, "bind": bind})
 

@@ -55,7 +55,7 @@ class MqttSettings:
     # counted; QoS>0 waits in the session queue. Keeps a stalled reader from growing memory.
     write_buffer_limit: int = 1_048_576
     allow_zero_length_client_id: bool = True
-    connect_timeout: float = 10.0  # seconds to wait for CONNECT after TCP accept
+    connect_timeout: float = 10.0  # seconds to wait for CONNECT after accept (and for TLS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,10 @@ class DropReason:
     NOT_STORED = "not_stored"  # the commit log failed to write it: refused, never acknowledged
 
 
+# Why a TLS listener's handshake failed (the label of meshmq_tls_handshake_failures_total).
+TLS_HANDSHAKE_FAILURES = ("client_certificate", "not_tls", "timeout", "closed", "tls_error")
+
+
 @dataclass(slots=True)
 class ListenerStats:
     name: str  # "tcp", "tls", "ws"
@@ -35,6 +39,9 @@ class ListenerStats:
     bytes_in: int = 0
     bytes_out: int = 0
     rejected: int = 0  # connections closed before CONNACK 0 (bad CONNECT, auth, TLS-on-plain)
+    # TLS listener: handshakes that failed, by reason (TLS_HANDSHAKE_FAILURES); these never
+    # became connections, so they are not in ``rejected``.
+    tls_handshake_failures: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from broker.protocol import codec
-from broker.stats import PACKET_NAMES, BrokerStats, DropReason
+from broker.stats import PACKET_NAMES, TLS_HANDSHAKE_FAILURES, BrokerStats, DropReason
 from commitlog import record
 from commitlog.stats import FSYNC_BUCKETS_S, LogStats
 from commitlog.store import LogStore
@@ -124,13 +124,20 @@ class _BrokerCollector(Collector):
                                     "Connections closed for protocol violations.")
         auth = CounterMetricFamily("meshmq_auth_failures_total",
                                    "CONNECTs refused for bad credentials or authorisation.")
+        tls_failed = CounterMetricFamily(
+            "meshmq_tls_handshake_failures_total",
+            "TLS listener handshakes that failed, by reason (client_certificate: missing or not "
+            "signed by listener.tls.cafile; not_tls: plain MQTT or other bytes; timeout; closed: "
+            "the peer left mid-handshake, e.g. a TCP probe; tls_error: anything else).",
+            labels=["listener", "reason"])
         long_reads = CounterMetricFamily(
             "meshmq_long_reads_total",
             "Socket reads whose packets took over 2 ms to route (a backlog; the router wrote "
             "partial results mid-read). A rising rate means the node is behind its input.",
             value=s.long_reads)
         families: list[Metric] = [conns, conns_total, rejected, bytes_in, bytes_out, pk_in, pk_out,
-                                  msg_in, msg_out, dropped, proto, auth, long_reads]
+                                  msg_in, msg_out, dropped, proto, auth, tls_failed,
+                                  long_reads]
         gauges = [(key, GaugeMetricFamily(name, doc)) for key, name, doc in _ROUTER_GAUGES]
         families.extend(g for _, g in gauges)
 
@@ -140,6 +147,9 @@ class _BrokerCollector(Collector):
             rejected.add_metric([name], ls.rejected)
             bytes_in.add_metric([name], ls.bytes_in)
             bytes_out.add_metric([name], ls.bytes_out)
+            if name == "tls":
+                for reason in TLS_HANDSHAKE_FAILURES:
+                    tls_failed.add_metric([name, reason], ls.tls_handshake_failures.get(reason, 0))
         # Every packet type and drop reason, zeros included: a series that appears only after
         # its first event breaks rate() and alerting on "absent".
         for code in range(1, len(PACKET_NAMES)):

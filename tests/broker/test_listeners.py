@@ -210,3 +210,80 @@ def test_tls_client_certificates_required_when_cafile_set(start_broker, cert, cl
         assert again.connect(unique("mtls2")).raw == b"\x20\x02\x00\x00"
     finally:
         again.close()
+
+
+def _failures(b, reason: str) -> float:
+    return b.metric("meshmq_tls_handshake_failures_total", listener="tls", reason=reason)
+
+
+def _warned(b, offset: int, pattern: str) -> bool:
+    return any(re.search(pattern, line) and "WARNING" in line
+               for line in b.log_since(offset).splitlines())
+
+
+def test_refused_tls_handshakes_are_logged_and_counted(start_broker, cert, client_pki):
+    """Every way a TLS handshake fails leaves a WARNING naming the reason and the peer, and a
+    count in meshmq_tls_handshake_failures_total{reason}: a client certificate the CA did not
+    sign, no certificate, plain MQTT on the TLS port, a client that never finishes. A TCP probe
+    that connects and leaves is counted (closed) but not warned about. The listener keeps
+    serving throughout."""
+    b = start_broker(tls=cert, listener={"tls": {"cafile": client_pki["ca"]}},
+                     mqtt={"connect_timeout": 1.0})
+    assert _failures(b, "client_certificate") == 0  # exported from the start, zeros included
+
+    def attempt(who):
+        try:
+            c = _mtls_connect(b, cert[0], client_pki[who] if who else None)
+        except (ssl.SSLError, OSError):
+            return
+        try:
+            c.connect(unique("mtls-bad"))
+        except (ssl.SSLError, OSError, R.MalformedError, AssertionError):
+            pass
+        finally:
+            c.close()
+
+    off = b.log_size()
+    attempt("rogue")
+    wait_for(lambda: _warned(b, off, r"TLS handshake failed: client certificate refused.*"
+                                     r"127\.0\.0\.1"), timeout=10,
+             message="a warning naming the refused client certificate and the peer")
+    assert _failures(b, "client_certificate") == 1
+
+    off = b.log_size()
+    attempt(None)
+    wait_for(lambda: _warned(b, off, r"TLS handshake failed: the client sent no certificate"),
+             timeout=10, message="a warning saying the client sent no certificate")
+    assert _failures(b, "client_certificate") == 2
+
+    off = b.log_size()
+    c = R.RawClient(b.host, b.tls_port, timeout=10)
+    try:
+        c.try_send(R.connect(unique("plain-on-tls")))
+        wait_for(lambda: _warned(b, off, r"TLS handshake failed: the client is not speaking TLS"),
+                 timeout=10, message="a warning that plain MQTT reached the TLS port")
+    finally:
+        c.close()
+    assert _failures(b, "not_tls") == 1
+
+    off = b.log_size()
+    s = socket.create_connection((b.host, b.tls_port), timeout=10)
+    try:  # says nothing: the handshake deadline (mqtt.connect_timeout, 1 s here) closes it
+        wait_for(lambda: _warned(b, off, r"did not finish the handshake within 1 s"), timeout=10,
+                 message="a warning that the handshake timed out")
+        assert s.recv(1) == b""
+    finally:
+        s.close()
+    assert _failures(b, "timeout") == 1
+
+    off = b.log_size()
+    socket.create_connection((b.host, b.tls_port), timeout=10).close()
+    wait_for(lambda: _failures(b, "closed") == 1, timeout=10, message="the probe counted")
+    assert not _warned(b, off, r"TLS handshake failed"), b.log_since(off)
+
+    ok = _mtls_connect(b, cert[0], client_pki["client"])
+    try:
+        assert ok.connect(unique("mtls-after")).raw == b"\x20\x02\x00\x00"
+    finally:
+        ok.close()
+    assert _failures(b, "tls_error") == 0
