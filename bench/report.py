@@ -251,11 +251,16 @@ def latency_note(doc: dict) -> str:
     meta = doc.get("meta", {})
     host = ", ".join(f"{k} {meta[k]}" for k in ("cpuidle_driver", "guest_halt_poll_ns")
                      if k in meta)
-    return ("latency runs each broker at 50% of its own qos0 maximum with a CPU latency QoS "
-            "request of 0 us held (/dev/cpu_dma_latency, as tuned's latency-performance profile "
-            "does), so idle vCPUs poll instead of halting; latency_untuned is the same run on the "
-            f"host as it is{f' ({host})' if host else ''}, run once whatever the steal. "
-            "bench/README.md says why.")
+    held = {c.get("cpu_latency_qos", "not recorded")
+            for c in doc.get("summary", {}).get("latency", {}).values()}
+    if held and all(h.startswith("held") for h in held):
+        how = ("with a CPU latency QoS request of 0 us held (/dev/cpu_dma_latency, as tuned's "
+               "latency-performance profile does), so idle vCPUs poll instead of halting")
+    else:
+        how = f"on the host as it is: the CPU latency QoS request was {' / '.join(sorted(held))}"
+    return (f"latency runs each broker at 50% of its own qos0 maximum {how}; latency_untuned is "
+            f"the same run on the host as it is{f' ({host})' if host else ''}, never re-run for "
+            "steal. bench/README.md says why.")
 
 
 def render_markdown(doc: dict) -> str:
