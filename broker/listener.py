@@ -1,6 +1,8 @@
 """Listeners: TCP, TLS and MQTT over WebSocket, all feeding the same ``Connection`` protocol.
 
-TCP and TLS use ``loop.create_server`` directly (uvloop's fastest path). WebSocket uses aiohttp's
+TCP uses ``loop.create_server`` directly (uvloop's fastest path); TLS accepts sockets itself and
+gives each to ``loop.connect_accepted_socket`` so a failed handshake can be logged (see
+``_TlsListener``), after which the data path is the same. WebSocket uses aiohttp's
 server (a real HTTP/WebSocket implementation, not a hand-rolled parser) and adapts each socket to
 the small transport surface ``Connection`` needs, so the MQTT code cannot tell the difference.
 """
