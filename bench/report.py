@@ -175,7 +175,7 @@ def detail_rows(doc: dict) -> tuple[list[str], list[list[str]]]:
                 if len(c.get("values", ())) > 1:  # the spread is the story on a noisy VM
                     extra += " (p99 per round: " + " / ".join(fmt(v) for v in c["values"]) + ")"
                 if "steal_burst_ms" in c:
-                    extra += f"; worst 100 ms of steal: {fmt(c['steal_burst_ms'])} ms"
+                    extra += f"; worst 100 ms of steal: {c['steal_burst_ms']:.0f} ms"
                 extra += ("; CPU latency QoS " + c["cpu_latency_qos"] if "cpu_latency_qos" in c
                           else "; host as is (idle vCPUs halt)")
             elif w == "trie" and c.get("vs_own_qos0"):
