@@ -4,6 +4,7 @@ import re
 import socket
 import ssl
 import subprocess
+import time
 
 import pytest
 from helpers import raw as R
@@ -287,3 +288,20 @@ def test_refused_tls_handshakes_are_logged_and_counted(start_broker, cert, clien
     finally:
         ok.close()
     assert _failures(b, "tls_error") == 0
+
+
+def test_sigterm_with_a_tls_handshake_pending_exits_promptly(start_broker, cert):
+    """A connection on the TLS port that never says hello is not a client to drain: SIGTERM
+    cancels its handshake and the node exits 0 well before the handshake deadline."""
+    b = start_broker(tls=cert, mqtt={"connect_timeout": 30.0})
+    s = socket.create_connection((b.host, b.tls_port), timeout=10)
+    try:
+        time.sleep(0.5)  # accepted and waiting for its ClientHello (nothing to observe yet)
+        t0 = time.monotonic()
+        code = b.stop(timeout=20)
+        elapsed = time.monotonic() - t0
+    finally:
+        s.close()
+    assert code == 0, b.log_tail()
+    assert elapsed < 10, f"SIGTERM waited {elapsed:.1f} s on a pending TLS handshake"
+    assert "Traceback" not in b.log_text(), b.log_tail()
