@@ -102,7 +102,8 @@ class _BrokerCollector(Collector):
                                           "Client connections accepted.", labels=["listener"])
         rejected = CounterMetricFamily(
             "meshmq_connections_rejected_total",
-            "Connections closed before a successful CONNACK (bad CONNECT, auth, TLS errors).",
+            "Connections closed before a successful CONNACK (bad CONNECT, auth, TLS on the plain "
+            "port); failed TLS handshakes are in meshmq_tls_handshake_failures_total.",
             labels=["listener"])
         bytes_in = CounterMetricFamily("meshmq_bytes_received_total", "Bytes read from clients.",
                                        labels=["listener"])
