@@ -128,6 +128,12 @@ def _handshake_failure(exc: BaseException, timed_out: float | None) -> tuple[str
         if exc.reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE":
             return "client_certificate", "the client sent no certificate (listener.tls.cafile " \
                                          "requires one)"
+        if exc.reason in ("TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE",
+                          "SSLV3_ALERT_CERTIFICATE_UNKNOWN", "SSLV3_ALERT_CERTIFICATE_EXPIRED"):
+            # The client's alert: it does not trust what listener.tls.certfile presents.
+            return "server_certificate", f"the client refused this server's certificate " \
+                f"({text}): does a CA the device trusts sign listener.tls.certfile, for the " \
+                "name it connects to?"
         if exc.reason in ("WRONG_VERSION_NUMBER", "HTTP_REQUEST", "UNEXPECTED_RECORD",
                           "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
             return "not_tls", f"the client is not speaking TLS ({text}): plain MQTT belongs " \
@@ -150,7 +156,7 @@ class _TlsListener:
 
     def __init__(self, listeners: Listeners, ctx: ssl.SSLContext, lstats: ListenerStats) -> None:
         self._listeners = listeners
-        self._ctx = ctx
+        self.ctx = ctx  # replaced by Listeners.reload_tls; each handshake takes the current one
         self._lstats = lstats
         self._socks: list[socket.socket] = []
         self._handshakes: set[asyncio.Task] = set()
@@ -212,7 +218,7 @@ class _TlsListener:
         started = self._loop.time()
         try:
             await self._loop.connect_accepted_socket(
-                lambda: Connection(lst.router, self._lstats, lst.stats), sock, ssl=self._ctx,
+                lambda: Connection(lst.router, self._lstats, lst.stats), sock, ssl=self.ctx,
                 ssl_handshake_timeout=timeout)
         except asyncio.CancelledError:
             sock.close()
@@ -257,14 +263,41 @@ class Listeners:
         if s.tcp_bind:
             await self._serve(loop, "tcp", s.tcp_bind, None)
         if s.tls_bind:
-            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ctx.load_cert_chain(s.tls_certfile, s.tls_keyfile)
-            if s.tls_cafile:
-                ctx.load_verify_locations(s.tls_cafile)
-                ctx.verify_mode = ssl.CERT_REQUIRED
-            await self._serve(loop, "tls", s.tls_bind, ctx)
+            await self._serve(loop, "tls", s.tls_bind, self._tls_context())
         if s.ws_bind:
             await self._serve_ws(s.ws_bind, s.ws_path)
+
+    def _tls_context(self) -> ssl.SSLContext:
+        s = self.settings
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(s.tls_certfile, s.tls_keyfile)
+        if s.tls_cafile:
+            ctx.load_verify_locations(s.tls_cafile)
+            ctx.verify_mode = ssl.CERT_REQUIRED
+        return ctx
+
+    def reload_tls(self) -> bool | None:
+        """Re-read the TLS listener's certificate, key and CA files (SIGHUP; Mosquitto 2.0 does
+        the same, so a renewed certificate needs no restart). New handshakes use them; open
+        connections keep the session they have. Unreadable or mismatched files leave the old
+        context serving and log which setting to fix. None when there is no TLS listener."""
+        tls = [srv for srv in self._servers if isinstance(srv, _TlsListener)]
+        if not tls:
+            return None
+        s = self.settings
+        try:
+            ctx = self._tls_context()
+        except (OSError, ssl.SSLError) as exc:
+            log.error("SIGHUP: TLS files not reloaded, still serving the previous certificate: "
+                      "%s (check listener.tls.certfile, keyfile and cafile)", exc,
+                      extra={"certfile": s.tls_certfile, "keyfile": s.tls_keyfile,
+                             "cafile": s.tls_cafile or ""})
+            return False
+        for srv in tls:
+            srv.ctx = ctx
+        log.info("SIGHUP: TLS certificate reloaded",
+                 extra={"certfile": s.tls_certfile, "cafile": s.tls_cafile or ""})
+        return True
 
     async def _serve(self, loop: asyncio.AbstractEventLoop, name: str, bind: str,
                      ctx: ssl.SSLContext | None) -> None:

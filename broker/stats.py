@@ -28,7 +28,8 @@ class DropReason:
 
 
 # Why a TLS listener's handshake failed (the label of meshmq_tls_handshake_failures_total).
-TLS_HANDSHAKE_FAILURES = ("client_certificate", "not_tls", "timeout", "closed", "tls_error")
+TLS_HANDSHAKE_FAILURES = ("client_certificate", "server_certificate", "not_tls", "timeout",
+                          "closed", "tls_error")
 
 
 @dataclass(slots=True)

@@ -128,7 +128,8 @@ class _BrokerCollector(Collector):
         tls_failed = CounterMetricFamily(
             "meshmq_tls_handshake_failures_total",
             "TLS listener handshakes that failed, by reason (client_certificate: missing or not "
-            "signed by listener.tls.cafile; not_tls: plain MQTT or other bytes; timeout; closed: "
+            "signed by listener.tls.cafile; server_certificate: the client does not trust ours; "
+            "not_tls: plain MQTT or other bytes; timeout; closed: "
             "the peer left mid-handshake, e.g. a TCP probe; tls_error: anything else).",
             labels=["listener", "reason"])
         long_reads = CounterMetricFamily(

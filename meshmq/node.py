@@ -2,7 +2,8 @@
 
 This is the only place that knows every room; each room receives just its own settings. Signals:
 SIGTERM/SIGINT drain gracefully (stop accepting, v5 DISCONNECT 0x8B to clients, flush, exit 0);
-SIGHUP reloads the password and ACL files (Mosquitto reloads the same on SIGHUP).
+SIGHUP reloads the password and ACL files and the TLS listener's certificate files (Mosquitto
+2.0 reloads the same on SIGHUP).
 """
 
 from __future__ import annotations
@@ -115,11 +116,12 @@ class Node:
         self._stop.set()
 
     def reload(self) -> None:
+        tls = self.listeners.reload_tls() if self.listeners is not None else None
         if self.auth is not None:
             log.info("SIGHUP: reloading password and ACL files")
             self.auth.reload()
-        else:
-            log.info("SIGHUP: nothing to reload (no password or ACL file configured)")
+        elif tls is None:
+            log.info("SIGHUP: nothing to reload (no password or ACL file, no TLS listener)")
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()

@@ -1,6 +1,7 @@
 """Listeners: TLS, WebSocket, and a TLS client on the plain port."""
 
 import re
+import signal
 import socket
 import ssl
 import subprocess
@@ -305,3 +306,60 @@ def test_sigterm_with_a_tls_handshake_pending_exits_promptly(start_broker, cert)
     assert code == 0, b.log_tail()
     assert elapsed < 10, f"SIGTERM waited {elapsed:.1f} s on a pending TLS handshake"
     assert "Traceback" not in b.log_text(), b.log_tail()
+
+
+def _self_signed(d, name: str) -> tuple[str, str]:
+    key, crt = str(d / f"{name}.key"), str(d / f"{name}.pem")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", crt,
+             "-days", "2", "-subj", "/CN=localhost",
+             "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1")
+    return crt, key
+
+
+def _tls_connack(broker, trust: str) -> bytes:
+    ctx = ssl.create_default_context(cafile=trust)
+    s = socket.create_connection((broker.host, broker.tls_port), timeout=10)
+    c = R.RawClient(broker.host, broker.tls_port,
+                    sock=ctx.wrap_socket(s, server_hostname="localhost"))
+    try:
+        return c.connect(unique("reload")).raw
+    finally:
+        c.close()
+
+
+def test_sighup_reloads_the_tls_certificate_and_keeps_the_old_one_when_broken(start_broker,
+                                                                             tmp_path):
+    """A renewed certificate needs no restart (Mosquitto 2.0 reloads on SIGHUP): after the files
+    are replaced and SIGHUP sent, new handshakes present the new certificate. Files that do not
+    load leave the previous certificate serving, with an error naming the settings to check."""
+    old = _self_signed(tmp_path, "old")
+    new = _self_signed(tmp_path, "new")
+    live_crt, live_key = tmp_path / "live.pem", tmp_path / "live.key"
+    live_crt.write_bytes(open(old[0], "rb").read())
+    live_key.write_bytes(open(old[1], "rb").read())
+    b = start_broker(tls=(str(live_crt), str(live_key)))
+    assert _tls_connack(b, old[0]) == b"\x20\x02\x00\x00"
+
+    live_crt.write_bytes(open(new[0], "rb").read())
+    live_key.write_bytes(open(new[1], "rb").read())
+    off = b.log_size()
+    b.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "TLS certificate reloaded" in b.log_since(off), timeout=10,
+             message="the reload logged")
+    assert _tls_connack(b, new[0]) == b"\x20\x02\x00\x00"
+    off = b.log_size()
+    with pytest.raises(ssl.SSLCertVerificationError):
+        _tls_connack(b, old[0])
+    # The device that does not trust the new certificate is named in the log too.
+    wait_for(lambda: _warned(b, off, r"the client refused this server's certificate"),
+             timeout=10, message="a warning that the client refused the server certificate")
+    assert _failures(b, "server_certificate") == 1
+
+    live_key.write_bytes(open(old[1], "rb").read())  # a key that does not match the certificate
+    off = b.log_size()
+    b.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "TLS files not reloaded" in b.log_since(off), timeout=10,
+             message="an error saying the TLS files were not reloaded")
+    assert "listener.tls.certfile" in b.log_since(off)
+    assert _tls_connack(b, new[0]) == b"\x20\x02\x00\x00"
+    assert b.alive
