@@ -293,18 +293,16 @@ def test_refused_tls_handshakes_are_logged_and_counted(start_broker, cert, clien
 
 def test_sigterm_with_a_tls_handshake_pending_exits_promptly(start_broker, cert):
     """A connection on the TLS port that never says hello is not a client to drain: SIGTERM
-    cancels its handshake and the node exits 0 well before the handshake deadline."""
-    b = start_broker(tls=cert, mqtt={"connect_timeout": 30.0})
+    cancels its handshake and the node exits 0. With a 60 s handshake deadline, a node that
+    waited for it would still be running when ``stop`` gives up and SIGKILLs it (20 s)."""
+    b = start_broker(tls=cert, mqtt={"connect_timeout": 60.0})
     s = socket.create_connection((b.host, b.tls_port), timeout=10)
     try:
         time.sleep(0.5)  # accepted and waiting for its ClientHello (nothing to observe yet)
-        t0 = time.monotonic()
         code = b.stop(timeout=20)
-        elapsed = time.monotonic() - t0
     finally:
         s.close()
-    assert code == 0, b.log_tail()
-    assert elapsed < 10, f"SIGTERM waited {elapsed:.1f} s on a pending TLS handshake"
+    assert code == 0, f"exit {code}: SIGTERM waited on a pending TLS handshake\n{b.log_tail()}"
     assert "Traceback" not in b.log_text(), b.log_tail()
 
 

@@ -92,11 +92,11 @@ def test_interval_policy_acks_after_interval_fsync(tmp_path):
     async def main():
         store = LogStore.open(str(tmp_path), LogSettings(fsync=50))
         gc = GroupCommitter(store)
-        t0 = time.monotonic()
         gc.append("a", 1, "t", 1, None, b"x")
-        await gc.wait_durable()
+        # No further append comes: the interval timer alone must make it durable (a hang here,
+        # not a speed bound, is the failure; timings belong in bench/).
+        await asyncio.wait_for(gc.wait_durable(), timeout=30)
         assert store.read("a", 0)[0].payload == b"x"
-        assert time.monotonic() - t0 < 1.0
         fsyncs = store.stats.fsyncs
         for _ in range(100):
             gc.append("a", 1, "t", 1, None, b"y")
