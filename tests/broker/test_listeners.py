@@ -315,10 +315,7 @@ def _self_signed(d, name: str) -> tuple[str, str]:
 
 
 def _tls_connack(broker, trust: str) -> bytes:
-    ctx = ssl.create_default_context(cafile=trust)
-    s = socket.create_connection((broker.host, broker.tls_port), timeout=10)
-    c = R.RawClient(broker.host, broker.tls_port,
-                    sock=ctx.wrap_socket(s, server_hostname="localhost"))
+    c = _mtls_connect(broker, trust, None)
     try:
         return c.connect(unique("reload")).raw
     finally:
