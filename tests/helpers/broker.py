@@ -22,11 +22,20 @@ READY_TIMEOUT = 15.0
 ALL_BROKERS: list[BrokerProc] = []
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now (bind to 0, read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nobody listens on right now (bind to 0, read it back), never one this process
+    handed out before: the kernel may give the same free port twice in a row, and a broker's
+    listeners then collide (seen once: ws and tcp on one port, config error at start)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def toml_value(value: Any) -> str:
