@@ -37,6 +37,9 @@ _H_RESPONSE_TOPIC = ":response-topic"
 _H_CORRELATION = ":correlation-data"
 _H_FORMAT = ":payload-format"
 _H_EXPIRY = ":message-expiry"  # the interval in seconds, counted from the record timestamp
+# The publisher's client id, kept only when that client holds a No Local subscription: a session
+# fed from the log (broker/catchup.py) must still not get its own messages back [MQTT-3.8.3-3].
+_H_ORIGIN = ":origin"
 _RESERVED = {
     _H_CONTENT_TYPE: (Prop.CONTENT_TYPE, "str"),
     _H_RESPONSE_TOPIC: (Prop.RESPONSE_TOPIC, "str"),
@@ -75,6 +78,8 @@ def properties_from_headers(headers: Any) -> tuple[dict | None, int | None]:
     for name, value in headers:
         spec = _RESERVED.get(name)
         if spec is None:
+            if name == _H_ORIGIN:
+                continue
             users.append((name, bytes(value).decode("utf-8", "replace")))
             continue
         prop, kind = spec
@@ -131,6 +136,8 @@ class DeviceLogs:
         attrs = msg.qos | (ATTR_RETAIN if msg.retain else 0)
         headers = headers_from_properties(msg.properties, expiry) if (
             msg.properties or expiry is not None) else None
+        if conn is not None and conn.session is not None and conn.session.has_no_local:
+            headers = [*(headers or ()), (_H_ORIGIN, msg.origin.encode())]
         offset = self.committer.append(key, time.time_ns() // 1000, msg.topic, attrs, headers,
                                        msg.payload)
         msg.device = key
@@ -219,4 +226,8 @@ def record_message(rec: Record, message_cls: type) -> Message:
                       bool(rec.attrs & ATTR_RETAIN), props, expiry_at, None)
     msg.device = rec.key
     msg.offset = rec.offset
+    if rec.headers:
+        for name, value in rec.headers:
+            if name == _H_ORIGIN:
+                msg.origin = bytes(value).decode("utf-8", "replace")
     return msg

@@ -98,7 +98,7 @@ class Message:
 class Delivery:
     """One message on its way to one session: queued, or in flight awaiting the client's ack."""
 
-    __slots__ = ("msg", "qos", "retain", "sub_ids", "pid", "state", "group", "position")
+    __slots__ = ("msg", "qos", "retain", "sub_ids", "pid", "state", "group", "position", "live")
 
     QUEUED = 0
     SENT = 1  # PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
@@ -123,6 +123,9 @@ class Delivery:
         # acking, the router hands the message to another member instead of losing it.
         self.group = group
         self.position = position  # add device/offset user properties (offset subscribers)
+        # Routed live from a just-stored append: if it waits in the queue when the session falls
+        # behind, the log can serve it again (broker/catchup.py), so the copy can go.
+        self.live = False
 
 
 def aliased_parts(d: Delivery, aliases: dict[str, int], alias_max: int) -> Parts:

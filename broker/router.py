@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.auth import Authenticator, topic_matches
+from broker.catchup import LogCatchUp
 from broker.connection import Connection
 from broker.devicelogs import DeviceLogs, PendingPublish, offset_request, record_message
 from broker.logrules import LogRules
@@ -120,8 +121,12 @@ class Router:
         self._flush_handle: asyncio.Handle | None = None
         self.accepting = True
         self.logs: DeviceLogs | None = None
+        self.catchup: LogCatchUp | None = None
         if committer is not None:
             self.logs = DeviceLogs(committer, log_rules or LogRules(), self._on_durable, self.loop)
+            self.catchup = LogCatchUp(committer.store, stats, self._deliver_from_log,
+                                      self.mqtt.max_queued_messages,
+                                      self.mqtt.max_lagging_devices, self.loop.call_soon)
         self._paused_publishers: set[Connection] = set()
         self._replaying: set[Session] = set()  # sessions with a cursor still reading history
         self._handlers: dict[int, Callable[[Connection, Any], None]] = {
@@ -158,7 +163,16 @@ class Router:
             "subscriptions": len(self.trie),
             "retained_messages": len(self.retained),
             "connections": len(self.connections),
+            **self._lag_gauges(),
         }
+
+    def _lag_gauges(self) -> dict[str, int]:
+        catchup = self.catchup
+        if catchup is None:
+            return {}
+        total = sum(sum(catchup.lag_of(s).values()) for s in catchup.lagging)
+        return {"sessions_lagging": len(catchup.lagging), "lag_messages": total,
+                "lag_limit_hits": catchup.limit_hits}
 
     # -- connection events ----------------------------------------------------------------------
     def connection_made(self, conn: Connection) -> None:
@@ -200,6 +214,8 @@ class Router:
             if session.queue:
                 self._pump(session)
             self._pump_replays(session)
+            if session.lag_behind:
+                self.catchup.pump(session)
 
     # -- writing ------------------------------------------------------------------------------
     def want_flush(self, conn: Connection) -> None:
@@ -421,6 +437,8 @@ class Router:
             self._resend_inflight(session, conn)
             self._pump(session)
             self._pump_replays(session)
+            if session.lag_behind:
+                self.catchup.pump(session)
 
     # -- PUBLISH from a client ------------------------------------------------------------------
     def _on_publish(self, conn: Connection, pkt: Publish) -> None:
@@ -444,8 +462,12 @@ class Router:
                 conn.send(PubRec(pkt.packet_id))
             return
         if qos and conn.level == 5:
+            # Receive Maximum is enforced for QoS 2 only, whose state we keep until PUBREL. A
+            # QoS 1 publisher that pipelines past it (MQTT.js, paho with a raised max_inflight)
+            # is served, as by Mosquitto, which acks QoS 1 at once: our acks wait for fsync,
+            # and memory stays bounded by _HELD_LIMIT pausing publishers' sockets.
             conn.inbound_unacked += 1
-            if conn.inbound_unacked > mqtt.receive_maximum:
+            if qos == 2 and len(session.incoming_qos2) >= mqtt.receive_maximum:
                 self.protocol_error(conn, ProtocolError(Reason.RECEIVE_MAXIMUM_EXCEEDED,
                                                         "receive maximum exceeded"))
                 return
@@ -575,7 +597,7 @@ class Router:
                 session = sessions[cid]
                 ids = (sub.sub_id,) if sub.sub_id else None
                 self._deliver(session, msg, sub.qos, sub.retain_as_published and msg.retain, ids,
-                              position=replay is not None)
+                              position=replay is not None, live=True)
         elif subs:
             merged: dict[str, list] = {}
             for cid, sub in subs:
@@ -596,7 +618,7 @@ class Router:
             for cid, (qos, rap, ids, position) in merged.items():
                 sub_ids = tuple(i for i in ids if i) or None
                 self._deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids,
-                              position=position)
+                              position=position, live=True)
         for group in match.groups:
             self._deliver_shared(group, msg)
 
@@ -640,7 +662,10 @@ class Router:
         sub_ids: tuple[int, ...] | None,
         group: SharedGroup | None = None,
         position: bool = False,
+        live: bool = False,
     ) -> None:
+        """``live``: routed from a just-stored (or unlogged) publish; a logged one may then be
+        left to the log when the session is behind (broker/catchup.py)."""
         acl = self._acl
         if acl is not None and not acl.can_deliver(session.username, session.client_id,
                                                    msg.topic):
@@ -649,6 +674,9 @@ class Router:
             self.stats.dropped(DropReason.NOT_AUTHORIZED)
             return
         qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]
+        if live and session.lag and group is None and msg.device is not None \
+                and self.catchup.divert(session, msg):
+            return
         conn = session.conn
         if qos == 0:
             if conn is None:
@@ -661,8 +689,17 @@ class Router:
         delivery = Delivery(msg, qos, retain, sub_ids, group, position)
         if conn is not None and not session.queue and len(session.inflight) < session.window:
             self._send_inflight(session, conn, delivery)
-        else:
-            self._enqueue(session, delivery)
+            return
+        if live and group is None and msg.device is not None:
+            catchup = self.catchup
+            if catchup.must_fall_behind(session) and catchup.fall_behind(session, msg):
+                return  # the log holds it: the session reads it from there, no copy kept
+            delivery.live = True
+        self._enqueue(session, delivery)
+
+    def _deliver_from_log(self, session: Session, msg: Message, granted: int, retain: bool,
+                          sub_ids: tuple[int, ...] | None, position: bool) -> None:
+        self._deliver(session, msg, granted, retain, sub_ids, position=position)
 
     def _enqueue(self, session: Session, delivery: Delivery) -> None:
         queue = session.queue
@@ -754,6 +791,8 @@ class Router:
             self._pump(session)
         if session in self._replaying and len(session.queue) < session.window // 2:
             self._pump_replays(session)
+        if session.lag_behind:
+            self.catchup.pump(session)
 
     def _on_pubrec(self, conn: Connection, pkt: PubRec) -> None:
         session = conn.session
@@ -857,7 +896,11 @@ class Router:
                     continue
                 sub.replay = cursor
                 replays.append(sub)
-            is_new = key_flt not in session.subscriptions
+            old = session.subscriptions.get(key_flt)
+            is_new = old is None
+            if old is not None:
+                sub.since_us = old.since_us  # a resubscribe keeps what the session is owed
+            session.has_no_local = session.has_no_local or opts.no_local
             session.subscriptions[key_flt] = sub
             self.trie.add(real, session.client_id, sub, group)
             codes.append(granted)
@@ -993,6 +1036,8 @@ class Router:
 
     def _end_session(self, session: Session) -> None:
         self._replaying.discard(session)
+        if self.catchup is not None:
+            self.catchup.forget(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         for sub in session.subscriptions.values():

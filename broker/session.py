@@ -8,6 +8,7 @@ connections only point at one.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from broker.message import Delivery
 from broker.protocol.packets import Will
 
 if TYPE_CHECKING:
+    from broker.catchup import LagCursor
     from broker.connection import Connection
 
 NEVER = 0xFFFFFFFF  # v5 session expiry interval meaning "does not expire"
@@ -23,7 +25,7 @@ NEVER = 0xFFFFFFFF  # v5 session expiry interval meaning "does not expire"
 
 class Subscription:
     __slots__ = ("filter", "qos", "no_local", "retain_as_published", "retain_handling", "sub_id",
-                 "group", "replay")
+                 "group", "replay", "since_us")
 
     def __init__(
         self,
@@ -43,13 +45,16 @@ class Subscription:
         self.sub_id = sub_id
         self.group = group
         self.replay: ReplayCursor | None = None  # set when the subscriber asked for an offset
+        # When it was made (wall clock, the records' timestamp scale): a session fed from the
+        # log skips records older than the subscription, as live routing would have.
+        self.since_us = time.time_ns() // 1000
 
 
 class Session:
     __slots__ = (
         "client_id", "conn", "level", "expiry_interval", "subscriptions", "inflight", "queue",
         "next_pid", "incoming_qos2", "window", "max_packet_size", "alias_max", "expires_at",
-        "will", "will_due", "username",
+        "will", "will_due", "username", "lag", "lag_behind", "has_no_local",
     )
 
     def __init__(self, client_id: str, level: int) -> None:
@@ -72,6 +77,11 @@ class Session:
         self.will: Will | None = None  # pending delayed will (v5 Will Delay Interval)
         self.will_due: float | None = None
         self.username: str | None = None  # for per-message read ACL checks
+        # device -> LagCursor while this session is fed from the logs (broker/catchup.py);
+        # lag_behind counts the cursors not yet caught up.
+        self.lag: dict[str, LagCursor] = {}
+        self.lag_behind = 0
+        self.has_no_local = False  # holds a No Local subscription: its publishes keep an origin
 
     @property
     def v5(self) -> bool:

@@ -36,12 +36,18 @@ class MqttSettings:
     max_packet_size: int = 1_048_576
     # Outgoing QoS 1/2 window per session (EMQX max_inflight 32; Mosquitto 20).
     max_inflight: int = 32
-    # Inbound QoS 1/2 the server accepts unacknowledged (v5 Receive Maximum it announces).
-    receive_maximum: int = 32
+    # Inbound QoS 1/2 the server accepts unacknowledged (v5 Receive Maximum it announces). Above
+    # Mosquitto's 20 / EMQX's 32 because our acks wait for fsync: a batch of publishes is in
+    # flight per group commit, as Kafka producers keep several batches in flight.
+    receive_maximum: int = 1024
     # Bound of a session's queue of messages waiting for the window or for the client to return
-    # (Mosquitto max_queued_messages 1000; EMQX max_mqueue_len 1000).
+    # (Mosquitto max_queued_messages 1000; EMQX max_mqueue_len 1000). Logged messages past it
+    # are not dropped: the session reads them from the log (broker/catchup.py).
     max_queued_messages: int = 1000
     queue_full_policy: QueueFullPolicy = QueueFullPolicy.DROP_OLDEST
+    # Device logs one session may be behind on (one small cursor each); past it, logged messages
+    # fall back to the queue above and its policy.
+    max_lagging_devices: int = 100_000
     # Upper bound on a client's requested session expiry, seconds; 0 = no cap.
     max_session_expiry: int = 0
     # Keepalive above this is answered with v5 Server Keep Alive; 0 = accept what the client asks.

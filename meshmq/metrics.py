@@ -60,6 +60,14 @@ _ROUTER_GAUGES = (
     ("retained_messages", "meshmq_retained_messages", "Retained messages stored."),
     ("connections", "meshmq_clients_connected",
      "Clients past CONNACK, as the router counts them (meshmq_connections counts sockets)."),
+    ("sessions_lagging", "meshmq_sessions_lagging",
+     "Sessions behind on at least one device log, fed from the log (a lag, not a drop)."),
+    ("lag_messages", "meshmq_lag_messages",
+     "Logged messages lagging sessions have still to receive, summed over sessions and devices "
+     "(per session: GET /api/v1/lag)."),
+    ("lag_limit_hits", "meshmq_lag_limit_hits_total",
+     "Times a session behind on mqtt.max_lagging_devices logs had a message queued in memory "
+     "instead (the queue's policy then applies)."),
 )
 
 

@@ -70,6 +70,10 @@ class Node:
         self.router = Router(self.config.broker, self.stats, self.auth, loop,
                              self.committer, rules)
         self.metrics.add_broker(self.stats, self.router.gauges)
+        if self.router.catchup is not None:
+            from meshmq.lag_api import register_lag_routes
+
+            register_lag_routes(self.admin.app, self.router.catchup)
         self.listeners = Listeners(self.router, self.config.broker.listeners, self.stats)
         await self.admin.start()
         await self.listeners.start()

@@ -237,6 +237,11 @@ def test_takeover_in_flight_message_continues_on_new_connection(broker, raw, cli
 # --------------------------------------------------------------------------------------------
 
 
+# The in-memory queue and its policy are for unlogged messages: a logged one is never dropped
+# for a full queue, the session reads it from the log (tests/broker/test_log_delivery.py).
+UNLOGGED = {"rules": [{"filter": "#", "log": False}]}
+
+
 def _fill_offline_queue(b, clients, n=10):
     cid = unique("qf")
     topic = unique("qf") + "/t"
@@ -264,7 +269,8 @@ def test_offline_queue_bound_policy(start_broker, clients, policy, expected):
     """max_queued_messages 5: 10 QoS 1 messages to an offline session keep 5 - the newest with
     drop_oldest (EMQX), the oldest with drop_new (Mosquitto) - and every drop is counted in
     meshmq_messages_dropped_total{reason="queue_full"} (no silent loss, mosquitto#3687)."""
-    b = start_broker(mqtt={"max_queued_messages": 5, "queue_full_policy": policy})
+    b = start_broker(mqtt={"max_queued_messages": 5, "queue_full_policy": policy},
+                     commitlog=UNLOGGED)
     cid, before = _fill_offline_queue(b, clients)
     c = clients(b, cid, protocol=V5)
     c.connect(clean_start=False, properties=_v5_connect_props(300))
@@ -281,7 +287,7 @@ def test_queue_full_policy_disconnect(start_broker, raw, clients):
     its window (max_inflight 2) and queue (max_queued_messages 3) full, is disconnected with
     DISCONNECT 0x97 (Quota exceeded); the drop is counted."""
     b = start_broker(mqtt={"max_queued_messages": 3, "max_inflight": 2,
-                           "queue_full_policy": "disconnect"})
+                           "queue_full_policy": "disconnect"}, commitlog=UNLOGGED)
     topic = unique("qfd") + "/t"
     slow = raw(b, version=5)
     slow.connect(unique("qfd"), properties={R.SESSION_EXPIRY_INTERVAL: 60})

@@ -56,9 +56,14 @@ def to_toml(config: dict[str, Any]) -> str:
     lines: list[str] = []
 
     def table(prefix: str, data: dict[str, Any]) -> None:
-        scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+        def is_array_of_tables(v: Any) -> bool:
+            return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+
+        scalars = {k: v for k, v in data.items()
+                   if not isinstance(v, dict) and not is_array_of_tables(v)}
         tables = {k: v for k, v in data.items() if isinstance(v, dict)}
-        if prefix and (scalars or not tables):
+        arrays = {k: v for k, v in data.items() if is_array_of_tables(v)}
+        if prefix and (scalars or not (tables or arrays)):
             lines.append(f"[{prefix}]")
         for key, value in scalars.items():
             lines.append(f"{key} = {toml_value(value)}")
@@ -66,6 +71,11 @@ def to_toml(config: dict[str, Any]) -> str:
             lines.append("")
         for key, value in tables.items():
             table(f"{prefix}.{key}" if prefix else key, value)
+        for key, items in arrays.items():  # [[commitlog.rules]] and the like
+            for item in items:
+                lines.append(f"[[{prefix}.{key}]]" if prefix else f"[[{key}]]")
+                lines.extend(f"{k} = {toml_value(v)}" for k, v in item.items())
+                lines.append("")
 
     table("", config)
     return "\n".join(lines) + "\n"

@@ -1,0 +1,269 @@
+"""Delivery from the log for sessions that fall behind: a lag is an offset, never a copy.
+
+A logged message is in its device log before anyone sees it, so a subscriber that cannot take it
+now (window and queue full, or offline) does not need the broker to keep a copy: it needs to
+remember *where it is* in that log. This is Kafka's consumer model applied to MQTT sessions, and
+what the design this broker comes from asks for ("subscribers just hold an offset"); brokers that
+queue copies (Mosquitto's max_queued_messages, EMQX's mqueue) must drop when the copy queue is
+full, which a 2,000-message burst against a 32 + 1,000 window overflowed.
+
+How it works, per session:
+- Live delivery of logged QoS>0 messages is unchanged while the session keeps up: straight into
+  the window, or into the bounded in-memory queue.
+- When the queue is full (or the session is offline), the session *falls behind* on that device:
+  it records a ``LagCursor`` at the message's offset and stops copying. From then on every live
+  logged delivery to it is left to the log ("lag mode"), and the logged deliveries still in its
+  queue are turned into cursors too, so its memory is a cursor per device, not a copy per message.
+- ``pump`` reads each cursor's device log from its offset, at the pace the window and socket
+  allow, and rebuilds what live routing would have sent this session from the session's own
+  subscriptions (same merge as ``Router.route``: one copy, highest granted QoS, every
+  subscription id, No Local, Retain As Published). Per-device order is log order.
+- At the log end a cursor goes *live*: it keeps its next offset until the next live message of
+  that device arrives, so a message routed after the read found it (or before) is delivered
+  exactly once; then it is dropped. That is the replay cursor's seam (``devicelogs.ReplayCursor``).
+
+Not covered (they keep the bounded queue and its policy, documented in config.example.toml):
+unlogged topics (``log = false`` rules, ``$`` topics), shared subscriptions (a share is chosen
+per message at routing time; a member that falls behind hands shares to other members instead),
+retained messages sent on SUBSCRIBE, and sessions past ``mqtt.max_lagging_devices``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from broker.auth import topic_matches
+from broker.devicelogs import record_message
+from broker.message import Message
+from broker.stats import DropReason
+from commitlog.store import OffsetOutOfRangeError
+
+if TYPE_CHECKING:
+    from broker.message import Delivery
+    from broker.session import Session
+    from broker.stats import BrokerStats
+    from commitlog.record import Record
+    from commitlog.store import LogStore
+
+log = logging.getLogger("broker.catchup")
+
+_CHUNK = 256  # records read per device per step
+_STEP = 5_000  # records examined per session per loop turn before yielding to other work
+
+
+class LagCursor:
+    """Where one session is in one device log while it is behind (or just caught up)."""
+
+    __slots__ = ("next", "live")
+
+    def __init__(self, next_offset: int) -> None:
+        self.next = next_offset
+        self.live = False  # True: caught up; kept only to drop a duplicate at the seam
+
+
+# (session, msg, granted qos, retain flag, subscription ids, position) -> None
+Deliver = Callable[["Session", Message, int, bool, "tuple[int, ...] | None", bool], None]
+
+
+class LogCatchUp:
+    """Falls sessions behind onto their device logs and feeds them back from there."""
+
+    def __init__(self, store: LogStore, stats: BrokerStats, deliver: Deliver,
+                 max_queued: int, max_devices: int, call_soon: Callable) -> None:
+        self.store = store
+        self.stats = stats
+        self._deliver = deliver
+        self._max_queued = max_queued
+        self._max_devices = max_devices
+        self._call_soon = call_soon
+        self.lagging: set[Session] = set()  # sessions with at least one cursor behind
+        self._scheduled: set[Session] = set()
+        self.limit_hits = 0  # falls behind refused by max_lagging_devices (metric)
+        self._limit_logged = 0.0
+
+    # -- the router's hooks --------------------------------------------------------------
+    def divert(self, session: Session, msg: Message) -> bool:
+        """Called for a live logged delivery to a session with cursors: True when the log
+        (not this call) delivers it."""
+        lag = session.lag
+        c = lag.get(msg.device)
+        if c is not None:
+            if not c.live or msg.offset < c.next:
+                return True  # behind: the cursor reads it; or already read at the seam
+            del lag[msg.device]  # the first live message after the seam: live from here
+        if session.lag_behind:
+            return self.fall_behind(session, msg)  # lag mode: keep this device in log order
+        return False
+
+    def must_fall_behind(self, session: Session) -> bool:
+        """A live logged QoS>0 delivery that would be queued: does it go to the log instead?"""
+        return session.conn is None or len(session.queue) >= self._max_queued
+
+    def fall_behind(self, session: Session, msg: Message) -> bool:
+        """Record that ``session`` is behind on ``msg``'s device from ``msg``; False if the
+        ``max_lagging_devices`` bound refuses it (the caller queues it under the queue's policy)."""
+        lag = session.lag
+        device = msg.device
+        if device not in lag and len(lag) >= self._max_devices:
+            self.limit_hits += 1
+            now = time.monotonic()
+            if now - self._limit_logged > 10:
+                self._limit_logged = now
+                log.warning("session behind on too many device logs (mqtt.max_lagging_devices="
+                            "%d): further messages use the in-memory queue and its policy",
+                            self._max_devices, extra={"client_id": session.client_id})
+            return False
+        first = not session.lag_behind
+        self._behind(session, device, msg.offset)
+        if first:
+            self.lagging.add(session)
+            log.info("session fell behind; delivering from the device logs",
+                     extra={"client_id": session.client_id, "device": device,
+                            "offset": msg.offset, "online": session.conn is not None})
+            self._compact_queue(session)
+        return True
+
+    def pump(self, session: Session) -> None:
+        """Feed the window from the cursors while the client can take more."""
+        if not session.lag_behind:
+            return
+        conn = session.conn
+        if conn is None or conn.closing:
+            return
+        lag = session.lag
+        inflight = session.inflight
+        window = session.window
+        queue = session.queue
+        budget = _STEP
+        while budget > 0:
+            moved = False
+            for device, c in list(lag.items()):
+                if c.live:
+                    continue
+                if queue or len(inflight) >= window or conn.congested:
+                    return  # resumed by acks (_window_freed) or the socket draining (writable)
+                try:
+                    records = self.store.read(device, c.next,
+                                              min(_CHUNK, max(16, window - len(inflight))))
+                except OffsetOutOfRangeError:
+                    self._skip_to_start(session, device, c)
+                    moved = True
+                    continue
+                if not records:
+                    c.live = True
+                    session.lag_behind -= 1
+                    continue
+                moved = True
+                for rec in records:
+                    budget -= 1
+                    c.next = rec.offset + 1
+                    self._deliver_record(session, rec)
+                    if queue or len(inflight) >= window or conn.congested:
+                        break
+            if not session.lag_behind:
+                self.lagging.discard(session)
+                log.info("session caught up with the device logs; live delivery again",
+                         extra={"client_id": session.client_id})
+                return
+            if not moved:
+                return
+        if session not in self._scheduled:  # more to do: yield to other work first
+            self._scheduled.add(session)
+            self._call_soon(self._resume, session)
+
+    def forget(self, session: Session) -> None:
+        """The session ended: drop its cursors."""
+        session.lag.clear()
+        session.lag_behind = 0
+        self.lagging.discard(session)
+
+    def lag_of(self, session: Session) -> dict[str, int]:
+        """Messages behind the log end, per device the session is behind on."""
+        out = {}
+        for device, c in session.lag.items():
+            if not c.live:
+                start, end = self.store.log_range(device)
+                out[device] = max(0, end - max(c.next, start))
+        return out
+
+    # -- internals ------------------------------------------------------------------------
+    def _resume(self, session: Session) -> None:
+        self._scheduled.discard(session)
+        self.pump(session)
+
+    def _behind(self, session: Session, device: str, offset: int) -> None:
+        c = session.lag.get(device)
+        if c is None:
+            session.lag[device] = LagCursor(offset)
+            session.lag_behind += 1
+        elif c.live:  # caught up earlier; behind again from here
+            c.live = False
+            c.next = offset
+            session.lag_behind += 1
+        elif offset < c.next:
+            c.next = offset
+
+    def _compact_queue(self, session: Session) -> None:
+        """Turn queued live logged deliveries into cursors: the log holds them already."""
+        queue = session.queue
+        kept: list[Delivery] = []
+        for d in queue:
+            msg = d.msg
+            if d.live and d.group is None and msg.device is not None:
+                self._behind(session, msg.device, msg.offset)
+            else:
+                kept.append(d)
+        if len(kept) != len(queue):
+            queue.clear()
+            queue.extend(kept)
+
+    def _skip_to_start(self, session: Session, device: str, c: LagCursor) -> None:
+        start, end = self.store.log_range(device)
+        lost = max(0, start - c.next)
+        log.warning("a lagging session fell behind retention; skipping ahead",
+                    extra={"client_id": session.client_id, "device": device,
+                           "from": c.next, "to": start})
+        self.stats.dropped(DropReason.EXPIRED, lost)
+        c.next = start if start > c.next else end
+
+    def _deliver_record(self, session: Session, rec: Record) -> None:
+        """What ``Router.route`` would have sent this session for ``rec``, now."""
+        topic = rec.topic
+        ts = rec.timestamp_us
+        qos = -1
+        rap = False
+        ids: list[int] = []
+        position = False
+        origin: str | None = None
+        msg: Message | None = None
+        for sub in session.subscriptions.values():
+            if sub.group is not None or sub.since_us > ts:
+                continue  # shares are picked at routing time; a newer subscription never saw it
+            replay = sub.replay
+            if replay is not None and not replay.live:
+                continue  # that subscription's own replay cursor reads this log
+            if not topic_matches(sub.filter, topic):
+                continue
+            if sub.no_local:
+                if msg is None:
+                    msg = record_message(rec, Message)
+                    origin = msg.origin
+                if origin == session.client_id:
+                    continue
+            if sub.qos > qos:
+                qos = sub.qos
+            rap = rap or sub.retain_as_published
+            if sub.sub_id:
+                ids.append(sub.sub_id)
+            position = position or replay is not None
+        if qos < 0:
+            return
+        if msg is None:
+            msg = record_message(rec, Message)
+        if msg.expiry_at is not None and msg.expired(time.monotonic()):
+            self.stats.dropped(DropReason.EXPIRED)
+            return
+        self._deliver(session, msg, qos, rap and msg.retain, tuple(ids) or None, position)
