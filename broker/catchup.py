@@ -81,7 +81,6 @@ class LogCatchUp:
         self._call_soon = call_soon
         self.lagging: set[Session] = set()  # sessions with at least one cursor behind
         self._scheduled: set[Session] = set()
-        self.limit_hits = 0  # falls behind refused by max_lagging_devices (metric)
         self._limit_logged = 0.0
 
     # -- the router's hooks --------------------------------------------------------------
@@ -99,8 +98,11 @@ class LogCatchUp:
         return False
 
     def must_fall_behind(self, session: Session) -> bool:
-        """A live logged QoS>0 delivery that would be queued: does it go to the log instead?"""
-        return session.conn is None or len(session.queue) >= self._max_queued
+        """A live logged QoS>0 delivery that would be queued: does it go to the log instead?
+        (Not asked in lag mode: ``divert`` already tried, and only a full
+        ``max_lagging_devices`` sends the delivery on to the queue.)"""
+        return not session.lag_behind and (
+            session.conn is None or len(session.queue) >= self._max_queued)
 
     def fall_behind(self, session: Session, msg: Message) -> bool:
         """Record that ``session`` is behind on ``msg``'s device from ``msg``; False if the
@@ -108,7 +110,7 @@ class LogCatchUp:
         lag = session.lag
         device = msg.device
         if device not in lag and len(lag) >= self._max_devices:
-            self.limit_hits += 1
+            self.stats.lag_limit_hits += 1
             now = time.monotonic()
             if now - self._limit_logged > 10:
                 self._limit_logged = now

@@ -171,8 +171,7 @@ class Router:
         if catchup is None:
             return {}
         total = sum(sum(catchup.lag_of(s).values()) for s in catchup.lagging)
-        return {"sessions_lagging": len(catchup.lagging), "lag_messages": total,
-                "lag_limit_hits": catchup.limit_hits}
+        return {"sessions_lagging": len(catchup.lagging), "lag_messages": total}
 
     # -- connection events ----------------------------------------------------------------------
     def connection_made(self, conn: Connection) -> None:

@@ -57,6 +57,9 @@ class BrokerStats:
     # Reads whose packets took longer than the router's mid-read flush interval to route: the
     # node was handed a backlog (a rising rate means it is falling behind its input).
     long_reads: int = 0
+    # Sessions behind on mqtt.max_lagging_devices logs that had a logged message queued in memory
+    # instead (broker/catchup.py): the queue's policy then applies to them.
+    lag_limit_hits: int = 0
     listeners: dict[str, ListenerStats] = field(default_factory=dict)
 
     def dropped(self, reason: str, n: int = 1) -> None:

@@ -65,9 +65,6 @@ _ROUTER_GAUGES = (
     ("lag_messages", "meshmq_lag_messages",
      "Logged messages lagging sessions have still to receive, summed over sessions and devices "
      "(per session: GET /api/v1/lag)."),
-    ("lag_limit_hits", "meshmq_lag_limit_hits_total",
-     "Times a session behind on mqtt.max_lagging_devices logs had a message queued in memory "
-     "instead (the queue's policy then applies)."),
 )
 
 
@@ -145,9 +142,14 @@ class _BrokerCollector(Collector):
             "Socket reads whose packets took over 2 ms to route (a backlog; the router wrote "
             "partial results mid-read). A rising rate means the node is behind its input.",
             value=s.long_reads)
+        lag_limit = CounterMetricFamily(
+            "meshmq_lag_limit_hits_total",
+            "Logged messages queued in memory instead of read from the log because their session "
+            "was already behind on mqtt.max_lagging_devices device logs (the queue's policy then "
+            "applies to them).", value=s.lag_limit_hits)
         families: list[Metric] = [conns, conns_total, rejected, bytes_in, bytes_out, pk_in, pk_out,
                                   msg_in, msg_out, dropped, proto, auth, tls_failed,
-                                  long_reads]
+                                  long_reads, lag_limit]
         gauges = [(key, GaugeMetricFamily(name, doc)) for key, name, doc in _ROUTER_GAUGES]
         families.extend(g for _, g in gauges)
 

@@ -259,3 +259,37 @@ def test_lag_endpoint_validates_parameters(lbroker):
     status, body = lbroker.http_get("/api/v1/lag?limit=0")
     assert status == 400 and json.loads(body)["parameter"] == "limit"
 
+
+
+def test_max_lagging_devices_bounds_cursors(start_broker, clients):
+    """mqtt.max_lagging_devices 2: an offline session following 4 devices keeps cursors for 2;
+    the other devices' messages use the in-memory queue and its policy (max_queued_messages 3),
+    counted in meshmq_lag_limit_hits_total and logged; the 2 lagging devices lose nothing."""
+    b = start_broker(mqtt={"max_lagging_devices": 2, "max_queued_messages": 3})
+    tag = unique("cap")
+    cid = unique("capsub")
+    sub = clients(b, cid, protocol=V311, clean=False)
+    sub.connect()
+    sub.subscribe(f"devices/+/{tag}", 1)
+    sub.disconnect()
+    wait_for(lambda: b.metric("meshmq_clients_connected") == 0, timeout=10,
+             message="the subscriber's session to go offline")
+    devices = [f"{tag}-{i}" for i in range(4)]
+    # device 0 and 1 first (they get the two cursors), then 10 each for devices 2 and 3
+    items = [(f"devices/{d}/{tag}", f"{d}:{k}".encode()) for d in devices for k in range(10)]
+    _publish_burst(b, items)
+    wait_for(lambda: b.metric("meshmq_lag_limit_hits_total") == 20, timeout=10,
+             message="20 messages of the two capped devices to be counted")
+    assert "max_lagging_devices" in b.log_text()
+    assert b.metric("meshmq_messages_dropped_total", reason="queue_full") >= 17
+    again = clients(b, cid, protocol=V311, clean=False)
+    again.connect()
+    got = _receive(again, 23)
+    again.expect_no_message(0.5)
+    per_device: dict[str, list[int]] = {}
+    for m in got:
+        d, k = m.payload.decode().rsplit(":", 1)
+        per_device.setdefault(d, []).append(int(k))
+    assert per_device[devices[0]] == list(range(10))
+    assert per_device[devices[1]] == list(range(10))
+    assert sum(len(per_device.get(d, [])) for d in devices[2:]) == 3  # the queue's bound
