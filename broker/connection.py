@@ -51,10 +51,15 @@ class Connection(asyncio.Protocol):
         self.will: Will | None = None
         self.will_delay = 0
         # Packets that arrived while CONNECT was still being authenticated (password hashing runs
-        # in a worker thread); replayed in order once the CONNACK is sent.
+        # in a worker thread), or behind a SUBSCRIBE held until earlier publishes are settled;
+        # replayed in order once the CONNACK is sent / the publishes are settled.
         self.pending: list[Packet] | None = None
         self.out_aliases: dict[str, int] | None = None
         self.inbound_unacked = 0  # QoS>0 PUBLISH received and not yet acknowledged (v5 Receive Max)
+        # Publishes appended to the log and not yet settled (stored or refused): a SUBSCRIBE
+        # after them waits in ``pending`` until they are (the router's ordering rule).
+        self.unsettled = 0
+        self.ack_offsets = False  # v5 PUBACK/PUBREC carry device/offset (opt-in, see router)
         self.closing = False
         self.clean_disconnect = False  # DISCONNECT 0x00 received: the will is discarded
         self._first = True

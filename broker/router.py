@@ -72,6 +72,7 @@ _PUBLISH = PacketType.PUBLISH
 _PUBACK = PacketType.PUBACK
 _PUBREC = PacketType.PUBREC
 _PUBCOMP = PacketType.PUBCOMP
+_HELD_TYPES = (PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE)
 # Fixed headers of the 4-byte acks (reason 0, no properties: the short form in v5 as well).
 _ACK_HEAD = {_PUBACK: b"\x40\x02", _PUBREC: b"\x50\x02", _PUBCOMP: b"\x70\x02"}
 # Publishes waiting for the disk beyond which publishers' sockets stop being read: a fast QoS 0
@@ -80,6 +81,15 @@ _HELD_LIMIT = 50_000
 _REPLAY_CHUNK = 500  # records read per replay step
 _REPLAY_STEP = 5_000  # records replayed per loop turn before yielding to other work
 _NOT_STORED = "message not stored: the commit log cannot write (disk full or failing?)"
+
+
+def _wants_ack_offsets(props: dict, default: bool) -> bool:
+    """The CONNECT user property ``ack-offsets`` (true/false), else the configured default:
+    ``device``/``offset`` on PUBACK/PUBREC are opt-in, a 4-byte ack is what clients expect."""
+    for name, value in props.get(Prop.USER_PROPERTY, ()):
+        if name == "ack-offsets":
+            return value.strip().lower() in ("true", "1", "yes", "on")
+    return default
 
 
 def _forwarded_properties(props: dict | None) -> dict | None:
@@ -266,6 +276,13 @@ class Router:
                 # read is cheaper than 100 pumps moving one each, and sends them in one write.
                 if self._settle_puback(conn, packet):
                     freed = conn.session
+            elif ptype in _HELD_TYPES and conn.unsettled:
+                # A client's packets take effect in the order it sent them: a SUBSCRIBE after
+                # a publish still waiting for the disk waits too, with all that follows it (a
+                # retained publish then a subscribe gets the message as retained, as on
+                # Mosquitto). Publishers that never subscribe never wait here.
+                self._hold(conn, packets[i:])
+                break
             elif ptype == PacketType.CONNECT:
                 if conn.session is None and conn.pending is None:
                     self._on_connect(conn, packet, packets[i + 1:])
@@ -278,6 +295,17 @@ class Router:
             self._window_freed(freed)
 
     # -- CONNECT ------------------------------------------------------------------------------
+    def _hold(self, conn: Connection, packets: list[Packet]) -> None:
+        conn.pending = list(packets)
+        conn.transport.pause_reading()
+
+    def _release_held(self, conn: Connection) -> None:
+        pending, conn.pending = conn.pending or [], None
+        if conn.closing or conn.session is None:
+            return
+        conn.transport.resume_reading()
+        self.handle_packets(conn, pending)
+
     def _on_connect(self, conn: Connection, pkt: Connect, rest: list[Packet]) -> None:
         conn.level = pkt.protocol_level
         conn.username = pkt.username
@@ -378,18 +406,21 @@ class Router:
 
         # Takeover [MQTT-3.1.4-3]: the old connection is told (v5 0x8E) and closed.
         session = self.sessions.get(client_id)
+        # A session whose expiry is 0 (3.1.1 CleanSession=1) ends with its connection: a takeover
+        # must not resume it [MQTT-3.1.2-6], [MQTT-3.2.2-2], v5 3.1.2.11.2.
+        ends = session is not None and (pkt.clean_start or session.expiry_interval == 0)
         if session is not None and session.conn is not None:
             old = session.conn
             session.conn = None
             log.info("session taken over", extra={"client_id": client_id, "peer": conn.peer,
                                                     "old_peer": old.peer})
-            if old.will is not None and (old.will_delay == 0 or pkt.clean_start):
+            if old.will is not None and (old.will_delay == 0 or ends):
                 self._publish_will(old.will)
             old.will = None
             old.close(Reason.SESSION_TAKEN_OVER)
 
         session_present = False
-        if session is not None and pkt.clean_start:
+        if ends:
             self._end_session(session)
             session = None
         if session is None:
@@ -398,7 +429,10 @@ class Router:
         else:
             session_present = True
             if session.will is not None:
-                # reconnected within the will delay: the delayed will is cancelled [MQTT-3.1.2-8]
+                # Reconnected within the will delay: the delayed will is cancelled; after it
+                # (the sweep had not fired it yet) it is due, and published [MQTT-3.1.2-8].
+                if session.will_due is not None and session.will_due <= time.monotonic():
+                    self._publish_will(session.will)
                 session.will = None
                 session.will_due = None
         session.level = pkt.protocol_level
@@ -414,6 +448,7 @@ class Router:
             conn.will_delay = (pkt.will.properties or {}).get(Prop.WILL_DELAY_INTERVAL, 0)
         conn.session = session
         session.conn = conn
+        conn.ack_offsets = v5 and _wants_ack_offsets(props, mqtt.ack_offsets)
 
         if v5:
             ack_props[Prop.RECEIVE_MAXIMUM] = mqtt.receive_maximum
@@ -506,6 +541,7 @@ class Router:
         except LogWriteError as err:
             self._not_stored(conn, pkt.packet_id, pkt.qos, err)
             return
+        conn.unsettled += 1
         if pkt.qos == 2:
             conn.session.incoming_qos2[pkt.packet_id] = False
         if logs.held > _HELD_LIMIT and conn not in self._paused_publishers:
@@ -514,7 +550,12 @@ class Router:
 
     def _on_durable(self, batch: list[PendingPublish], exc: BaseException | None) -> None:
         """A batch is on disk (or failed): route it and answer its publishers, in log order."""
+        settled: list[Connection] = []
         for conn, packet_id, msg in batch:
+            if conn is not None:
+                conn.unsettled -= 1
+                if not conn.unsettled and conn.pending is not None:
+                    settled.append(conn)
             if exc is not None:
                 self._not_stored(conn, packet_id, msg.qos, exc)
                 continue
@@ -522,9 +563,11 @@ class Router:
                 self._retain(msg)
             self.route(msg)
             if msg.qos and conn is not None and not conn.closing and conn.session is not None:
-                ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.level == 5
+                ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.ack_offsets
                              else None)
                 self._ack_publish(conn, msg.qos, packet_id, 0, ack_props)
+        for conn in settled:  # their held SUBSCRIBE/UNSUBSCRIBE, now after the acks above
+            self._release_held(conn)
         if self._paused_publishers and self.logs is not None \
                 and self.logs.held <= _HELD_LIMIT // 2:
             for paused in self._paused_publishers:
@@ -857,9 +900,12 @@ class Router:
                 key_flt = flt
             group, real = parse_shared(flt)
             if not is_valid_topic_filter(flt):
-                if not v5:  # 3.1.1: a protocol violation closes the connection [MQTT-4.8.0-1]
-                    self.protocol_error(conn, ProtocolError(Reason.TOPIC_FILTER_INVALID,
-                                                            f"invalid topic filter {flt!r}"))
+                if not v5 or not flt:
+                    # 3.1.1: a protocol violation closes the connection [MQTT-4.8.0-1]; an empty
+                    # filter is malformed in v5 too [MQTT-4.7.3-1], not merely not allowed (0x8F)
+                    self.protocol_error(conn, ProtocolError(
+                        Reason.PROTOCOL_ERROR if v5 else Reason.TOPIC_FILTER_INVALID,
+                        f"invalid topic filter {flt!r}"))
                     return
                 codes.append(Reason.TOPIC_FILTER_INVALID)
                 continue
@@ -971,6 +1017,13 @@ class Router:
         session = conn.session
         if session is None:
             return
+        for flt in pkt.topic_filters:
+            if not is_valid_topic_filter(flt):
+                # [MQTT-4.7.3-1], [MQTT-4.7.1-2]: malformed; 3.1.1 closes [MQTT-4.8.0-1], v5
+                # sends DISCONNECT 0x82 (a well-formed filter is never refused here).
+                self.protocol_error(conn, ProtocolError(
+                    Reason.PROTOCOL_ERROR, f"invalid topic filter {flt!r} in UNSUBSCRIBE"))
+                return
         codes = []
         for flt in pkt.topic_filters:
             sub = session.subscriptions.pop(flt, None)

@@ -45,6 +45,10 @@ class MqttSettings:
     # are not dropped: the session reads them from the log (broker/catchup.py).
     max_queued_messages: int = 1000
     queue_full_policy: QueueFullPolicy = QueueFullPolicy.DROP_OLDEST
+    # v5 PUBACK/PUBREC carry the stored message's `device` and `offset` user properties for
+    # clients that do not say (CONNECT user property `ack-offsets`): off, a 4-byte ack is what
+    # clients and metered links expect.
+    ack_offsets: bool = False
     # Device logs one session may be behind on (one small cursor each); past it, logged messages
     # fall back to the queue above and its policy.
     max_lagging_devices: int = 100_000

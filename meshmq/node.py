@@ -76,7 +76,6 @@ class Node:
             register_lag_routes(self.admin.app, self.router.catchup)
         self.listeners = Listeners(self.router, self.config.broker.listeners, self.stats)
         await self.admin.start()
-        await self.listeners.start()
         self.router.start()
         self.lag.start()
         self.gc_pauses.start()
@@ -94,6 +93,9 @@ class Node:
                         "compiler and the Python headers (pip install -e .) to build it, and "
                         "unset BROKER_PURE_PYTHON / COMMITLOG_PURE_PYTHON",
                         " and ".join(slow), extra={"pure_python": slow})
+        # Listeners open last: the first client must not wait behind the start-up work above
+        # (gc.collect took ~50 ms), and "ready" is logged as they start accepting.
+        await self.listeners.start()
         self._ready = True
         log.info("meshmq node ready", extra={"node_id": self.config.node_id,
                                               "mqtt": self.config.broker.listeners.tcp_bind,

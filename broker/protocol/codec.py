@@ -365,6 +365,11 @@ _DECODERS[0xE0] = _make_reason_decoder(Disconnect, PacketType.DISCONNECT, DISCON
 _DECODERS[0xF0] = _make_reason_decoder(Auth, PacketType.AUTH, AUTH_REASONS)
 
 
+#: MQTT 3.1 sets DUP on a resent PUBREL, SUBSCRIBE or UNSUBSCRIBE (they are QoS 1 there); the
+#: fixed-flags rule [MQTT-2.2.2-2] that forbids it is 3.1.1's, so only level 3 accepts these.
+_V31_DUP = frozenset((0x6A, 0x8A, 0xAA))
+
+
 def _bad_first_byte(b0: int) -> ProtocolError:
     if b0 >> 4 == 0:
         return malformed("reserved packet type 0")
@@ -508,7 +513,10 @@ class PacketParser:
                 else:
                     dec = decoders[b0]
                     if dec is None:
-                        raise _bad_first_byte(b0)
+                        if level == 3 and b0 in _V31_DUP:
+                            dec = decoders[b0 & 0xF7]
+                        else:
+                            raise _bad_first_byte(b0)
                     pkt = dec(data, body, end, level)
                     if level is None:  # the CONNECT just decoded fixes the level
                         level = self.protocol_level = pkt.protocol_level  # type: ignore[union-attr]

@@ -40,13 +40,13 @@ def test_connect_311_clean_session_present_is_0(broker, raw):
 
 
 def test_connect_v5_connack_properties(broker, raw):
-    """[MQTT-3.1.4-5] v5 CONNACK 0x00 with the server's limits: Receive Maximum 32 and Topic
+    """[MQTT-3.1.4-5] v5 CONNACK 0x00 with the server's limits: Receive Maximum 1024 and Topic
     Alias Maximum 10 (the defaults); [MQTT-3.2.2-2] Session Present 0 for Clean Start."""
     c = raw(broker, version=5)
     ack = c.connect(unique("c5"), clean=True)
     assert ack.reason_code == 0
     assert not ack.session_present
-    assert ack.properties.get(R.RECEIVE_MAXIMUM) == 32
+    assert ack.properties.get(R.RECEIVE_MAXIMUM) == 1024
     assert ack.properties.get(R.TOPIC_ALIAS_MAXIMUM) == 10
     # Absent Maximum QoS means 2, absent Retain Available means 1 (MQTT 5.0 3.2.2.3.4/5).
     assert ack.properties.get(R.MAXIMUM_QOS, 2) == 2

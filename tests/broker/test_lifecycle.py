@@ -197,7 +197,7 @@ def test_defaults_without_config(tmp_path, raw, clients):
         b.wait_ready()
         c = raw(b, version=5)
         ack = c.connect(unique("dflt"))
-        assert ack.properties.get(R.RECEIVE_MAXIMUM) == 32
+        assert ack.properties.get(R.RECEIVE_MAXIMUM) == 1024
         assert ack.properties.get(R.TOPIC_ALIAS_MAXIMUM) == 10
         assert ack.properties.get(R.MAXIMUM_PACKET_SIZE, 1_048_576) == 1_048_576
         topic = unique("dflt") + "/t"

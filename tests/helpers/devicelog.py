@@ -141,7 +141,9 @@ class Publisher:
         self.client = R.RawClient(self.host, self.port, version=self.version,
                                   timeout=self.timeout)
         self._next_id = 0
-        ack = self.client.connect(self.client_id, clean=True, keepalive=60)
+        # v5: ask for device/offset on every PUBACK/PUBREC (opt-in, mqtt.ack_offsets)
+        props = {R.USER_PROPERTY: [("ack-offsets", "true")]} if self.version == 5 else None
+        ack = self.client.connect(self.client_id, clean=True, keepalive=60, properties=props)
         assert ack.reason_code == 0, f"CONNACK refused: {ack!r}"
         # Never exceed the server's Receive Maximum (MQTT 5 section 3.2.2.3.3).
         self.window = min(self.window, ack.properties.get(R.RECEIVE_MAXIMUM, 65535))
