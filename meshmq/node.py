@@ -9,6 +9,7 @@ SIGHUP reloads the password and ACL files and the TLS listener's certificate fil
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import signal
@@ -25,6 +26,7 @@ from commitlog.store import LogStore, LogStoreError
 from meshmq.admin import AdminServer
 from meshmq.config import NodeConfig
 from meshmq.metrics import GcPauseMonitor, LoopLagMonitor, MetricsRegistry, fast_paths
+from meshmq.preflight import StartupError, check_startup
 
 log = logging.getLogger("meshmq.node")
 
@@ -135,6 +137,11 @@ class Node:
             loop.add_signal_handler(sig, self.request_stop)
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         try:
+            check_startup(self.config)
+        except StartupError as err:
+            log.error("cannot start: %s", err, extra={"key": err.key})
+            return 2
+        try:
             await self.start()
         except LogStoreError as err:
             log.error("cannot open the commit log: %s (is another meshmq using this data_dir? "
@@ -142,7 +149,9 @@ class Node:
             await self.stop()
             return 1
         except OSError as err:
-            log.error("cannot start: %s (is another broker already listening there?)", err)
+            hint = (" (is another broker already listening there?)"
+                    if err.errno == errno.EADDRINUSE else "")
+            log.error("cannot start: %s%s", err, hint)
             await self.stop()
             return 1
         await self._stop.wait()
