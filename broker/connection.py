@@ -59,6 +59,9 @@ class Connection(asyncio.Protocol):
         # Publishes appended to the log and not yet settled (stored or refused): a SUBSCRIBE
         # after them waits in ``pending`` until they are (the router's ordering rule).
         self.unsettled = 0
+        self.bytes_in = 0  # for the disconnect log line (Mosquitto logs the same on close)
+        self.bytes_out = 0
+        self.close_reason: str | None = None  # why we closed it, for that line
         self.ack_offsets = False  # v5 PUBACK/PUBREC carry device/offset (opt-in, see router)
         self.closing = False
         self.clean_disconnect = False  # DISCONNECT 0x00 received: the will is discarded
@@ -83,6 +86,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.listener.bytes_in += len(data)
+        self.bytes_in += len(data)
         self.last_rx = time.monotonic()
         if self._first:
             self._first = False
@@ -157,12 +161,16 @@ class Connection(asyncio.Protocol):
         self._out = []
         self._out_bytes = 0
         self.listener.bytes_out += len(data)
+        self.bytes_out += len(data)
         self.transport.write(data)
 
     def close(self, reason: int | None = None) -> None:
         """Graceful close: optional v5 DISCONNECT, flush what is queued, then close."""
         if self.closing:
             return
+        if self.close_reason is None:
+            self.close_reason = (f"closed by the server (reason 0x{reason:02X})"
+                                 if reason is not None else "closed by the server")
         if reason is not None and self.level == 5 and self.session is not None:
             self.send(Disconnect(reason_code=reason))
         self.flush()

@@ -23,6 +23,7 @@ from broker.auth import Authenticator, topic_matches
 from broker.catchup import LogCatchUp
 from broker.connection import Connection
 from broker.devicelogs import DeviceLogs, PendingPublish, offset_request, record_message
+from broker.lograte import RateLimitedLog
 from broker.logrules import LogRules
 from broker.message import Delivery, Message, aliased_parts
 from broker.protocol.errors import ProtocolError, UnsupportedProtocolVersion
@@ -138,6 +139,9 @@ class Router:
                                       self.mqtt.max_queued_messages,
                                       self.mqtt.max_lagging_devices, self.loop.call_soon)
         self._paused_publishers: set[Connection] = set()
+        self._log_no_connect = RateLimitedLog(log, logging.INFO,
+                                              "connections closed for sending no CONNECT",
+                                              burst=10, window=5.0)
         self._replaying: set[Session] = set()  # sessions with a cursor still reading history
         self._handlers: dict[int, Callable[[Connection, Any], None]] = {
             PacketType.PUBREC: self._on_pubrec,
@@ -192,6 +196,7 @@ class Router:
 
     def protocol_error(self, conn: Connection, err: ProtocolError) -> None:
         self.stats.protocol_errors += 1
+        conn.close_reason = f"protocol error: {err.message}"
         log.info(
             "closing connection on protocol error: %s", err.message,
             extra={"client_id": conn.client_id, "peer": conn.peer, "reason_code": err.reason_code},
@@ -211,6 +216,13 @@ class Router:
     def connection_lost(self, conn: Connection) -> None:
         self.connections.discard(conn)
         session = conn.session
+        if session is not None:
+            reason = conn.close_reason or ("client disconnected" if conn.clean_disconnect
+                                           else "connection lost")
+            log.info("client disconnected: %s", reason, extra={
+                "client_id": conn.client_id, "peer": conn.peer,
+                "duration_s": round(time.monotonic() - conn.accepted_at, 3),
+                "bytes_in": conn.bytes_in, "bytes_out": conn.bytes_out})
         if session is None or session.conn is not conn:
             # never connected, or taken over (the takeover already handled will and session)
             return
@@ -309,6 +321,7 @@ class Router:
     def _on_connect(self, conn: Connection, pkt: Connect, rest: list[Packet]) -> None:
         conn.level = pkt.protocol_level
         conn.username = pkt.username
+        conn.client_id = pkt.client_id or None  # for log lines about a refused CONNECT
         if not self.accepting:
             self._refuse(conn, Reason.SERVER_UNAVAILABLE, "server is shutting down")
             return
@@ -343,8 +356,10 @@ class Router:
 
     def _refuse(self, conn: Connection, reason: int, why: str) -> None:
         conn.listener.rejected += 1
+        # what was tried, never the password
         log.info("connection refused: %s", why,
-                 extra={"client_id": conn.client_id, "peer": conn.peer, "reason_code": reason})
+                 extra={"client_id": conn.client_id, "username": conn.username,
+                        "peer": conn.peer, "reason_code": reason})
         if conn.level == 5:
             conn.send(Connack(reason_code=reason, properties={Prop.REASON_STRING: why}))
         else:
@@ -414,6 +429,7 @@ class Router:
             session.conn = None
             log.info("session taken over", extra={"client_id": client_id, "peer": conn.peer,
                                                     "old_peer": old.peer})
+            old.close_reason = f"session taken over by {conn.peer}"
             if old.will is not None and (old.will_delay == 0 or ends):
                 self._publish_will(old.will)
             old.will = None
@@ -464,9 +480,12 @@ class Router:
                 ack_props[Prop.SHARED_SUBSCRIPTION_AVAILABLE] = 0
         conn.send(Connack(session_present=session_present, reason_code=0,
                           properties=ack_props or None))
-        log.debug("client connected", extra={"client_id": client_id, "peer": conn.peer,
-                                             "level": pkt.protocol_level,
-                                             "session_present": session_present})
+        # INFO like Mosquitto's "New client connected": who, from where, how. "protocol_level",
+        # not "level": JSON logs use that key for the log level.
+        log.info("client connected", extra={
+            "client_id": client_id, "username": pkt.username, "peer": conn.peer,
+            "protocol_level": pkt.protocol_level, "keepalive": keepalive,
+            "clean_start": pkt.clean_start, "session_present": session_present})
         if session_present:
             self._resend_inflight(session, conn)
             self._pump(session)
@@ -1060,6 +1079,7 @@ class Router:
                 session.expiry_interval = expiry
         # 0x04 "disconnect with will message" keeps the will; anything else discards it.
         conn.clean_disconnect = pkt.reason_code != Reason.DISCONNECT_WITH_WILL
+        conn.close_reason = f"client sent DISCONNECT (reason 0x{pkt.reason_code:02X})"
         if conn.clean_disconnect:
             conn.will = None
         conn.close()
@@ -1144,15 +1164,15 @@ class Router:
                 continue
             if conn.session is None:
                 if conn.pending is None and now - conn.accepted_at > connect_timeout:
-                    log.info("closing connection: no CONNECT within %.0f s", connect_timeout,
-                             extra={"peer": conn.peer})
+                    self._log_no_connect("closing connection: no CONNECT within %.0f s",
+                                         connect_timeout, extra={"peer": conn.peer})
                     conn.listener.rejected += 1
                     conn.abort()
             elif conn.keepalive and now - conn.last_rx > conn.keepalive * 1.5:
                 # [MQTT-3.1.2-24]: 1.5 × keepalive without a packet → disconnect (will is sent)
-                log.info("keepalive timeout", extra={"client_id": conn.client_id,
-                                                     "peer": conn.peer})
+                conn.close_reason = f"keepalive timeout (nothing for 1.5 x {conn.keepalive} s)"
                 conn.close(Reason.KEEP_ALIVE_TIMEOUT)
+        self._log_no_connect.tick()
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, kind, session = heapq.heappop(timers)

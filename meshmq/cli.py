@@ -44,7 +44,9 @@ def _version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (separate so docs and tests can inspect it)."""
     parser = argparse.ArgumentParser(
-        prog="meshmq", description="meshmq: an MQTT 3.1.1/5.0 broker with per-device commit logs")
+        prog="meshmq",
+        description="meshmq: an MQTT 3.1/3.1.1/5.0 broker with per-device commit logs")
+    parser.add_argument("--version", action="version", version=f"meshmq {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run a broker node",
