@@ -638,6 +638,13 @@ class Router:
             else:
                 self._send_ack(conn, _PUBREC, packet_id)
 
+    def publish_internal(self, msg: Message) -> None:
+        """A message the broker itself publishes ($SYS): retained if flagged, routed, not
+        logged (``$`` topics never are)."""
+        if msg.retain:
+            self._retain(msg)
+        self.route(msg)
+
     def _retain(self, msg: Message) -> None:
         if not msg.payload:
             self.retained.delete(msg.topic)

@@ -49,6 +49,8 @@ class MqttSettings:
     # clients that do not say (CONNECT user property `ack-offsets`): off, a 4-byte ack is what
     # clients and metered links expect.
     ack_offsets: bool = False
+    # Seconds between $SYS/broker/... updates (Mosquitto's sys_interval, default 10); 0 = off.
+    sys_interval: int = 10
     # Device logs one session may be behind on (one small cursor each); past it, logged messages
     # fall back to the queue above and its policy.
     max_lagging_devices: int = 100_000

@@ -21,8 +21,10 @@ from broker.listener import Listeners
 from broker.logrules import LogRules
 from broker.router import Router
 from broker.stats import BrokerStats
+from broker.systopics import SysTopics
 from commitlog.groupcommit import GroupCommitter
 from commitlog.store import LogStore, LogStoreError
+from meshmq import __version__
 from meshmq.admin import AdminServer
 from meshmq.config import NodeConfig
 from meshmq.metrics import GcPauseMonitor, LoopLagMonitor, MetricsRegistry, fast_paths
@@ -40,6 +42,7 @@ class Node:
                       or auth_settings.acl_file)
         self.auth = Authenticator(auth_settings) if needs_auth else None
         self.router: Router | None = None
+        self.sys_topics: SysTopics | None = None
         self.listeners: Listeners | None = None
         self.metrics = MetricsRegistry()
         self.lag = LoopLagMonitor(self.metrics)
@@ -77,8 +80,11 @@ class Node:
 
             register_lag_routes(self.admin.app, self.router.catchup)
         self.listeners = Listeners(self.router, self.config.broker.listeners, self.stats)
+        self.sys_topics = SysTopics(self.router, self.stats, self.config.broker.mqtt.sys_interval,
+                                    __version__, loop)
         await self.admin.start()
         self.router.start()
+        self.sys_topics.start()
         self.lag.start()
         self.gc_pauses.start()
         # Everything built so far (modules, config, the commit log's recovered indexes) lives as
@@ -117,6 +123,8 @@ class Node:
             await self.committer.close()  # flush, fsync, checkpoint, close the store
         self.lag.stop()
         self.gc_pauses.stop()
+        if self.sys_topics is not None:
+            self.sys_topics.stop()
         await self.admin.stop()
         log.info("meshmq node stopped")
 
