@@ -24,12 +24,16 @@ class RetainedStore:
     def __init__(self, expired: Callable[[Any, float], bool] | None = None) -> None:
         self._root = _Node()
         self._count = 0
+        self._bytes = 0  # payload bytes held (meshmq_retained_bytes)
         # Message expiry (v5) is checked lazily on read: a retained message past its expiry
         # interval is dropped the first time a subscriber would have received it.
         self._expired = expired or (lambda _msg, _now: False)
 
     def __len__(self) -> int:
         return self._count
+
+    def payload_bytes(self) -> int:
+        return self._bytes
 
     def set(self, topic: str, message: Any) -> None:
         node = self._root
@@ -40,6 +44,9 @@ class RetainedStore:
             node = child
         if node.message is None:
             self._count += 1
+        else:
+            self._bytes -= len(node.message.payload)
+        self._bytes += len(message.payload)
         node.message = message
 
     def delete(self, topic: str) -> None:
@@ -54,6 +61,7 @@ class RetainedStore:
             node = child
         if node.message is None:
             return
+        self._bytes -= len(node.message.payload)
         node.message = None
         self._count -= 1
         for parent, level in reversed(path):

@@ -131,6 +131,7 @@ class Router:
         self._dirty: list[Connection] = []
         self._flush_handle: asyncio.Handle | None = None
         self.accepting = True
+        self._connected = 0  # connections past CONNACK (for the peak gauge)
         self.logs: DeviceLogs | None = None
         self.catchup: LogCatchUp | None = None
         if committer is not None:
@@ -177,6 +178,9 @@ class Router:
             "subscriptions": len(self.trie),
             "retained_messages": len(self.retained),
             "connections": len(self.connections),
+            "queued_messages": sum(len(s.queue) for s in self.sessions.values()),
+            "inflight_messages": sum(len(s.inflight) for s in self.sessions.values()),
+            "retained_bytes": self.retained.payload_bytes(),
             **self._lag_gauges(),
         }
 
@@ -217,6 +221,7 @@ class Router:
         self.connections.discard(conn)
         session = conn.session
         if session is not None:
+            self._connected -= 1
             reason = conn.close_reason or ("client disconnected" if conn.clean_disconnect
                                            else "connection lost")
             log.info("client disconnected: %s", reason, extra={
@@ -464,6 +469,9 @@ class Router:
             conn.will_delay = (pkt.will.properties or {}).get(Prop.WILL_DELAY_INTERVAL, 0)
         conn.session = session
         session.conn = conn
+        self._connected += 1
+        if self._connected > self.stats.clients_connected_max:
+            self.stats.clients_connected_max = self._connected
         conn.ack_offsets = v5 and _wants_ack_offsets(props, mqtt.ack_offsets)
 
         if v5:
@@ -525,7 +533,8 @@ class Router:
                                                         "receive maximum exceeded"))
                 return
         acl = self._acl
-        if acl is not None and not acl.can_publish(conn.username, conn.client_id, pkt.topic):
+        if acl is not None and not self._allowed(
+                "publish", acl.can_publish(conn.username, conn.client_id, pkt.topic)):
             self.stats.dropped(DropReason.NOT_AUTHORIZED)
             log.info("publish denied by ACL", extra={"client_id": conn.client_id,
                                                      "topic": pkt.topic})
@@ -533,6 +542,7 @@ class Router:
                               Reason.NOT_AUTHORIZED if conn.level == 5 else 0)
             return
         self.stats.messages_in += 1
+        self.stats.messages_in_qos[qos] += 1
         props = pkt.properties
         expiry_at = None
         if props:
@@ -638,6 +648,10 @@ class Router:
             else:
                 self._send_ack(conn, _PUBREC, packet_id)
 
+    def _allowed(self, action: str, allowed: bool) -> bool:
+        self.stats.acl(action, allowed)
+        return allowed
+
     def publish_internal(self, msg: Message) -> None:
         """A message the broker itself publishes ($SYS): retained if flagged, routed, not
         logged (``$`` topics never are)."""
@@ -735,8 +749,8 @@ class Router:
         """``live``: routed from a just-stored (or unlogged) publish; a logged one may then be
         left to the log when the session is behind (broker/catchup.py)."""
         acl = self._acl
-        if acl is not None and not acl.can_deliver(session.username, session.client_id,
-                                                   msg.topic):
+        if acl is not None and not self._allowed(
+                "deliver", acl.can_deliver(session.username, session.client_id, msg.topic)):
             # A wildcard subscription may cover a topic whose read is denied (Mosquitto checks
             # read access per message for the same reason).
             self.stats.dropped(DropReason.NOT_AUTHORIZED)
@@ -815,6 +829,7 @@ class Router:
             conn.write(head + tail)
         self.stats.packets_out[_PUBLISH] += 1
         self.stats.messages_out += 1
+        self.stats.messages_out_qos[d.qos] += 1
         return True
 
     def _pump(self, session: Session) -> None:
@@ -948,7 +963,8 @@ class Router:
                              else SUBACK_FAILURE_V3)
                 continue
             acl = self._acl
-            if acl is not None and not acl.can_subscribe(conn.username, conn.client_id, real):
+            if acl is not None and not self._allowed(
+                    "subscribe", acl.can_subscribe(conn.username, conn.client_id, real)):
                 log.info("subscribe denied by ACL", extra={"client_id": conn.client_id,
                                                            "filter": flt})
                 codes.append(Reason.NOT_AUTHORIZED if v5 else SUBACK_FAILURE_V3)

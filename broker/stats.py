@@ -51,6 +51,11 @@ class BrokerStats:
     packets_out: list[int] = field(default_factory=lambda: [0] * 16)
     messages_in: int = 0  # PUBLISH accepted from clients
     messages_out: int = 0  # PUBLISH written to subscribers
+    messages_in_qos: list[int] = field(default_factory=lambda: [0, 0, 0])  # by QoS
+    messages_out_qos: list[int] = field(default_factory=lambda: [0, 0, 0])
+    # ACL decisions: (action, "allow" | "deny") -> count; action publish, subscribe, deliver
+    acl_decisions: dict[tuple[str, str], int] = field(default_factory=dict)
+    clients_connected_max: int = 0  # peak of clients past CONNACK since start
     messages_dropped: dict[str, int] = field(default_factory=dict)
     protocol_errors: int = 0
     auth_failures: int = 0
@@ -61,6 +66,10 @@ class BrokerStats:
     # instead (broker/catchup.py): the queue's policy then applies to them.
     lag_limit_hits: int = 0
     listeners: dict[str, ListenerStats] = field(default_factory=dict)
+
+    def acl(self, action: str, allowed: bool) -> None:
+        key = (action, "allow" if allowed else "deny")
+        self.acl_decisions[key] = self.acl_decisions.get(key, 0) + 1
 
     def dropped(self, reason: str, n: int = 1) -> None:
         self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + n

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from meshmq.config import parse_bind
 from meshmq.metrics import MetricsRegistry
@@ -99,6 +100,11 @@ class AdminServer:
             await runner.cleanup()
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        # OpenMetrics for scrapers that ask for it (Prometheus does, with exemplars/created
+        # series); the classic text format otherwise.
+        if "application/openmetrics-text" in request.headers.get("Accept", ""):
+            return web.Response(body=openmetrics.generate_latest(self.registry),
+                                headers={"Content-Type": openmetrics.CONTENT_TYPE_LATEST})
         body = generate_latest(self.registry)
         return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import platform
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
@@ -60,6 +61,11 @@ _ROUTER_GAUGES = (
     ("retained_messages", "meshmq_retained_messages", "Retained messages stored."),
     ("connections", "meshmq_clients_connected",
      "Clients past CONNACK, as the router counts them (meshmq_connections counts sockets)."),
+    ("queued_messages", "meshmq_queued_messages",
+     "Deliveries waiting in sessions' in-memory queues (window full or client offline)."),
+    ("inflight_messages", "meshmq_inflight_messages",
+     "QoS 1/2 deliveries sent and not yet acknowledged, over all sessions."),
+    ("retained_bytes", "meshmq_retained_bytes", "Payload bytes of the retained messages."),
     ("sessions_lagging", "meshmq_sessions_lagging",
      "Sessions behind on at least one device log, fed from the log (a lag, not a drop)."),
     ("lag_messages", "meshmq_lag_messages",
@@ -101,8 +107,11 @@ class _BrokerCollector(Collector):
 
     def _families(self) -> list[Metric]:
         s = self.stats
-        conns = GaugeMetricFamily("meshmq_connections", "Open client connections (sockets).",
-                                  labels=["listener"])
+        # Not "meshmq_connections": that family name clashes with the counter
+        # meshmq_connections_total under OpenMetrics, and meshmq_clients_connected counts clients.
+        conns = GaugeMetricFamily("meshmq_listener_sockets",
+                                  "Open sockets per listener (clients, and connections not past "
+                                  "CONNACK yet).", labels=["listener"])
         conns_total = CounterMetricFamily("meshmq_connections_total",
                                           "Client connections accepted.", labels=["listener"])
         rejected = CounterMetricFamily(
@@ -122,6 +131,19 @@ class _BrokerCollector(Collector):
                                      "PUBLISH messages accepted from clients.")
         msg_out = CounterMetricFamily("meshmq_messages_sent_total",
                                       "PUBLISH messages written to subscribers.")
+        qos_in = CounterMetricFamily("meshmq_messages_received_qos_total",
+                                     "PUBLISH messages accepted from clients, by QoS.",
+                                     labels=["qos"])
+        qos_out = CounterMetricFamily("meshmq_messages_sent_qos_total",
+                                      "PUBLISH messages written to subscribers, by delivered QoS.",
+                                      labels=["qos"])
+        acl = CounterMetricFamily("meshmq_authorization_total",
+                                  "ACL decisions by action (publish, subscribe, deliver) and "
+                                  "result (allow, deny); only counted with an acl_file.",
+                                  labels=["action", "result"])
+        peak = GaugeMetricFamily("meshmq_clients_connected_max",
+                                 "Most clients connected at once since start "
+                                 "($SYS/broker/clients/maximum).", value=s.clients_connected_max)
         dropped = CounterMetricFamily(
             "meshmq_messages_dropped_total",
             "Messages that did not reach a subscriber, by reason (never silent).",
@@ -147,9 +169,15 @@ class _BrokerCollector(Collector):
             "Logged messages queued in memory instead of read from the log because their session "
             "was already behind on mqtt.max_lagging_devices device logs (the queue's policy then "
             "applies to them).", value=s.lag_limit_hits)
+        for q in range(3):
+            qos_in.add_metric([str(q)], s.messages_in_qos[q])
+            qos_out.add_metric([str(q)], s.messages_out_qos[q])
+        for action in ("publish", "subscribe", "deliver"):
+            for result in ("allow", "deny"):
+                acl.add_metric([action, result], s.acl_decisions.get((action, result), 0))
         families: list[Metric] = [conns, conns_total, rejected, bytes_in, bytes_out, pk_in, pk_out,
-                                  msg_in, msg_out, dropped, proto, auth, tls_failed,
-                                  long_reads, lag_limit]
+                                  msg_in, msg_out, qos_in, qos_out, acl, peak, dropped, proto,
+                                  auth, tls_failed, long_reads, lag_limit]
         gauges = [(key, GaugeMetricFamily(name, doc)) for key, name, doc in _ROUTER_GAUGES]
         families.extend(g for _, g in gauges)
 
@@ -285,7 +313,17 @@ def _fast_path_gauges() -> list[Metric]:
         labels=["part"])
     for part, on in fast_paths().items():
         g.add_metric([part], 1.0 if on else 0.0)
-    return [g]
+    # The usual *_build_info pattern: a constant 1 whose labels say what is running.
+    info = GaugeMetricFamily("meshmq_build_info", "Always 1; labels: meshmq and Python versions.",
+                             labels=["version", "python"])
+    info.add_metric([_meshmq_version(), platform.python_version()], 1.0)
+    return [g, info]
+
+
+def _meshmq_version() -> str:
+    from meshmq import __version__
+
+    return __version__
 
 
 class MetricsRegistry:

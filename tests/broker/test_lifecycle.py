@@ -14,7 +14,7 @@ from helpers.clients import V5, V311, unique
 pytestmark = pytest.mark.timeout(60)
 
 METRIC_NAMES = [
-    "meshmq_connections",
+    "meshmq_listener_sockets",
     "meshmq_packets_received_total",
     "meshmq_messages_dropped_total",
     "meshmq_subscriptions",
@@ -95,8 +95,8 @@ def test_metrics_move(broker, clients):
     def moved():
         now = broker.metrics()
         checks = {
-            "meshmq_connections": metric_sum(now, "meshmq_connections")
-            > metric_sum(before, "meshmq_connections"),
+            "meshmq_listener_sockets": metric_sum(now, "meshmq_listener_sockets")
+            > metric_sum(before, "meshmq_listener_sockets"),
             "meshmq_subscriptions": metric_sum(now, "meshmq_subscriptions")
             > metric_sum(before, "meshmq_subscriptions"),
             "meshmq_retained_messages": metric_sum(now, "meshmq_retained_messages")

@@ -139,10 +139,10 @@ def test_metrics_parser_and_toml_writer():
         "# TYPE meshmq_messages_dropped_total counter\n"
         'meshmq_messages_dropped_total{reason="queue_full"} 3.0\n'
         'meshmq_messages_dropped_total{reason="slow_consumer",listener="tcp"} 2\n'
-        "meshmq_connections 4\n"
+        "meshmq_listener_sockets 4\n"
     )
     m = parse_metrics(text)
-    assert m["meshmq_connections"] == 4
+    assert m["meshmq_listener_sockets"] == 4
     assert metric_sum(m, "meshmq_messages_dropped_total") == 5
     assert metric_sum(m, "meshmq_messages_dropped_total", reason="queue_full") == 3
     toml = to_toml({"node": {"id": "x"}, "listener": {"tcp": {"bind": "a:1"}}, "mqtt": {"b": True}})

@@ -15,7 +15,7 @@ from meshmq.admin import AdminServer
 from meshmq.metrics import LoopLagMonitor, MetricsRegistry
 
 EXPECTED_NAMES = [
-    'meshmq_connections{listener="tcp"} 2.0',
+    'meshmq_listener_sockets{listener="tcp"} 2.0',
     'meshmq_connections_total{listener="tcp"} 5.0',
     'meshmq_connections_rejected_total{listener="tcp"} 1.0',
     'meshmq_bytes_received_total{listener="tcp"} 1000.0',
@@ -99,7 +99,7 @@ def test_admin_server_routes():
             assert status == 200 and ctype.startswith("text/plain")
             for name in EXPECTED_NAMES:
                 assert name in body, name
-            assert "# TYPE meshmq_connections gauge" in body
+            assert "# TYPE meshmq_listener_sockets gauge" in body
             assert "# TYPE meshmq_connections_total counter" in body
             assert "# TYPE meshmq_event_loop_lag_seconds histogram" in body
 

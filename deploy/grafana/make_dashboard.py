@@ -1,0 +1,93 @@
+"""Writes ``meshmq-dashboard.json`` (Grafana 10+, Prometheus datasource) from the panel list below.
+
+Run ``python deploy/grafana/make_dashboard.py`` after changing a panel; the JSON is what operators
+import (Dashboards > New > Import). ``tests/meshmq/test_dashboard.py`` checks that every metric a
+panel queries exists on a live node's /metrics, so a renamed metric cannot leave a blank panel.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# (title, unit, [(PromQL, legend)])
+PANELS = [
+    ("Clients connected", "short", [
+        ("sum(meshmq_clients_connected)", "connected"),
+        ("sum(meshmq_clients_connected_max)", "peak since start"),
+        ("sum by (listener) (meshmq_listener_sockets)", "sockets {{listener}}")]),
+    ("Connections accepted / refused per second", "ops", [
+        ("sum by (listener) (rate(meshmq_connections_total[1m]))", "accepted {{listener}}"),
+        ("sum by (listener) (rate(meshmq_connections_rejected_total[1m]))",
+         "refused {{listener}}"),
+        ("sum(rate(meshmq_auth_failures_total[1m]))", "auth failures")]),
+    ("Messages per second", "ops", [
+        ("sum(rate(meshmq_messages_received_total[1m]))", "received"),
+        ("sum(rate(meshmq_messages_sent_total[1m]))", "sent")]),
+    ("Messages per second by QoS", "ops", [
+        ("sum by (qos) (rate(meshmq_messages_received_qos_total[1m]))", "in QoS {{qos}}"),
+        ("sum by (qos) (rate(meshmq_messages_sent_qos_total[1m]))", "out QoS {{qos}}")]),
+    ("Dropped messages per second (by reason)", "ops", [
+        ("sum by (reason) (rate(meshmq_messages_dropped_total[1m]))", "{{reason}}")]),
+    ("Lagging sessions (fed from the log)", "short", [
+        ("sum(meshmq_sessions_lagging)", "sessions"),
+        ("sum(meshmq_lag_messages)", "messages behind")]),
+    ("Queued and in-flight deliveries", "short", [
+        ("sum(meshmq_queued_messages)", "queued"),
+        ("sum(meshmq_inflight_messages)", "in flight")]),
+    ("Sessions, subscriptions, retained", "short", [
+        ("sum(meshmq_sessions)", "sessions"),
+        ("sum(meshmq_subscriptions)", "subscriptions"),
+        ("sum(meshmq_retained_messages)", "retained")]),
+    ("Bytes per second", "Bps", [
+        ("sum(rate(meshmq_bytes_received_total[1m]))", "in"),
+        ("sum(rate(meshmq_bytes_sent_total[1m]))", "out"),
+        ("sum(meshmq_retained_bytes)", "retained payload bytes")]),
+    ("Commit log: appends and fsyncs", "ops", [
+        ("sum(rate(meshmq_log_appends_total[1m]))", "records/s"),
+        ("sum(rate(meshmq_log_batches_total[1m]))", "batches/s"),
+        ("histogram_quantile(0.99, sum by (le) (rate(meshmq_log_fsync_seconds_bucket[5m])))",
+         "fsync p99 (s)")]),
+    ("Commit log: errors (alert on any)", "short", [
+        ("sum(increase(meshmq_log_write_errors_total[5m]))", "write errors"),
+        ("sum(increase(meshmq_log_fsync_errors_total[5m]))", "fsync errors")]),
+    ("Commit log: size", "bytes", [
+        ("sum(meshmq_log_bytes)", "bytes"), ("sum(meshmq_log_devices)", "devices")]),
+    ("Event loop lag p99", "s", [
+        ("histogram_quantile(0.99, sum by (le) (rate(meshmq_event_loop_lag_seconds_bucket[5m])))",
+         "p99")]),
+    ("Authorisation decisions per second", "ops", [
+        ("sum by (action, result) (rate(meshmq_authorization_total[1m]))",
+         "{{action}} {{result}}")]),
+    ("Protocol errors and TLS handshake failures", "ops", [
+        ("sum(rate(meshmq_protocol_errors_total[1m]))", "protocol errors"),
+        ("sum by (reason) (rate(meshmq_tls_handshake_failures_total[1m]))", "TLS {{reason}}")]),
+]
+
+
+def dashboard() -> dict:
+    panels = []
+    for i, (title, unit, targets) in enumerate(PANELS):
+        panels.append({
+            "id": i + 1, "type": "timeseries", "title": title,
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)},
+            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+            "targets": [{"refId": chr(65 + k), "expr": expr, "legendFormat": legend,
+                         "datasource": {"type": "prometheus", "uid": "${datasource}"}}
+                        for k, (expr, legend) in enumerate(targets)],
+        })
+    return {
+        "title": "meshmq", "uid": "meshmq-node", "schemaVersion": 39, "version": 1,
+        "tags": ["mqtt", "meshmq"], "time": {"from": "now-1h", "to": "now"},
+        "refresh": "30s",
+        "templating": {"list": [{"name": "datasource", "type": "datasource",
+                                 "query": "prometheus", "label": "Prometheus"}]},
+        "panels": panels,
+    }
+
+
+if __name__ == "__main__":
+    out = Path(__file__).with_name("meshmq-dashboard.json")
+    out.write_text(json.dumps(dashboard(), indent=1) + "\n")
+    print(f"wrote {out}")
