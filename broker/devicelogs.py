@@ -181,8 +181,10 @@ class DeviceLogs:
             return ReplayCursor(key, start), ""
         if reset == "latest":
             return ReplayCursor(key, end), ""
+        why = ("retention removed older records" if offset < start
+               else "it is beyond the committed end")
         return None, (f"offset {offset} of {key!r} is outside the log [{start}, {end}]"
-                      f" (retention removed older records); subscribe from {start}, or add"
+                      f" ({why}); subscribe from {start if offset < start else end}, or add"
                       f" offset-reset=earliest")
 
     def _seal(self) -> None:

@@ -248,6 +248,17 @@ class _TlsListener:
             await asyncio.gather(*self._handshakes, return_exceptions=True)
 
 
+def _bound(bind: str, socks: object) -> str:
+    """The address a listener really got: with port 0 the kernel picks one, and the log and the
+    ready line must say which (they said ":0")."""
+    for sock in socks or ():  # type: ignore[attr-defined]
+        addr = sock.getsockname()
+        if isinstance(addr, tuple):
+            host = f"[{addr[0]}]" if ":" in addr[0] else addr[0]
+            return f"{host}:{addr[1]}"
+    return bind
+
+
 class Listeners:
     def __init__(self, router: Router, settings: ListenerSettings, stats: BrokerStats) -> None:
         self.router = router
@@ -256,6 +267,8 @@ class Listeners:
         self._servers: list[asyncio.AbstractServer | _TlsListener] = []
         self._ws_runner: web.AppRunner | None = None
         self.ws_handlers: set[asyncio.Task] = set()
+        # listener -> the address really bound ("host:port"; differs from the config for port 0)
+        self.bound: dict[str, str] = {}
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -312,7 +325,9 @@ class Listeners:
             server = _TlsListener(self, ctx, lstats)
             server.listen(host, port)
         self._servers.append(server)
-        log.info("listening", extra={"listener": name, "bind": bind})
+        socks = server.sockets if ctx is None else server._socks
+        self.bound[name] = _bound(bind, socks)
+        log.info("listening", extra={"listener": name, "bind": self.bound[name]})
 
     async def _serve_ws(self, bind: str, path: str) -> None:
         host, port = parse_bind(bind)
@@ -358,7 +373,9 @@ class Listeners:
         await self._ws_runner.setup()
         site = web.TCPSite(self._ws_runner, host, port, reuse_address=True)
         await site.start()
-        log.info("listening", extra={"listener": "ws", "bind": bind, "path": path})
+        server = getattr(site, "_server", None)
+        self.bound["ws"] = _bound(bind, server.sockets if server is not None else ())
+        log.info("listening", extra={"listener": "ws", "bind": self.bound["ws"], "path": path})
 
     def stop_accepting(self) -> None:
         for server in self._servers:

@@ -106,7 +106,8 @@ class Node:
         await self.listeners.start()
         self._ready = True
         log.info("meshmq node ready", extra={"node_id": self.config.node_id,
-                                              "mqtt": self.config.broker.listeners.tcp_bind,
+                                              "mqtt": self.listeners.bound.get(
+                                                  "tcp", self.config.broker.listeners.tcp_bind),
                                               "admin": self.config.admin_bind})
 
     async def stop(self) -> None:
