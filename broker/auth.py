@@ -201,7 +201,7 @@ def _check_username(user: str) -> None:
         raise ValueError("username must not start with '#' or have surrounding spaces")
 
 
-def load_passwords(path: str) -> dict[str, _Hash]:
+def load_passwords(path: str, warn: bool = True) -> dict[str, _Hash]:
     """Parse a password file into ``{username: hash}``; raise ``AuthFileError`` with the line."""
     try:
         with open(path, encoding="utf-8") as fh:
@@ -225,7 +225,7 @@ def load_passwords(path: str) -> dict[str, _Hash]:
         except ValueError as exc:
             raise AuthFileError(path, str(exc), no) from None
         legacy += users[user].scheme != "scrypt"
-    if legacy:
+    if legacy and warn:  # config validation reads it first, before logging is set up
         log.warning("password file has Mosquitto $7$ hashes; re-hash them with `meshmq passwd`",
                     extra={"path": path, "users": legacy})
     return users

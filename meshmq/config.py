@@ -668,7 +668,7 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
     try:
         if password_file:
             _readable_file("auth.password_file", password_file, src("auth", "password_file"))
-            load_passwords(password_file)
+            load_passwords(password_file, warn=False)
         if acl_file:
             _readable_file("auth.acl_file", acl_file, src("auth", "acl_file"))
             load_acl(acl_file)

@@ -89,3 +89,28 @@ def test_idle_socket_flood_is_a_few_lines_and_a_count(jbroker):
     finally:
         for s in socks:
             s.close()
+
+
+def test_mosquitto_hash_warning_is_logged_once_in_the_log_format(tmp_path):
+    """A password file with a Mosquitto $7$ line warns once, as a JSON line under
+    --log-format json (config validation read the file first and warned before logging was set
+    up: a second, plain-text line)."""
+    import base64
+    import hashlib
+
+    from helpers.broker import BrokerProc
+
+    salt = b"0123456789abcdef"
+    digest = hashlib.pbkdf2_hmac("sha512", b"pw", salt, 101, 64)
+    pw = tmp_path / "passwd"
+    pw.write_text(f"bob:$7$101${base64.b64encode(salt).decode()}$"
+                  f"{base64.b64encode(digest).decode()}\n")
+    b = BrokerProc(tmp_path / "m7", {"auth": {"password_file": str(pw)},
+                                     "log": {"format": "json"}})
+    b.start()
+    try:
+        lines = [ln for ln in b.log_text().splitlines() if "$7$" in ln]
+        assert len(lines) == 1, lines
+        assert json.loads(lines[0])["level"] == "warning"
+    finally:
+        b.stop()
