@@ -84,17 +84,19 @@ class LogCatchUp:
         self._limit_logged = 0.0
 
     # -- the router's hooks --------------------------------------------------------------
-    def divert(self, session: Session, msg: Message) -> bool:
-        """Called for a live logged delivery to a session with cursors: True when the log
-        (not this call) delivers it."""
+    def divert(self, session: Session, msg: Message, qos: int) -> bool:
+        """Called for a live logged delivery (at ``qos``) to a session with cursors: True when
+        the log (not this call) delivers it."""
         lag = session.lag
         c = lag.get(msg.device)
         if c is not None:
             if not c.live or msg.offset < c.next:
                 return True  # behind: the cursor reads it; or already read at the seam
             del lag[msg.device]  # the first live message after the seam: live from here
-        if session.lag_behind:
-            return self.fall_behind(session, msg)  # lag mode: keep this device in log order
+        if session.lag_behind and qos:
+            # lag mode: keep this device in log order. (QoS 0 on a device with no cursor goes
+            # on live, or is not kept for an offline session, as without a lag.)
+            return self.fall_behind(session, msg)
         return False
 
     def must_fall_behind(self, session: Session) -> bool:

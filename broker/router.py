@@ -757,7 +757,7 @@ class Router:
             return
         qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]
         if live and session.lag and group is None and msg.device is not None \
-                and self.catchup.divert(session, msg):
+                and self.catchup.divert(session, msg, qos):
             return
         conn = session.conn
         if qos == 0:
