@@ -34,6 +34,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 
+from commitlog import epochs as _ep
 from commitlog import record as _rec
 from commitlog.record import (
     FLAG_CONTROL,
@@ -53,6 +54,7 @@ from commitlog.record import (
 )
 from commitlog.settings import LogSettings
 from commitlog.stats import LogStats
+from commitlog.waiters import HighWaterWaiters, WaiterCallback, call_all
 
 log = logging.getLogger("meshmq.commitlog")
 
@@ -63,14 +65,19 @@ READ_CHUNK = 256 * 1024
 MIN_TS = -(2**63)
 _new_record = tuple.__new__
 _EMPTY = array("q")
+_NO_FLOOR = 2**63 - 1
 
 CKPT_MAGIC = b"MQCK"
-CKPT_VERSION = 2
+CKPT_VERSION = 3  # 3: the reserved i64 holds the high-water mark, epochs follow (v2 read too)
 CKPT_HEAD = struct.Struct("<4sIqI")  # magic, version, checkpoint_pos, n_segments
 CKPT_SEG = struct.Struct("<qq")  # base, max_ts
 CKPT_ACTIVE = struct.Struct("<q")  # base of the segment the device positions belong to, or -1
 # key_len start next total since seg max_ts _ n_ent n_mark n_pos
 CKPT_DEV = struct.Struct("<Hqqqqqqq III")
+# v3: ... hw (was reserved) ... n_ent n_mark n_pos n_epochs; epochs (epoch, start, ts, pos) i64
+# each follow the device's positions.
+CKPT_DEV3 = struct.Struct("<Hqqqqqqq IIII")
+CKPT_EPOCH = struct.Struct("<qqqq")
 
 # Device position index: per segment and device, one int64 per record packing the
 # record's position relative to the segment (high 32 bits, < 2**31) and its length
@@ -141,6 +148,7 @@ class DeviceLog:
         "c_total", "c_since", "c_seg", "c_max",
         "cache", "cache_start", "cache_bytes", "markers", "last_topic", "last_kt",
         "pend", "n_ctl", "apos", "apos_base",
+        "hw", "epochs", "raw", "mk",
     )
 
     def __init__(self, key: str, first_offset: int = 0) -> None:
@@ -177,6 +185,13 @@ class DeviceLog:
         # Positions of this device's records in the active segment (see PIDX_*), or None.
         self.apos: array | None = None
         self.apos_base = -1
+        # Replication (see "Two ends per device log" in README.md): ``hwm`` above is the
+        # *log end* (durable here); ``hw`` is the high-water mark readers see when a
+        # replication layer sets it (-1: follows the log end, the single-node case).
+        self.hw = -1
+        self.epochs: list[_ep.EpochEntry] | None = None  # leader epoch table (epochs.py)
+        self.raw: list[tuple] | None = None  # follower appends awaiting flush (bytes, meta)
+        self.mk: tuple[list[int], list[int]] | None = None  # markers' boundaries, suffix min
 
     def trim_index_from(self, offset: int) -> None:
         """Drop index entries at or after ``offset`` (rollback, truncation)."""
@@ -195,6 +210,28 @@ class DeviceLog:
             if pos < boundary and offset >= frm:
                 return True
         return False
+
+    def stale_floor(self, pos: int) -> int:
+        """Lowest offset a record at store position >= ``pos`` can have and still be stale
+        (the minimum ``from`` of the markers written after ``pos``); 2**63-1 when no marker
+        lies after ``pos``. Why: a record below that offset is live whatever the markers,
+        so the compiled reader (which knows nothing of markers) may serve it. Without this,
+        one truncation disabled the compiled path of a device until retention dropped its
+        marker, and failovers truncate often."""
+        markers = self.markers
+        if not markers:
+            return _NO_FLOOR
+        mk = self.mk
+        if mk is None or len(mk[0]) != len(markers):
+            bounds = [m[0] for m in markers]
+            sfx = [0] * len(markers)
+            low = _NO_FLOOR
+            for i in range(len(markers) - 1, -1, -1):
+                low = min(low, markers[i][1])
+                sfx[i] = low
+            mk = self.mk = (bounds, sfx)
+        i = bisect.bisect_right(mk[0], pos)
+        return mk[1][i] if i < len(mk[1]) else _NO_FLOOR
 
 
 def _cache_size(r: Record, klen: int) -> int:
@@ -479,8 +516,11 @@ class LogStore:
         ):
             raise ValueError("checksum mismatch")
         magic, version, ckpt_pos, nseg = CKPT_HEAD.unpack_from(data, 0)
-        if magic != CKPT_MAGIC or version != CKPT_VERSION:
+        if magic != CKPT_MAGIC or version not in (2, CKPT_VERSION):
             raise ValueError("bad magic/version")
+        # Version 2 (before replication) is read as version 3 without high-water marks
+        # or epochs: a v2 store cannot hold epoch records, so nothing is lost.
+        dev_struct = CKPT_DEV3 if version == 3 else CKPT_DEV
         segs = self._segments
         if ckpt_pos < segs[0].base or ckpt_pos > segs[-1].end:
             raise ValueError(f"checkpoint position {ckpt_pos} outside the segments on disk")
@@ -502,9 +542,10 @@ class LogStore:
         devices: dict[str, DeviceLog] = {}
         apos_devs: list[DeviceLog] = []
         for _ in range(ndev):
-            (kl, start, nxt, total, since, segb, mts, _r, nent, nmark,
-             npos) = CKPT_DEV.unpack_from(data, p)
-            p += CKPT_DEV.size
+            fields = dev_struct.unpack_from(data, p)
+            (kl, start, nxt, total, since, segb, mts, hw, nent, nmark, npos) = fields[:11]
+            nep = fields[11] if version == 3 else 0
+            p += dev_struct.size
             key = data[p : p + kl].decode()
             p += kl
             dev = DeviceLog(key, start)
@@ -526,6 +567,12 @@ class LogStore:
                 dev.apos_base = abase
                 apos_devs.append(dev)
                 p += 8 * npos
+            if version == 3:
+                dev.hw = hw if 0 <= hw <= nxt else -1
+            if nep:
+                dev.epochs = [CKPT_EPOCH.unpack_from(data, p + CKPT_EPOCH.size * i)
+                              for i in range(nep)]
+                p += CKPT_EPOCH.size * nep
             devices[key] = dev
         if p != len(data) - 4:
             raise ValueError("trailing bytes")
@@ -610,7 +657,11 @@ class LogStore:
                     self._devices[dev.key] = dev
                     by_kb[kb] = dev
                 size = 4 + length
-                if flags & FLAG_CONTROL:
+                if flags & _ep.FLAG_EPOCH:
+                    bad = self._replay_epoch(dev, data, p, end, kl, flags, off, ts, pos + p)
+                    if bad is not None:
+                        break
+                elif flags & FLAG_CONTROL:
                     if off < dev.start:
                         bad = "truncation marker below the log start"
                         break
@@ -673,6 +724,24 @@ class LogStore:
         for dev in self._devices.values():
             dev.c_total, dev.c_since, dev.c_seg, dev.c_max = (
                 dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
+            if dev.hw > dev.hwm:  # a checkpointed high-water mark above a torn tail
+                dev.hw = dev.hwm
+
+    @staticmethod
+    def _replay_epoch(dev: DeviceLog, data: bytes, p: int, end: int, kl: int, flags: int,
+                      off: int, ts: int, pos: int) -> str | None:
+        """Recovery of an epoch-start record; the reason it is bad, or None."""
+        if not flags & FLAG_CONTROL or off != dev.next:
+            return f"epoch record at offset {off} of {dev.key!r} where {dev.next} was expected"
+        try:
+            epoch = _ep.parse_epoch_payload(data[p + HEADER_SIZE + kl : end])
+            if _ep.check_new_epoch(dev.epochs, epoch, off):
+                if dev.epochs is None:
+                    dev.epochs = []
+                _ep.assign(dev.epochs, (epoch, off, ts, pos))
+        except ValueError as exc:
+            return f"bad epoch record of {dev.key!r}: {exc}"
+        return None
 
     def _clean_pidx_files(self) -> None:
         """Remove position index files of the active segment (its positions live in
@@ -1221,17 +1290,18 @@ class LogStore:
         return key in self._devices
 
     def log_range(self, key: str) -> tuple[int, int]:
-        """(first retained offset, committed end offset); (0, 0) for an unknown key."""
+        """(first retained offset, high-water mark); (0, 0) for an unknown key."""
         dev = self._devices.get(key)
         if dev is None:
             return (0, 0)
-        return (dev.start, dev.hwm)
+        return (dev.start, dev.hwm if dev.hw < 0 else dev.hw)
 
     def high_watermark(self, key: str) -> int:
-        """Committed end offset: readers see offsets below it. Replication will later
-        lower this to the ISR's minimum; today it is the durable end."""
+        """Committed end offset: readers see offsets below it. The durable end (the log
+        end) on a single node; the replicated high-water mark once a replication layer
+        sets it with :meth:`set_high_watermark`."""
         dev = self._devices.get(key)
-        return 0 if dev is None else dev.hwm
+        return 0 if dev is None else (dev.hwm if dev.hw < 0 else dev.hw)
 
     def log_end(self, key: str) -> int:
         """Next offset to be assigned (includes appends not yet durable)."""
@@ -1251,7 +1321,13 @@ class LogStore:
             if offset == 0:
                 return []
             raise OffsetOutOfRangeError(key, offset, 0, 0)
-        hwm = dev.hwm
+        return self._read(dev, offset, dev.hwm if dev.hw < 0 else dev.hw, max_records,
+                          max_bytes)
+
+    def _read(self, dev: DeviceLog, offset: int, hwm: int, max_records: int,
+              max_bytes: int) -> list[Record]:
+        """``read`` below ``hwm`` (the high-water mark, or the log end for followers)."""
+        key = dev.key
         if offset < dev.start or offset > hwm:
             raise OffsetOutOfRangeError(key, offset, dev.start, hwm)
         upto = min(hwm, offset + max_records)
@@ -1321,9 +1397,9 @@ class LogStore:
         if i < 0:
             raise CorruptRecordError(f"no index entry for {dev.key!r} offset {offset}", 0)
         pos = dev.idx_pos[i]
-        # Without truncation markers a device's records in a segment have consecutive
+        # Without truncation markers after ``pos`` a device's records have consecutive
         # offsets, so the reader can jump straight from the index entry to ``offset``.
-        skip = 0 if dev.markers else offset - dev.idx_off[i]
+        skip = offset - dev.idx_off[i] if dev.stale_floor(pos) == _NO_FLOOR else 0
         limit = self._committed_pos
         state = [offset, 0]  # next wanted offset, bytes used
         while state[0] < upto and pos < limit:
@@ -1379,7 +1455,8 @@ class LogStore:
         fd = self._read_fd(seg)
         last_tb = b""
         last_topic = ""
-        fast = None if markers else _rec.c_read_run
+        c_read = _rec.c_read_run
+        floor = _NO_FLOOR
         coalesce = _rec.c_coalesce
         try:
             while j < n and want < upto:
@@ -1407,13 +1484,18 @@ class LogStore:
                 mv = memoryview(data)
                 p = 0
                 dn = len(data)
+                if markers:
+                    # Records below the floor cannot be stale: C may serve them.
+                    floor = dev.stale_floor(base + s)
                 while p < dn:
-                    if fast is not None:
+                    if c_read is not None and want < floor:
                         # C decodes the plain records; the body below handles the one it
-                        # stopped at (any failed check, the byte cap, anything odd).
-                        p, want, used, done = fast(data, p, kb, key, want, upto, used,
-                                                   max_bytes, out)
-                        if done:
+                        # stopped at (any failed check, the byte cap, the floor, anything
+                        # odd).
+                        cupto = upto if upto <= floor else floor
+                        p, want, used, done = c_read(data, p, kb, key, want, cupto, used,
+                                                     max_bytes, out)
+                        if done and (want >= upto or used >= max_bytes):
                             return True
                         if p >= dn:
                             break
@@ -1525,7 +1607,7 @@ class LogStore:
         dev = self._devices.get(key)
         if dev is None:
             return 0
-        hwm = dev.hwm
+        hwm = dev.hwm if dev.hw < 0 else dev.hw
         n = bisect.bisect_left(dev.idx_off, hwm)
         i = bisect.bisect_left(dev.idx_ts, timestamp_us, 0, n) - 1
         off = dev.idx_off[i] if i >= 0 else dev.start
@@ -1546,7 +1628,7 @@ class LogStore:
         if dev is None:
             return
         off = dev.start if offset is None else offset
-        while off < dev.hwm:
+        while off < (dev.hwm if dev.hw < 0 else dev.hw):
             recs = self.read(key, off, 4096, 1 << 24)
             if not recs:
                 return
@@ -1594,6 +1676,10 @@ class LogStore:
         if dev.markers is None:
             dev.markers = []
         dev.markers.append((boundary, offset))
+        dev.mk = None
+        _ep.truncate_from(dev.epochs, offset)
+        if dev.hw > offset:
+            dev.hw = offset
         dev.next = dev.hwm = offset
         dev.since_idx = 0
         dev.seg_base = -1  # the next record gets an index entry past the marker
@@ -1668,6 +1754,7 @@ class LogStore:
         if dev.markers:
             first = dev.idx_pos[0] if dev.idx_pos else self._flushed_pos
             dev.markers = [m for m in dev.markers if m[0] > first] or None
+            dev.mk = None
         k = offset - dev.cache_start
         if k > 0:
             if k >= len(dev.cache):
@@ -1701,14 +1788,16 @@ class LogStore:
         acut = (pos - active.base) << 32
         parts.append(CKPT_ACTIVE.pack(abase))
         parts.append(struct.pack("<I", len(self._devices)))
-        pack = CKPT_DEV.pack
+        pack = CKPT_DEV3.pack
         for dev in self._devices.values():
             n = bisect.bisect_left(dev.idx_off, dev.hwm)
             marks = dev.markers or ()
             ap = dev.apos if abase >= 0 and dev.apos_base == abase else None
             npos = bisect.bisect_left(ap, acut) if ap else 0
+            eps = [e for e in dev.epochs if e[3] < pos] if dev.epochs else ()
             parts.append(pack(len(dev.kb), dev.start, dev.hwm, dev.c_total, dev.c_since,
-                              dev.c_seg, dev.c_max, 0, n, len(marks), npos))
+                              dev.c_seg, dev.c_max, min(dev.hw, dev.hwm), n, len(marks), npos,
+                              len(eps)))
             parts.append(dev.kb)
             if n == len(dev.idx_off):
                 parts += (dev.idx_off.tobytes(), dev.idx_pos.tobytes(), dev.idx_ts.tobytes(),
@@ -1720,6 +1809,8 @@ class LogStore:
                 parts.append(struct.pack("<qq", m[0], m[1]))
             if npos:
                 parts.append(ap[:npos].tobytes())
+            for e in eps:
+                parts.append(CKPT_EPOCH.pack(*e))
         body = b"".join(parts)
         return body + zlib.crc32(body).to_bytes(4, "little")
 
