@@ -8,7 +8,10 @@ Measures, on one core (the first line says whether the compiled loops of
   * reads: from the tail cache, from disk via the sparse index, and decoding a fetch body
     (records and columnar);
   * replay-style reads of single devices' whole history from disk (1000 and 100 devices
-    interleaved, 8 MiB segments), with and without the position index files.
+    interleaved, 8 MiB segments), with and without the position index files;
+  * replication (issue 14): follower append (a leader's replica stream, 100 devices x 10
+    records per batch, one write + one fsync per batch), a many-device fetch body of 100
+    devices decoded, and reads of a device after 100 truncations vs one never truncated.
 """
 
 from __future__ import annotations
@@ -20,9 +23,17 @@ import shutil
 import tempfile
 import time
 
-from commitlog.fetch import decode_fetch_columns, decode_fetch_response, encode_fetch_response
+from commitlog.fetch import (
+    STATUS_OK,
+    decode_fetch_columns,
+    decode_fetch_response,
+    decode_multi_records,
+    encode_fetch_response,
+    encode_multi_fetch,
+    encode_section,
+)
 from commitlog.groupcommit import GroupCommitter
-from commitlog.record import SPEEDUPS
+from commitlog.record import SPEEDUPS, encode_batch
 from commitlog.settings import LogSettings
 from commitlog.store import LogStore
 
@@ -193,6 +204,115 @@ def bench_read_one_device(path: str, records: int, devices: int, batch: int) -> 
         st.close()
 
 
+def bench_follower_append(leader_path: str, path: str, per_device: int) -> float:
+    """A follower replays the leader store at ``leader_path`` from its replica stream:
+    each batch holds ``per_device`` records of every device (read beforehand, not timed),
+    appended with append_follower, then one flush + fsync + commit."""
+    leader = LogStore.open(leader_path, LogSettings())
+    keys = sorted(leader.keys())
+    rounds: list[list[tuple[str, bytes]]] = []
+    offs = dict.fromkeys(keys, 0)
+    while True:
+        rnd = []
+        for k in keys:
+            data, nxt = leader.read_replica(k, offs[k], per_device, 1 << 30)
+            if data:
+                rnd.append((k, data))
+                offs[k] = nxt
+        if not rnd:
+            break
+        rounds.append(rnd)
+    total = sum(offs.values())
+    leader.close()
+    st = LogStore.open(path, LogSettings())
+    t0 = time.perf_counter()
+    for rnd in rounds:
+        for k, data in rnd:
+            st.append_follower(k, data)
+        st.commit(st.sync() if st.flush() else 0)
+    dt = time.perf_counter() - t0
+    fsyncs = st.stats.fsyncs
+    st.close()
+    print(f"follower append+fsync/batch: {total} records in {dt:.2f}s = {total / dt:,.0f} "
+          f"rec/s, {fsyncs} fsyncs, {len(keys)} devices x {per_device} records per batch")
+    return total / dt
+
+
+def bench_multi_fetch(leader_path: str, devices: int, per_device: int) -> float:
+    """A many-device fetch body (the admin API's MQFM format) of ``devices`` devices with
+    ``per_device`` records each: built from the store, then decoded (CRC checked)."""
+    st = LogStore.open(leader_path, LogSettings())
+    keys = sorted(st.keys())[:devices]
+    t0 = time.perf_counter()
+    sections = []
+    for k in keys:
+        start, hw = st.log_range(k)
+        recs = st.read(k, start, per_device, 1 << 30)
+        sections.append(encode_section(k, STATUS_OK, start, start, hw, st.durable_end(k),
+                                       recs[-1].offset + 1, len(recs), encode_batch(recs)))
+    body = encode_multi_fetch(sections)
+    dt_build = time.perf_counter() - t0
+    st.close()
+    best = 0.0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = decode_multi_records(body)
+        dt = time.perf_counter() - t0
+        n = sum(len(v) for v in out.values())
+        best = max(best, n / dt)
+    print(f"many-device fetch decode ({len(keys)} devices, {n} records, {len(body) >> 20} MiB, "
+          f"CRC checked): best of 3 {best:,.0f} rec/s (server-side read+encode "
+          f"{n / dt_build:,.0f} rec/s)")
+    return best
+
+
+def bench_truncated_reads(path: str, records: int, truncations: int) -> float:
+    """Whole-history disk reads of a device truncated ``truncations`` times vs one never
+    truncated, same live record count, interleaved with 98 other devices (8 MiB segments,
+    no tail cache); best of 5 passes each. Returns truncated / plain."""
+    s = LogSettings(segment_bytes=8 * 1024 * 1024, tail_cache_bytes_per_device=0)
+    st = LogStore.open(path, s)
+    others = [f"device-{i:05d}" for i in range(98)]
+    ts = time.time_ns() // 1000
+    per = records // 100
+    step = max(1, per // truncations)
+    cut = 3
+    done_trunc = 0
+    while st.log_end("plain") < per:
+        for _ in range(step):
+            for k in ("plain", "trunc"):
+                st.append(k, ts, f"sensors/{k}/t", 1, None, PAYLOAD)
+            for k in others:
+                st.append(k, ts, f"sensors/{k}/t", 1, None, PAYLOAD)
+        for _ in range(cut if done_trunc < truncations else 0):
+            st.append("trunc", ts, "sensors/trunc/t", 1, None, PAYLOAD)
+        st.flush_sync_commit()
+        if done_trunc < truncations:
+            st.truncate("trunc", st.durable_end("trunc") - cut)
+            st.flush_sync_commit()
+            done_trunc += 1
+    st.close()
+    st = LogStore.open(path, s)
+    rates = {}
+    for k in ("plain", "trunc", "plain", "trunc"):
+        best = rates.get(k, 0.0)
+        for _ in range(5):
+            t0 = time.perf_counter()
+            n = 0
+            off, end = st.log_range(k)
+            while off < end:
+                recs = st.read(k, off, 5000, 1 << 24)
+                n += len(recs)
+                off = recs[-1].offset + 1
+            best = max(best, n / (time.perf_counter() - t0))
+        rates[k] = best
+    st.close()
+    ratio = rates["trunc"] / rates["plain"]
+    print(f"read one device after {done_trunc} truncations: {rates['trunc']:,.0f} rec/s vs "
+          f"never truncated {rates['plain']:,.0f} rec/s ({ratio:.2f}x; {per} live records)")
+    return ratio
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run all benchmarks in a temporary directory (or --dir) and print the figures."""
     ap = argparse.ArgumentParser(description=__doc__)
@@ -210,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         bench_reads(os.path.join(base, "a"), args.devices)
         bench_read_one_device(os.path.join(base, "r1"), args.records, 1000, args.batch)
         bench_read_one_device(os.path.join(base, "r2"), args.records, args.devices, args.batch)
+        bench_follower_append(os.path.join(base, "a"), os.path.join(base, "f"),
+                              max(1, args.batch // args.devices))
+        bench_multi_fetch(os.path.join(base, "a"), 100, args.records // args.devices)
+        bench_truncated_reads(os.path.join(base, "t"), args.records, 100)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return 0

@@ -105,3 +105,13 @@ def end_offset_for(table: list[EpochEntry] | None, epoch: int, log_end: int) -> 
         return (UNDEFINED, UNDEFINED)
     end = table[i + 1][1] if i + 1 < len(table) else log_end
     return (table[i][0], end)
+
+
+def encode_epoch_record(key_bytes: bytes, epoch: int, start: int, timestamp_us: int) -> bytes:
+    """The bytes of an epoch-start record (as the store writes it and replicas receive it)."""
+    from commitlog.record import FLAG_CONTROL, HEADER_SIZE, encode_into
+
+    buf = bytearray(HEADER_SIZE + len(key_bytes) + EPOCH_PAYLOAD.size)
+    encode_into(buf, 0, start, timestamp_us, key_bytes, "", 0, (), epoch_payload(epoch),
+                FLAG_CONTROL | FLAG_EPOCH)
+    return bytes(buf)

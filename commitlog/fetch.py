@@ -177,3 +177,115 @@ def decode_fetch_columns(
             f"fetch response says {meta.record_count} records, holds {len(offsets)}", 0
         )
     return FetchColumns(keys, offsets, tss, topics, qos, retain, payloads, hdrs)
+
+
+# ---------------------------------------------------------------------- many-device fetch
+#
+# One response for many device logs (``POST /api/v1/fetch``; Kafka's Fetch carries many
+# partitions the same way, so a reader of 100k small logs does not pay one round trip per
+# log). Layout (little-endian)::
+#
+#     off  size  field
+#     0    4     magic          b"MQFM"
+#     4    4     device_count   u32
+#     8    ...   device_count sections, in request order:
+#                0   2  key_len        u16
+#                2   2  status         u16   STATUS_* below
+#                4   8  offset         i64   the offset asked for (after resolving defaults)
+#                12  8  log_start      i64   first offset still retained
+#                20  8  high_water     i64   end of what readers may see (committed)
+#                28  8  log_end        i64   end of what is stored here (>= high_water)
+#                36  8  next_offset    i64   what to ask for next
+#                44  4  record_count   u32
+#                48  4  records_bytes  u32
+#                52  .. key (UTF-8), then records_bytes of records in the record framing
+#
+# ``status`` tells "no data yet" (OK with 0 records: offset == high_water) from "retention
+# deleted what you asked for" (BELOW_START: restart from log_start, data lost for this
+# reader) and from an offset past the high-water mark (ABOVE_END: truncated by a leader
+# change, or from the future) or a device the node does not know (UNKNOWN_DEVICE).
+
+MULTI_MAGIC = b"MQFM"
+MULTI_HEADER = struct.Struct("<4sI")
+SECTION = struct.Struct("<HHqqqqqII")
+STATUS_OK = 0
+STATUS_BELOW_START = 1
+STATUS_ABOVE_END = 2
+STATUS_UNKNOWN_DEVICE = 3
+STATUS_NAMES = {STATUS_OK: "ok", STATUS_BELOW_START: "offset_below_log_start",
+                STATUS_ABOVE_END: "offset_above_high_water",
+                STATUS_UNKNOWN_DEVICE: "unknown_device"}
+
+
+class DeviceFetch(NamedTuple):
+    """One device's part of a many-device fetch response."""
+
+    device: str
+    status: int
+    offset: int
+    log_start: int
+    high_water: int
+    log_end: int
+    next_offset: int
+    record_count: int
+    records: memoryview  # the records, in the record framing (decode with decode_batch)
+
+
+def encode_section(device: str, status: int, offset: int, log_start: int, high_water: int,
+                   log_end: int, next_offset: int, record_count: int,
+                   records: bytes = b"") -> bytes:
+    """One device's section (header, key, records)."""
+    kb = device.encode()
+    return SECTION.pack(len(kb), status, offset, log_start, high_water, log_end,
+                        next_offset, record_count, len(records)) + kb + records
+
+
+def encode_multi_fetch(sections: Sequence[bytes]) -> bytes:
+    """A many-device fetch response from encoded sections."""
+    return MULTI_HEADER.pack(MULTI_MAGIC, len(sections)) + b"".join(sections)
+
+
+def _sections(mv: memoryview) -> list[tuple]:
+    """(key, status, offset, start, hw, end, next, count, rec_start, rec_end) per section."""
+    if len(mv) < MULTI_HEADER.size:
+        raise CorruptRecordError("many-device fetch response shorter than its header", 0)
+    magic, count = MULTI_HEADER.unpack_from(mv, 0)
+    if magic != MULTI_MAGIC:
+        raise CorruptRecordError("not a meshmq many-device fetch response (bad magic)", 0)
+    out: list[tuple] = []
+    p = MULTI_HEADER.size
+    for _ in range(count):
+        if len(mv) - p < SECTION.size:
+            raise CorruptRecordError("truncated device section", p)
+        kl, status, off, start, hw, end, nxt, nrec, nbytes = SECTION.unpack_from(mv, p)
+        q = p + SECTION.size
+        if q + kl + nbytes > len(mv):
+            raise CorruptRecordError("device section overruns the response", p)
+        key = bytes(mv[q : q + kl]).decode()
+        q += kl
+        out.append((key, status, off, start, hw, end, nxt, nrec, q, q + nbytes))
+        p = q + nbytes
+    if p != len(mv):
+        raise CorruptRecordError("bytes after the last device section", p)
+    return out
+
+
+def decode_multi_fetch(data: bytes | bytearray | memoryview) -> list[DeviceFetch]:
+    """Split a many-device response into per-device parts (records left encoded)."""
+    mv = memoryview(data)
+    return [DeviceFetch(*t[:8], mv[t[8] : t[9]]) for t in _sections(mv)]
+
+
+def decode_multi_records(data: bytes | bytearray | memoryview,
+                         verify: bool = True) -> dict[str, list[Record]]:
+    """Decode every device's records (CRC-checked unless ``verify=False``):
+    ``{device: [Record]}``. One pass over one buffer, no copies per device."""
+    buf = data if isinstance(data, bytes) else bytes(data)
+    out: dict[str, list[Record]] = {}
+    for t in _sections(memoryview(buf)):
+        recs = decode_batch(buf, t[8], t[9], verify=verify) if t[7] else []
+        if len(recs) != t[7]:
+            raise CorruptRecordError(
+                f"section of {t[0]!r} says {t[7]} records, holds {len(recs)}", t[8])
+        out[t[0]] = recs
+    return out

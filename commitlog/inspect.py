@@ -11,6 +11,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 
+from commitlog import epochs as _ep
 from commitlog.record import FLAG_CONTROL, HEADER, HEADER_SIZE, frame_end
 from commitlog.store import CHECKPOINT_NAME, SEGMENT_SUFFIX
 
@@ -23,6 +24,8 @@ class KeySummary:
     first_offset: int = -1
     last_offset: int = -1
     truncations: int = 0
+    # Leader epoch table as recovery would replay it: [(epoch, start offset)]
+    epochs: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -73,6 +76,8 @@ class InspectReport:
                 lines.append(f"  ... {len(self.keys) - max_keys} more keys")
                 break
             extra = f" truncations={ks.truncations}" if ks.truncations else ""
+            if ks.epochs:
+                extra += " epochs " + " ".join(f"{e}@{s}" for e, s in ks.epochs)
             lines.append(f"  key {k!r}: records={ks.records} offsets "
                          f"{ks.first_offset}..{ks.last_offset}{extra}")
         lines.append("RESULT: " + ("ok" if self.ok else "CORRUPT (recovery will truncate at "
@@ -114,9 +119,20 @@ def inspect(path: str) -> InspectReport:
             ks = rep.keys.get(key)
             if ks is None:
                 ks = rep.keys[key] = KeySummary()
-            if flags & FLAG_CONTROL:
+            if flags & _ep.FLAG_EPOCH:
+                try:
+                    epoch = _ep.parse_epoch_payload(mv[p + HEADER_SIZE + kl : end])
+                except ValueError:
+                    epoch = -1
+                entries = [(e, s, 0, 0) for e, s in ks.epochs]
+                _ep.assign(entries, (epoch, off, 0, 0))
+                ks.epochs = [(e[0], e[1]) for e in entries]
+            elif flags & FLAG_CONTROL:
                 ks.truncations += 1
                 ks.last_offset = off - 1
+                _ks_entries = [(e, s, 0, 0) for e, s in ks.epochs]
+                _ep.truncate_from(_ks_entries, off)
+                ks.epochs = [(e[0], e[1]) for e in _ks_entries]
             else:
                 ks.records += 1
                 if ks.first_offset < 0:

@@ -25,6 +25,7 @@ import bisect
 import errno
 import fcntl
 import logging
+import operator
 import os
 import struct
 import threading
@@ -108,6 +109,104 @@ class OffsetOutOfRangeError(LogStoreError):
         self.offset = offset
         self.start = start
         self.end = end
+
+
+class LogTruncatedError(LogStoreError):
+    """A commit waiter's record was cut by a key truncation (a leader change)."""
+
+    def __init__(self, key: str, offset: int) -> None:
+        super().__init__(f"the log of {key!r} was truncated to {offset}")
+        self.key = key
+        self.offset = offset
+
+
+_first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
+
+
+def _encode_records(kb: bytes, recs: list[Record]) -> bytes:
+    """Records of one key in the record framing: the bytes ``flush`` wrote for them
+    (same function, C when built), for the replica read path."""
+    if not recs:
+        return b""
+    bound = (HEADER_SIZE + len(kb)) * len(recs) + sum(4 * len(r[3]) + len(r[6]) for r in recs)
+    bound += sum(headers_size(r[5]) for r in recs if r[5])
+    buf = bytearray(bound)
+    mv = memoryview(buf)
+    fast = _rec.c_encode_run
+    i = p = 0
+    n = len(recs)
+    while i < n:
+        if fast is not None:
+            i, p, _s, _t, _m, _pb = fast(buf, p, recs, i, kb, 0, 1 << 62, 0, MIN_TS, -1)
+            if i >= n:
+                break
+        r = recs[i]
+        p = encode_into(buf, p, r[0], r[1], kb, r[3], r[4], r[5], r[6], 0, mv)
+        i += 1
+    mv.release()
+    del buf[p:]
+    return bytes(buf)
+
+
+def _parse_follower_batch(
+    data: bytes, kb: bytes, key: str, nxt: int, table: list[_ep.EpochEntry]
+) -> tuple[list[Record], array, list[tuple[int, int, int, int]], int]:
+    """Verify a follower batch before anything changes: ``(records, positions, epochs,
+    skip)``: the data records (decoded, CRC-checked), their ``rel << 32 | length`` in
+    ``data``, the epoch starts ``(rel, epoch, start, ts)`` and how many leading bytes
+    are repeated epoch starts to drop. Compiled fast path when built: one C decode pass
+    and one C header walk, then two list comparisons; control records or any doubt go
+    through the reference loop, record by record."""
+    if type(data) is not bytes:
+        data = bytes(data)
+    if _rec.c_decode_run is not None and _rec.c_walk_run is not None:
+        recs = _rec.decode_batch(data)
+        try:
+            walked, size = walk_positions(data, 0)
+        except ValueError:
+            walked, size = {}, -1
+        posarr = walked.get(kb) if len(walked) == 1 else None
+        if (size == len(data) and posarr is not None and len(posarr) == len(recs)
+                and sum(map(LEN_MASK.__and__, posarr)) == size  # no control record
+                and (not recs or (recs[0][0] == nxt and list(map(_first, recs))
+                                  == list(range(nxt, nxt + len(recs)))))):
+            return recs, posarr, [], 0
+    recs = []
+    posarr = array("q")
+    eps: list[tuple[int, int, int, int]] = []
+    skip = 0
+    p = 0
+    n = len(data)
+    want = nxt
+    while p < n:
+        rec, flags, end = decode_one(data, p)
+        if rec[2] != key:
+            raise ValueError(f"record of key {rec[2]!r} at byte {p} in a batch for {key!r}")
+        if rec[0] != want:
+            raise ValueError(f"offset {rec[0]} at byte {p} where {want} was expected "
+                             f"(a follower batch must continue the log end)")
+        if flags & FLAG_CONTROL:
+            if not flags & _ep.FLAG_EPOCH:
+                raise ValueError(f"truncation control record at byte {p}: a leader never "
+                                 "sends one")
+            epoch = _ep.parse_epoch_payload(rec[6])
+            if _ep.check_new_epoch(table, epoch, want):
+                _ep.assign(table, (epoch, want, rec[1], -1))
+                eps.append((p, epoch, want, rec[1]))
+            elif p == skip:
+                skip = end  # the follower has it: drop it from the head of the batch
+            else:
+                raise ValueError(f"epoch {epoch} repeated at byte {p}")
+        else:
+            posarr.append((p << 32) | (end - p))
+            recs.append(rec)
+            want += 1
+        p = end
+    if skip:
+        posarr = array("q", [v - (skip << 32) for v in posarr])
+        eps = [(rel - skip, e, s, t) for rel, e, s, t in eps]
+    return recs, posarr, eps, skip
 
 
 def segment_name(base: int) -> str:
@@ -205,11 +304,18 @@ class DeviceLog:
             del self.idx_off[:j], self.idx_pos[:j], self.idx_ts[:j], self.idx_cum[:j]
 
     def is_stale(self, pos: int, offset: int) -> bool:
-        """True for a record superseded by a key truncation (written before its marker)."""
-        for boundary, frm in self.markers or ():
-            if pos < boundary and offset >= frm:
-                return True
-        return False
+        """True for a record superseded by a key truncation (written before its marker):
+        some marker after ``pos`` cut at or below ``offset``. O(log markers)."""
+        return offset >= self.stale_floor(pos)
+
+    def next_boundary(self, pos: int) -> int:
+        """Store position of the first truncation marker after ``pos`` (2**63-1: none)."""
+        self.stale_floor(pos)  # builds the cached boundaries
+        mk = self.mk
+        if mk is None:
+            return _NO_FLOOR
+        i = bisect.bisect_right(mk[0], pos)
+        return mk[0][i] if i < len(mk[0]) else _NO_FLOOR
 
     def stale_floor(self, pos: int) -> int:
         """Lowest offset a record at store position >= ``pos`` can have and still be stale
@@ -406,6 +512,8 @@ class LogStore:
         self._cache_on = settings.tail_cache_bytes_per_device > 0
         self._lock_fd = -1
         self._closed = False
+        self._waiters = HighWaterWaiters()  # per-device commit waiters (waiters.py)
+        self._ckpt_hw: set[str] = set()  # during recovery: keys whose hw the checkpoint gave
 
     # ------------------------------------------------------------------ open / recovery
 
@@ -463,6 +571,7 @@ class LogStore:
         if scan_from is None:
             self.stats.index_rebuilds += 1
             self._devices.clear()
+            self._ckpt_hw.clear()
             for s in segs:
                 s.max_ts = MIN_TS
             scan_from = segs[0].base
@@ -569,6 +678,7 @@ class LogStore:
                 p += 8 * npos
             if version == 3:
                 dev.hw = hw if 0 <= hw <= nxt else -1
+                self._ckpt_hw.add(key)
             if nep:
                 dev.epochs = [CKPT_EPOCH.unpack_from(data, p + CKPT_EPOCH.size * i)
                               for i in range(nep)]
@@ -726,6 +836,12 @@ class LogStore:
                 dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
             if dev.hw > dev.hwm:  # a checkpointed high-water mark above a torn tail
                 dev.hw = dev.hwm
+            elif dev.epochs and dev.key not in self._ckpt_hw:
+                # A replicated log (it has leader epochs) whose high-water mark no
+                # checkpoint recorded: nothing is known committed; show nothing until the
+                # leader says (Kafka starts a replica without its HW checkpoint at 0).
+                dev.hw = dev.start
+        self._ckpt_hw = set()
 
     @staticmethod
     def _replay_epoch(dev: DeviceLog, data: bytes, p: int, end: int, kl: int, flags: int,
@@ -840,13 +956,22 @@ class LogStore:
         for dev in devs:
             recs = dev.pend
             dev.pend = None
-            if dev.n_ctl:  # control records (key truncation markers) come first
+            if dev.n_ctl:  # control records (truncation markers, epoch starts) come first
                 for rec in recs[: dev.n_ctl]:
-                    p = encode_into(buf, p, rec[0], rec[1], dev.kb, "", 0, (), b"",
-                                    FLAG_CONTROL, mv)
+                    if rec[6]:  # an epoch start (epochs.py): note where it is
+                        self._place_epoch(dev, rec, base_pos + p)
+                    p = encode_into(buf, p, rec[0], rec[1], dev.kb, "", 0, (), rec[6],
+                                    FLAG_CONTROL | (_ep.FLAG_EPOCH if rec[6] else 0), mv)
                 recs = recs[dev.n_ctl :]
                 dev.n_ctl = 0
+                if not recs and dev.raw is None:
+                    continue
+            if dev.raw is not None:  # follower appends: their bytes as received
+                p, rmax = self._flush_raw(dev, buf, p, base_pos, segb, track, interval)
+                if rmax > bmax:
+                    bmax = rmax
                 if not recs:
+                    infos.append((dev, dev.next, dev.total, dev.since_idx, segb, dev.max_ts))
                     continue
             # Inlined record encoding (see record.encode_into; this is the hot path).
             kb = dev.kb
@@ -1117,9 +1242,13 @@ class LogStore:
             raise ValueError(f"commit({token}) beyond the synced position {self._synced_pos}")
         per_dev_cap = self.settings.tail_cache_bytes_per_device
         lru = self._lru
+        waiting = self._waiters.by_key  # per-device commit waiters: checked only if any
+        woke: list[DeviceLog] = []
         while infl and infl[0][0] <= token:
             _end, infos = infl.popleft()
             for dev, nxt, total, since, segb, mx in infos:
+                if waiting and dev.hw < 0 and dev.key in waiting:
+                    woke.append(dev)
                 dev.hwm = nxt
                 dev.c_total = total
                 dev.c_since = since
@@ -1137,6 +1266,8 @@ class LogStore:
         if self._cache_total > self.settings.tail_cache_bytes_total:
             self._evict_global()
         self.stats.tail_cache_bytes = self._cache_total
+        if woke:
+            self._wake(woke)
 
     def _trim_cache_front(self, dev: DeviceLog, cap: int) -> None:
         klen = len(dev.kb)
@@ -1183,6 +1314,7 @@ class LogStore:
 
         Appends work again afterwards if the truncation succeeded; otherwise the store
         stays failed (every append raises) until it is reopened, where recovery cleans up."""
+        self._rollback_replica_state()
         pos = self._committed_pos
         for dev in self._pend_devs:
             dev.pend = None
@@ -1457,6 +1589,7 @@ class LogStore:
         last_topic = ""
         c_read = _rec.c_read_run
         floor = _NO_FLOOR
+        jump = -1
         coalesce = _rec.c_coalesce
         try:
             while j < n and want < upto:
@@ -1506,7 +1639,17 @@ class LogStore:
                             or data[q : q + kl] != kb):
                         raise _Stale()
                     if off != want or markers:
-                        if off < want or (markers and dev.is_stale(base + s + p, off)):
+                        if off < want:
+                            p = rend
+                            continue
+                        if markers and dev.is_stale(base + s + p, off):
+                            # This device's later records up to the next truncation's
+                            # boundary are stale too (consecutive offsets, no cut between):
+                            # jump there instead of reading them one by one.
+                            nb = dev.next_boundary(base + s + p) - base
+                            if nb >= e:
+                                jump = nb
+                                break
                             p = rend
                             continue
                         if off != want:
@@ -1538,6 +1681,9 @@ class LogStore:
                     p = rend
                 mv.release()
                 j = k
+                if jump >= 0:
+                    j = max(k, bisect.bisect_left(plist, jump << 32))
+                    jump = -1
             return want >= upto
         finally:
             state[0] = want
@@ -1652,7 +1798,9 @@ class LogStore:
             raise OffsetOutOfRangeError(key, offset, dev.start, dev.hwm)
         if offset == dev.hwm:
             return
+        old_end = dev.hwm
         self._truncate_state(dev, offset, self._flushed_pos)
+        self._fail_waiters(dev, offset, old_end, LogTruncatedError(key, offset))
         dev.c_total, dev.c_since, dev.c_seg, dev.c_max = (
             dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
         self._trim_cache_back(dev)
@@ -1685,6 +1833,313 @@ class LogStore:
         dev.seg_base = -1  # the next record gets an index entry past the marker
         if dev.start > offset:
             dev.start = offset
+
+    # ------------------------------------------------------------------ replication
+    # Storage primitives for replicas (README.md, "Replication primitives"): two ends per
+    # device log, leader epochs, follower append, the replica read path, per-device
+    # commit waiters. Kafka's replica manager is the precedent for each (KIP-101/279).
+
+    def durable_end(self, key: str) -> int:
+        """The *log end*: one past the last record durable on this node. Followers fetch
+        up to it; readers stop at :meth:`high_watermark`, which is never above it.
+        (:meth:`log_end` also counts appends not yet durable.)"""
+        dev = self._devices.get(key)
+        return 0 if dev is None else dev.hwm
+
+    def set_high_watermark(self, key: str, hw: int | None) -> None:
+        """Set the replicated high-water mark of ``key`` (committed cluster-wide: readers
+        see offsets below it); ``None`` returns the device to the single-node rule (the
+        high-water mark is the log end). Must not exceed the log end here (a follower
+        takes ``min(leader's hw, its log end)``, as Kafka does). Wakes the device's
+        commit waiters it satisfies. Kept in the checkpoint; after a crash it may come
+        back lower (it is re-learned from the leader), never higher than the log end."""
+        dev = self._devices.get(key)
+        if dev is None:
+            if not hw:
+                return
+            raise ValueError(f"high-water mark {hw} of {key!r} beyond its log end 0")
+        if hw is not None and not 0 <= hw <= dev.hwm:
+            raise ValueError(f"high-water mark {hw} of {key!r} outside [0, log end {dev.hwm}]")
+        dev.hw = -1 if hw is None else hw
+        if self._waiters.count:
+            self._wake([dev])
+
+    def when_high_watermark(self, key: str, target: int,
+                            callback: WaiterCallback) -> tuple[str, int, int] | None:
+        """Call ``callback(None)`` once the high-water mark of ``key`` is >= ``target``
+        (acks=all of the record at offset N: target N + 1), or ``callback(exc)`` if the
+        records it waits for are truncated or rolled back. Already satisfied: called now,
+        returns None; else returns a handle for :meth:`cancel_high_watermark_wait`."""
+        if self.high_watermark(key) >= target:
+            call_all([callback], None)
+            return None
+        return self._waiters.add(key, target, callback)
+
+    def cancel_high_watermark_wait(self, handle: tuple[str, int, int] | None) -> bool:
+        """Forget a waiter (a long poll that timed out); False if it already ran."""
+        return handle is not None and self._waiters.cancel(handle)
+
+    @property
+    def device_count(self) -> int:
+        """Keys with a log (devices are never removed: the count only grows)."""
+        return len(self._devices)
+
+    @property
+    def high_watermark_waiters(self) -> int:
+        """Registered per-device commit waiters (for metrics and tests)."""
+        return self._waiters.count
+
+    def _wake(self, devs: list[DeviceLog]) -> None:
+        by_key = self._waiters.by_key
+        for dev in devs:
+            if dev.key in by_key:
+                call_all(self._waiters.take_ready(dev.key, dev.hwm if dev.hw < 0 else dev.hw),
+                         None)
+
+    def _fail_waiters(self, dev: DeviceLog, end: int, old_end: int, exc: BaseException) -> None:
+        if self._waiters.count and dev.key in self._waiters.by_key:
+            call_all(self._waiters.take_between(dev.key, end, old_end), exc)
+
+    def epochs(self, key: str) -> list[tuple[int, int]]:
+        """The leader epoch table of ``key``: ``[(epoch, start offset)]``, oldest first."""
+        dev = self._devices.get(key)
+        return [(e[0], e[1]) for e in dev.epochs] if dev is not None and dev.epochs else []
+
+    def latest_epoch(self, key: str) -> int:
+        """The latest leader epoch of ``key``; -1 if it never had one."""
+        dev = self._devices.get(key)
+        return _ep.latest_epoch(dev.epochs if dev is not None else None)
+
+    def end_offset_for_epoch(self, key: str, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetsForLeaderEpoch for one device log, answered by the leader to a
+        returning replica whose latest epoch is ``epoch``: ``(E', end)`` with E' the
+        largest epoch <= ``epoch`` here and ``end`` where it ended (the start of the next
+        epoch, or the log end). The replica truncates to ``min(end, its log end)`` (and
+        repeats with E' if E' < its epoch: KIP-279). ``(-1, -1)``: no such epoch."""
+        dev = self._devices.get(key)
+        if dev is None:
+            return (_ep.UNDEFINED, _ep.UNDEFINED)
+        return _ep.end_offset_for(dev.epochs, epoch, dev.hwm)
+
+    def start_epoch(self, key: str, epoch: int, timestamp_us: int | None = None) -> bool:
+        """A leader takes over ``key``'s log at ``epoch``: write an epoch-start record at
+        the log end (durable with the next sync, like an append). False if the log's
+        latest epoch already is ``epoch``. Raises StaleEpochError for an older
+        epoch and LogStoreError while the key has appends not yet committed."""
+        if self._broken is not None:
+            raise LogWriteError(getattr(self._broken, "errno", None),
+                                f"commit log is failing: {self._broken}") from self._broken
+        dev = self._devices.get(key)
+        if dev is None:
+            dev = self._devices[key] = DeviceLog(key)
+        if dev.next != dev.hwm or dev.raw is not None:
+            raise LogStoreError(f"{key!r} has uncommitted appends; commit before an epoch")
+        if epoch == _ep.latest_epoch(dev.epochs) or not _ep.check_new_epoch(
+                dev.epochs, epoch, dev.next):
+            return False  # already leading at this epoch
+        ts = time.time_ns() // 1000 if timestamp_us is None else timestamp_us
+        if dev.epochs is None:
+            dev.epochs = []
+        _ep.assign(dev.epochs, (epoch, dev.next, ts, -1))
+        pend = dev.pend
+        if pend is None:
+            pend = dev.pend = []
+            self._pend_devs.append(dev)
+        pend.append(_new_record(Record, (dev.next, ts, key, "", 0, (), _ep.epoch_payload(epoch))))
+        dev.n_ctl += 1
+        self._pend_n += 1
+        self._pend_bound += HEADER_SIZE + len(dev.kb) + _ep.EPOCH_PAYLOAD.size
+        return True
+
+    @staticmethod
+    def _place_epoch(dev: DeviceLog, rec: Record, pos: int) -> None:
+        """At flush: give the pending epoch entry of ``rec`` its store position."""
+        table = dev.epochs or ()
+        epoch = _ep.parse_epoch_payload(rec[6])
+        for i in range(len(table) - 1, -1, -1):
+            e = table[i]
+            if e[3] < 0 and e[0] == epoch and e[1] == rec[0]:
+                table[i] = (e[0], e[1], e[2], pos)
+                return
+
+    def append_follower(self, key: str, data: bytes, leader_epoch: int | None = None) -> int:
+        """Append records a leader sent (its :meth:`read_replica` bytes) at the offsets it
+        gave them; return the new log end (not durable until the next sync/commit, exactly
+        like :meth:`append`: same group commit, same fsync).
+
+        Verified before anything changes: every record framed and CRC-checked, of this
+        key, the first at the local log end and the rest contiguous, epoch records not
+        older than the log's latest epoch (nor ``leader_epoch``, the epoch of the leader
+        that sent them, if given: a fenced leader is refused with StaleEpochError). The
+        bytes are written as received, never re-encoded, so replicas hold identical
+        records. A repeated epoch-start at the head of the batch (the follower already has
+        it) is dropped. An empty log may start at the leader's first offset (retention
+        on the leader). Raises CorruptRecordError / ValueError / LogStoreError."""
+        if self._broken is not None:
+            raise LogWriteError(getattr(self._broken, "errno", None),
+                                f"commit log is failing: {self._broken}") from self._broken
+        dev = self._devices.get(key)
+        kb = dev.kb if dev is not None else key.encode()
+        if dev is not None and dev.pend is not None and len(dev.pend) > dev.n_ctl:
+            raise LogStoreError(f"{key!r} has leader appends pending; a log takes one kind")
+        last = _ep.latest_epoch(dev.epochs if dev is not None else None)
+        if leader_epoch is not None and leader_epoch < last:
+            raise _ep.StaleEpochError(
+                f"leader epoch {leader_epoch} of {key!r} is older than the log's epoch {last}")
+        if not data:
+            return dev.next if dev is not None else 0
+        if dev is not None:
+            nxt = dev.next
+        else:  # a new log starts where the leader's does (retention may have moved it)
+            nxt = HEADER.unpack_from(data, 0)[5] if len(data) >= HEADER_SIZE else 0
+            nxt = max(nxt, 0)
+        recs, posarr, eps, skip = _parse_follower_batch(
+            data, kb, key, nxt, list(dev.epochs) if dev is not None and dev.epochs else [])
+        if skip:
+            data = data[skip:]
+            if not data:
+                return nxt
+        if dev is None:
+            dev = self._devices[key] = DeviceLog(key, nxt)
+        for _rel, epoch, start, ts in eps:
+            if dev.epochs is None:
+                dev.epochs = []
+            _ep.assign(dev.epochs, (epoch, start, ts, -1))
+        n = len(recs)
+        dev.next = nxt + n
+        pend = dev.pend
+        if pend is None:
+            dev.pend = []
+            self._pend_devs.append(dev)
+        if dev.raw is None:
+            dev.raw = []
+        dev.raw.append((data, posarr, recs, eps))
+        self._pend_n += n + len(eps)
+        self._pend_bound += len(data)
+        if self._cache_on and n:
+            klen = len(dev.kb)
+            trim = _rec.c_trim_count
+            size = trim(recs, klen, 1 << 62)[1] if trim is not None else sum(
+                _cache_size(r, klen) for r in recs)
+            if dev.cache_start + len(dev.cache) == nxt:
+                dev.cache.extend(recs)
+                dev.cache_bytes += size
+                self._cache_total += size
+            else:
+                self._drop_cache(dev)
+                dev.cache_start = nxt + n
+        return dev.next
+
+    def _flush_raw(self, dev: DeviceLog, buf: bytearray, p: int, base_pos: int, segb: int,
+                   track: bool, interval: int) -> tuple[int, int]:
+        """Lay out a device's follower appends at batch position ``p`` (bytes copied as
+        received) and index them as ``flush`` indexes encoded records."""
+        raws = dev.raw
+        dev.raw = None
+        rel0 = base_pos - segb
+        since = dev.since_idx
+        total = dev.total
+        dmax = MIN_TS
+        if dev.seg_base != segb:
+            since = interval
+            dev.seg_base = segb
+        ap = None
+        if track:
+            ap = dev.apos
+            if dev.apos_base != segb:
+                ap = dev.apos = array("q")
+                dev.apos_base = segb
+                self._apos_devs.append(dev)
+        idx_off, idx_pos, idx_ts, idx_cum = dev.idx_off, dev.idx_pos, dev.idx_ts, dev.idx_cum
+        for data, posarr, recs, eps in raws or ():
+            buf[p : p + len(data)] = data
+            for rel, epoch, start, _ts in eps:
+                table = dev.epochs or ()
+                for i in range(len(table) - 1, -1, -1):
+                    e = table[i]
+                    if e[3] < 0 and e[0] == epoch and e[1] == start:
+                        table[i] = (e[0], e[1], e[2], base_pos + p + rel)
+                        break
+            if since + len(data) < interval:  # no index entry due in this chunk
+                n = sum(map(LEN_MASK.__and__, posarr))
+                since += n
+                total += n
+            else:
+                rm = dev.max_ts if dev.max_ts > dmax else dmax  # max ts of earlier records
+                for k, v in enumerate(posarr):
+                    r = recs[k]
+                    if since >= interval:
+                        idx_off.append(r[0])
+                        idx_pos.append(base_pos + p + (v >> 32))
+                        idx_ts.append(rm)
+                        idx_cum.append(total)
+                        since = 0
+                    n = v & LEN_MASK
+                    since += n
+                    total += n
+                    if r[1] > rm:
+                        rm = r[1]
+            if recs:
+                m = max(map(_second, recs))
+                if m > dmax:
+                    dmax = m
+            if ap is not None:
+                shift = (rel0 + p) << 32
+                ap.extend([v + shift for v in posarr])
+            p += len(data)
+        dev.since_idx = since
+        dev.total = total
+        if dmax > dev.max_ts:
+            dev.max_ts = dmax
+        return p, dmax
+
+    def read_replica(self, key: str, offset: int, max_records: int = 1000,
+                     max_bytes: int = 1 << 20, last_epoch: int = -1) -> tuple[bytes, int]:
+        """The follower-fetch read path: records of ``key`` from ``offset`` up to the
+        **log end** (durable here, possibly above the high-water mark), with the
+        epoch-start records of that range in place, as ``(bytes, next_offset)`` in the
+        record framing, ready for :meth:`append_follower` on a replica. ``last_epoch`` is
+        the follower's latest epoch (Kafka's LastFetchedEpoch): epoch starts it already
+        has are left out, so a caught-up follower gets an empty answer. Served from the
+        tail cache while it holds the range, else from disk (same path as :meth:`read`).
+        Raises OffsetOutOfRangeError outside ``[start, log end]``."""
+        dev = self._devices.get(key)
+        if dev is None:
+            if offset == 0:
+                return b"", 0
+            raise OffsetOutOfRangeError(key, offset, 0, 0)
+        end = dev.hwm
+        recs = self._read(dev, offset, end, max_records, max_bytes)
+        nxt = recs[-1][0] + 1 if recs else offset
+        committed = self._committed_pos
+        eps = [e for e in dev.epochs or () if 0 <= e[3] < committed and e[0] > last_epoch
+               and offset <= e[1] <= nxt and (e[1] < nxt or nxt == end)]
+        kb = dev.kb
+        if not eps:
+            return _encode_records(kb, recs), nxt
+        parts: list[bytes] = []
+        i = 0
+        for epoch, start, ts, _pos in eps:
+            j = start - offset
+            if j > i:
+                parts.append(_encode_records(kb, recs[i:j]))
+                i = j
+            parts.append(_ep.encode_epoch_record(kb, epoch, start, ts))
+        parts.append(_encode_records(kb, recs[i:]))
+        return b"".join(parts), nxt
+
+    def _rollback_replica_state(self) -> None:
+        """Part of :meth:`rollback`: forget follower appends and epoch entries that were
+        not committed, and fail commit waiters whose records are being discarded."""
+        committed = self._committed_pos
+        for dev in self._pend_devs:
+            dev.raw = None
+        exc = LogWriteError(errno.EIO, "the write holding these records failed; rolled back")
+        for dev in self._devices.values():
+            if dev.epochs and not 0 <= dev.epochs[-1][3] < committed:
+                dev.epochs = [e for e in dev.epochs if 0 <= e[3] < committed] or None
+            if dev.next != dev.hwm:
+                self._fail_waiters(dev, dev.hwm, dev.next, exc)
 
     # ------------------------------------------------------------------ retention
 

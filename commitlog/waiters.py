@@ -76,15 +76,17 @@ class HighWaterWaiters:
             del self.by_key[key]
         return ready
 
-    def take_above(self, key: str, end: int) -> list[WaiterCallback]:
-        """Remove and return the callbacks of ``key`` waiting for more than ``end``
-        (their records no longer exist)."""
+    def take_between(self, key: str, end: int, old_end: int) -> list[WaiterCallback]:
+        """Remove and return the callbacks of ``key`` whose target is in ``(end, old_end]``:
+        they waited for records that existed and are gone (the log now ends at ``end``).
+        Waiters beyond ``old_end`` wait for records not written yet and stay."""
         lst = self.by_key.get(key)
         if not lst or lst[-1][0] <= end:
             return []
         i = bisect.bisect_right(lst, end, key=lambda t: t[0])
-        gone = [t[2] for t in lst[i:]]
-        del lst[i:]
+        k = bisect.bisect_right(lst, old_end, key=lambda t: t[0])
+        gone = [t[2] for t in lst[i:k]]
+        del lst[i:k]
         self.count -= len(gone)
         if not lst:
             del self.by_key[key]

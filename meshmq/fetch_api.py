@@ -14,9 +14,13 @@ durable (fsynced and committed) is neither served nor counted in ``end``. ``end`
 high-water mark: one past the last committed offset. A device that has no committed record yet
 is unknown (404), exactly as if it had never published.
 
-``GET /api/v1/logs``
-    200 ``application/json``: ``{"logs": [{"device": "d1", "start": 0, "end": 42}, ...]}``,
-    sorted by device. ``start`` is the first offset still retained (retention moves it).
+``GET /api/v1/logs?after=D&limit=N``
+    200 ``application/json``: ``{"logs": [{"device": "d1", "start": 0, "end": 42}, ...],
+    "next_after": "d1000"}``, one **page** sorted by device: the devices after ``D`` (exclusive;
+    default: from the first), at most ``N`` of them (1 to 10000, default 1000). ``next_after`` is
+    the ``after`` of the next page, ``null`` on the last one (100k devices must not be one JSON
+    blob; a page costs O(N), the sorted key list is cached until a device is added). ``start``
+    is the first offset still retained (retention moves it). 400 naming the parameter if bad.
 
 ``GET /api/v1/logs/{device}``
     200 ``{"device": "d1", "start": 0, "end": 42}``;
@@ -53,6 +57,34 @@ is unknown (404), exactly as if it had never published.
       ``start``) or above ``end`` (the log was truncated, or the offset is from the future).
     * 500 ``{"error": ...}``: a stored record failed its CRC (see ``meshmq log inspect``).
 
+``POST /api/v1/fetch`` (many devices in one request, for Spark and other bulk readers)
+    Request body ``application/json`` (at most 1 MiB)::
+
+        {"devices": [{"device": "d1", "offset": 42}, {"device": "d2"}, ...],
+         "max_records_per_device": 1000, "max_bytes": 1048576,
+         "max_bytes_per_device": 1048576, "max_wait_ms": 0}
+
+    ``devices``: 1 to ``MAX_FETCH_DEVICES`` (10000) entries, each a device and optionally the
+    offset to start from (default: its log start), no device twice. ``max_records_per_device``
+    1 to 100000 (default 1000); ``max_bytes`` 1 to 64 MiB (default 1 MiB), the budget of the
+    whole response; ``max_bytes_per_device`` (default ``max_bytes``); ``max_wait_ms`` 0 to
+    30000 (default 0): long-poll: when no device has a record to return, wait until one of
+    them commits a new record (or appears) or the time passes, then answer once.
+
+    200 ``application/octet-stream``: a many-device fetch response (``commitlog.fetch``,
+    magic ``MQFM``): per device in request order a section header with a ``status``
+    (0 ok, 1 offset below the log start: deleted by retention, 2 offset above the
+    high-water mark: truncated or from the future, 3 unknown device), the offset asked,
+    ``log_start``, ``high_water``, ``log_end``, ``next_offset``, the record count and the
+    records in the record framing (committed records only, as everywhere here). Devices
+    are served in request order until ``max_bytes`` is used (the first record of the first
+    device with data is always served, so a reader always progresses); later devices get
+    ``ok`` with no records and ``next_offset`` = the offset asked: rotate the order to be
+    fair. Decode with ``commitlog.fetch.decode_multi_fetch`` / ``decode_multi_records``.
+    Errors: 400 ``{"error", "parameter"}`` for a malformed body or parameter (``parameter``
+    names it, e.g. ``devices[3].offset``); 503 when ``MAX_LONG_POLLS`` (64) long polls already
+    wait (a WARNING is logged): retry, or poll without ``max_wait_ms``.
+
 Reads run **on the event loop**, not in an executor: ``LogStore`` is single-threaded by
 contract (only ``sync()`` may run on another thread; ``read`` mutates the read-fd cache, the
 tail-cache LRU and the stats, and races with ``append``/``commit`` over the tail cache). To keep
@@ -65,19 +97,24 @@ racing retention just gets the slices read before its start moved.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import logging
 from collections.abc import Mapping
 
 from aiohttp import web
 
+from commitlog import fetch as _fetch
 from commitlog.fetch import encode_fetch_response
-from commitlog.record import CorruptRecordError, Record, encoded_size
+from commitlog.record import CorruptRecordError, Record, encode_batch, encoded_size
 from commitlog.store import LogStore, OffsetOutOfRangeError
 
 __all__ = [
     "register_fetch_routes",
     "LOGS_PATH",
+    "FETCH_PATH",
+    "MAX_FETCH_DEVICES",
+    "MAX_LONG_POLLS",
     "DEFAULT_MAX_RECORDS",
     "MAX_MAX_RECORDS",
     "DEFAULT_MAX_BYTES",
@@ -96,6 +133,15 @@ READ_SLICE_RECORDS = 500
 READ_SLICE_BYTES = 256 * 1024
 
 _PARAMS = ("offset", "timestamp_us", "max_records", "max_bytes")
+FETCH_PATH = "/api/v1/fetch"
+MAX_FETCH_DEVICES = 10_000
+MAX_WAIT_MS = 30_000
+# Concurrent long polls (each holds one waiter per device it names): bounded, 503 beyond.
+MAX_LONG_POLLS = 64
+DEFAULT_PAGE = 1000
+MAX_PAGE = 10_000
+# Devices read between two yields to the loop in a many-device fetch.
+FETCH_SLICE_DEVICES = 64
 _STORE_KEY = web.AppKey("meshmq_log_store", LogStore)
 
 
@@ -145,12 +191,42 @@ def _unknown(device: str) -> _HttpError:
 
 async def _list_logs(request: web.Request) -> web.Response:
     store = request.app[_STORE_KEY]
+    query = request.query
+    try:
+        for name in query:
+            if name not in ("after", "limit"):
+                raise _HttpError(400, f"unknown parameter {name!r}; allowed: after, limit",
+                                 parameter=name)
+        limit = _int_param(query, "limit", 1, MAX_PAGE) or DEFAULT_PAGE
+    except _HttpError as err:
+        return _json(err.status, err.body)
+    after = query.get("after")
+    keys = _sorted_keys(request.app, store)
+    i = 0 if after is None else bisect.bisect_right(keys, after)
     logs = []
-    for device in sorted(store.keys()):
+    while i < len(keys) and len(logs) < limit:
+        device = keys[i]
+        i += 1
         rng = _committed_range(store, device)
         if rng is not None:
             logs.append({"device": device, "start": rng[0], "end": rng[1]})
-    return _json(200, {"logs": logs})
+    more = i < len(keys)
+    return _json(200, {"logs": logs, "next_after": logs[-1]["device"] if more and logs
+                       else (keys[i - 1] if more else None)})
+
+
+_SORTED_KEY = web.AppKey("meshmq_sorted_keys", dict)
+
+
+def _sorted_keys(app: web.Application, store: LogStore) -> list[str]:
+    """The store's keys, sorted; re-sorted only when the device count changed (devices
+    are never removed from a store, so the count is a version)."""
+    cache = app[_SORTED_KEY]
+    n = store.device_count
+    if cache.get("n") != n:
+        cache["keys"] = sorted(store.keys())
+        cache["n"] = n
+    return cache["keys"]
 
 
 async def _log_info(request: web.Request) -> web.Response:
@@ -260,6 +336,165 @@ def register_fetch_routes(app: web.Application, store: LogStore) -> None:
     """Add the ``/api/v1/logs`` routes serving ``store`` to ``app`` (before it starts, e.g.
     ``register_fetch_routes(admin_server.app, store)``). See the module docstring."""
     app[_STORE_KEY] = store
+    app[_SORTED_KEY] = {}
+    app[_POLLS_KEY] = [0]
+    app.router.add_post(FETCH_PATH, _fetch_many)
     app.router.add_get(LOGS_PATH, _list_logs)
     app.router.add_get(LOGS_PATH + "/{device}", _log_info)
     app.router.add_get(LOGS_PATH + "/{device}/records", _records)
+
+
+# ------------------------------------------------------------------ many-device fetch
+
+_POLLS_KEY = web.AppKey("meshmq_long_polls", list)
+
+
+def _body_int(obj: Mapping[str, object], name: str, lo: int, hi: int, default: int,
+              where: str = "") -> int:
+    value = obj.get(name, default)
+    label = where + name
+    if type(value) is not int or not lo <= value <= hi:
+        raise _HttpError(400, f"{label} must be an integer between {lo} and {hi}, got "
+                         f"{value!r}", parameter=label)
+    return value
+
+
+def _parse_fetch(body: object) -> tuple[list[tuple[str, int | None]], int, int, int, int]:
+    if not isinstance(body, dict):
+        raise _HttpError(400, "the body must be a JSON object", parameter="body")
+    allowed = ("devices", "max_records_per_device", "max_bytes", "max_bytes_per_device",
+               "max_wait_ms")
+    for name in body:
+        if name not in allowed:
+            raise _HttpError(400, f"unknown field {name!r}; allowed: " + ", ".join(allowed),
+                             parameter=name)
+    devs = body.get("devices")
+    if not isinstance(devs, list) or not 1 <= len(devs) <= MAX_FETCH_DEVICES:
+        raise _HttpError(400, f"devices must be a list of 1 to {MAX_FETCH_DEVICES} entries",
+                         parameter="devices")
+    out: list[tuple[str, int | None]] = []
+    seen: set[str] = set()
+    for i, d in enumerate(devs):
+        where = f"devices[{i}]"
+        if not isinstance(d, dict) or not isinstance(d.get("device"), str) or not d["device"] \
+                or set(d) - {"device", "offset"}:
+            raise _HttpError(400, f"{where} must be {{\"device\": str, \"offset\": int}}",
+                             parameter=where)
+        if d["device"] in seen:
+            raise _HttpError(400, f"{where}: device {d['device']!r} named twice", parameter=where)
+        seen.add(d["device"])
+        off = d.get("offset")
+        if off is not None and (type(off) is not int or off < 0):
+            raise _HttpError(400, f"{where}.offset must be an integer >= 0, got {off!r}",
+                             parameter=f"{where}.offset")
+        out.append((d["device"], off))
+    max_records = _body_int(body, "max_records_per_device", 1, MAX_MAX_RECORDS,
+                            DEFAULT_MAX_RECORDS)
+    max_bytes = _body_int(body, "max_bytes", 1, MAX_MAX_BYTES, DEFAULT_MAX_BYTES)
+    per_dev = _body_int(body, "max_bytes_per_device", 1, MAX_MAX_BYTES, max_bytes)
+    wait_ms = _body_int(body, "max_wait_ms", 0, MAX_WAIT_MS, 0)
+    return out, max_records, max_bytes, per_dev, wait_ms
+
+
+async def _fetch_many(request: web.Request) -> web.Response:
+    store = request.app[_STORE_KEY]
+    try:
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise _HttpError(400, "the body is not valid JSON", parameter="body") from None
+        devices, max_records, max_bytes, per_dev, wait_ms = _parse_fetch(body)
+        sections, found = await _read_many(store, devices, max_records, max_bytes, per_dev)
+        if not found and wait_ms:
+            polls = request.app[_POLLS_KEY]
+            if polls[0] >= MAX_LONG_POLLS:
+                log.warning("fetch API: %d long polls already wait; refusing another (503)",
+                            polls[0])
+                raise _HttpError(503, f"too many long polls waiting (limit {MAX_LONG_POLLS}); "
+                                 "retry, or poll without max_wait_ms")
+            polls[0] += 1
+            try:
+                await _wait_for_data(store, devices, sections, wait_ms / 1000)
+            finally:
+                polls[0] -= 1
+            sections, found = await _read_many(store, devices, max_records, max_bytes, per_dev)
+    except _HttpError as err:
+        return _json(err.status, err.body)
+    except CorruptRecordError as exc:
+        log.error("fetch API: corrupt record while reading device logs",
+                  extra={"error": str(exc)})
+        return _json(500, {"error": f"corrupt record: {exc}"})
+    return web.Response(body=_fetch.encode_multi_fetch([s[0] for s in sections]),
+                        content_type="application/octet-stream",
+                        headers={"Cache-Control": "no-store"})
+
+
+async def _read_many(store: LogStore, devices: list[tuple[str, int | None]], max_records: int,
+                     max_bytes: int, per_dev: int) -> tuple[list[tuple[bytes, int, int]], bool]:
+    """Sections ``(encoded, status, offset)`` in request order, and whether any device has
+    records or a range error to report (what ends a long poll)."""
+    out: list[tuple[bytes, int, int]] = []
+    used = 0
+    found = False
+    for i, (device, asked) in enumerate(devices):
+        if i and i % FETCH_SLICE_DEVICES == 0:
+            await asyncio.sleep(0)  # many devices: let MQTT clients run in between
+        rng = _committed_range(store, device)
+        end_here = store.durable_end(device)
+        if rng is None:
+            off = asked or 0
+            out.append((_fetch.encode_section(device, _fetch.STATUS_UNKNOWN_DEVICE, off, 0, 0,
+                                              end_here, off, 0), _fetch.STATUS_UNKNOWN_DEVICE,
+                        off))
+            continue
+        start, hw = rng
+        off = start if asked is None else asked
+        if off < start or off > hw:
+            status = _fetch.STATUS_BELOW_START if off < start else _fetch.STATUS_ABOVE_END
+            out.append((_fetch.encode_section(device, status, off, start, hw, end_here, off, 0),
+                        status, off))
+            found = True
+            continue
+        recs: list[Record] = []
+        budget = min(per_dev, max_bytes - used)
+        if off < hw and (budget > 0 or not found):
+            recs = store.read(device, off, max_records, max(budget, 1))
+            if budget <= 0:
+                recs = recs[:1]
+        data = encode_batch(recs) if recs else b""
+        if recs and used and used + len(data) > max_bytes:
+            data, recs = b"", []  # (only when read() kept one record over the budget)
+        used += len(data)
+        nxt = recs[-1].offset + 1 if recs else off
+        found = found or bool(recs)
+        out.append((_fetch.encode_section(device, _fetch.STATUS_OK, off, start, hw, end_here,
+                                          nxt, len(recs), data), _fetch.STATUS_OK, off))
+    return out, found
+
+
+async def _wait_for_data(store: LogStore, devices: list[tuple[str, int | None]],
+                         sections: list[tuple[bytes, int, int]], timeout: float) -> None:
+    """Long poll: until one of the devices' high-water marks passes the offset asked (a
+    new committed record, or a device appearing), or ``timeout``. Uses the store's
+    per-device commit waiters, removed again however the wait ends."""
+    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_exc: BaseException | None) -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    handles = []
+    try:
+        for (device, _asked), (_enc, status, off) in zip(devices, sections, strict=True):
+            if status in (_fetch.STATUS_OK, _fetch.STATUS_UNKNOWN_DEVICE):
+                handles.append(store.when_high_watermark(device, off + 1, wake))
+                if fut.done():
+                    break
+        if not fut.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
+            except TimeoutError:
+                pass
+    finally:
+        for h in handles:
+            store.cancel_high_watermark_wait(h)
