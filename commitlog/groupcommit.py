@@ -73,6 +73,24 @@ class GroupCommitter:
             self._loop.call_soon(self._flush)
         return off
 
+    def append_follower(self, key: str, data: bytes, leader_epoch: int | None = None) -> int:
+        """Follower append (``LogStore.append_follower``: a leader's records at its offsets,
+        verified, bytes unchanged) in this tick's batch: same write, same fsync, same
+        ``when_durable`` acknowledgements as leader appends. Returns the new log end."""
+        end = self.store.append_follower(key, data, leader_epoch)
+        if self.store.pending() and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return end
+
+    def start_epoch(self, key: str, epoch: int) -> bool:
+        """``LogStore.start_epoch`` in this tick's batch (durable with it)."""
+        started = self.store.start_epoch(key, epoch)
+        if started and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return started
+
     def when_durable(self, callback: DurableCallback) -> None:
         """Call ``callback(None)`` once everything appended so far is durable, or
         ``callback(exc)`` if storing it failed. Callbacks run on the loop, in call order."""

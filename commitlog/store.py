@@ -329,11 +329,12 @@ class DeviceLog:
             return _NO_FLOOR
         mk = self.mk
         if mk is None or len(mk[0]) != len(markers):
-            bounds = [m[0] for m in markers]
-            sfx = [0] * len(markers)
+            ordered = sorted(markers)  # by boundary (a rollback can reorder appends)
+            bounds = [m[0] for m in ordered]
+            sfx = [0] * len(ordered)
             low = _NO_FLOOR
-            for i in range(len(markers) - 1, -1, -1):
-                low = min(low, markers[i][1])
+            for i in range(len(ordered) - 1, -1, -1):
+                low = min(low, ordered[i][1])
                 sfx[i] = low
             mk = self.mk = (bounds, sfx)
         i = bisect.bisect_right(mk[0], pos)
@@ -2249,7 +2250,7 @@ class LogStore:
             marks = dev.markers or ()
             ap = dev.apos if abase >= 0 and dev.apos_base == abase else None
             npos = bisect.bisect_left(ap, acut) if ap else 0
-            eps = [e for e in dev.epochs if e[3] < pos] if dev.epochs else ()
+            eps = [e for e in dev.epochs if 0 <= e[3] < pos] if dev.epochs else ()
             parts.append(pack(len(dev.kb), dev.start, dev.hwm, dev.c_total, dev.c_since,
                               dev.c_seg, dev.c_max, min(dev.hw, dev.hwm), n, len(marks), npos,
                               len(eps)))

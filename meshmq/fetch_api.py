@@ -18,7 +18,7 @@ is unknown (404), exactly as if it had never published.
     200 ``application/json``: ``{"logs": [{"device": "d1", "start": 0, "end": 42}, ...],
     "next_after": "d1000"}``, one **page** sorted by device: the devices after ``D`` (exclusive;
     default: from the first), at most ``N`` of them (1 to 10000, default 1000). ``next_after`` is
-    the ``after`` of the next page, ``null`` on the last one (100k devices must not be one JSON
+    the ``after`` of the next page, absent on the last page (100k devices must not be one JSON
     blob; a page costs O(N), the sorted key list is cached until a device is added). ``start``
     is the first offset still retained (retention moves it). 400 naming the parameter if bad.
 
@@ -210,9 +210,10 @@ async def _list_logs(request: web.Request) -> web.Response:
         rng = _committed_range(store, device)
         if rng is not None:
             logs.append({"device": device, "start": rng[0], "end": rng[1]})
-    more = i < len(keys)
-    return _json(200, {"logs": logs, "next_after": logs[-1]["device"] if more and logs
-                       else (keys[i - 1] if more else None)})
+    page: dict[str, object] = {"logs": logs}
+    if i < len(keys):  # more pages follow (absent on the last page)
+        page["next_after"] = logs[-1]["device"] if logs else keys[i - 1]
+    return _json(200, page)
 
 
 _SORTED_KEY = web.AppKey("meshmq_sorted_keys", dict)

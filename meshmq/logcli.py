@@ -192,10 +192,19 @@ def _device_path(device: str) -> str:
 
 def _list(args: argparse.Namespace, out: TextIO) -> int:
     http = _Http(args.admin)
-    status, data = http.get_json("/api/v1/logs")
-    if status != 200:
-        raise LogCliError(f"HTTP {status}: {data.get('error', data)}")
-    logs = data.get("logs", [])
+    logs: list[dict[str, Any]] = []
+    after: str | None = None
+    while True:  # the listing is paged (a node may hold 100k devices)
+        path = "/api/v1/logs?limit=10000"
+        if after is not None:
+            path += "&after=" + urllib.parse.quote(after, safe="")
+        status, data = http.get_json(path)
+        if status != 200:
+            raise LogCliError(f"HTTP {status}: {data.get('error', data)}")
+        logs += data.get("logs", [])
+        after = data.get("next_after")  # absent on the last page
+        if after is None:
+            break
     if args.format == "json":
         for entry in logs:
             print(json.dumps(entry), file=out)

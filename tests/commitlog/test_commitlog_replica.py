@@ -4,6 +4,7 @@ per-device commit waiters. Real stores on tmp_path, both implementations (confte
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from commitlog import record
 from commitlog.epochs import StaleEpochError
+from commitlog.groupcommit import GroupCommitter
 from commitlog.inspect import inspect
 from commitlog.settings import LogSettings
 from commitlog.store import LogStore, LogStoreError, LogTruncatedError, OffsetOutOfRangeError
@@ -375,3 +377,29 @@ def test_commit_waiters(tmp_path: Path):
     assert got[3][0] == "d6" and isinstance(got[3][1], LogTruncatedError)
     assert st_.high_watermark_waiters == 0
     st_.close()
+
+
+def test_group_committer_follower_append(tmp_path: Path):
+    """Follower appends ride the group committer like leader appends: one batch, one fsync,
+    ``when_durable`` and the per-device waiter fire, the bytes match after a reopen."""
+    leader = LogStore.open(str(tmp_path / "l"), SMALL)
+    leader.start_epoch("d", 1)
+    append_n(leader, "d", 50)
+
+    async def main() -> None:
+        f = LogStore.open(str(tmp_path / "f"), SMALL)
+        gc = GroupCommitter(f)
+        got: list[object] = []
+        f.when_high_watermark("d", 50, got.append)
+        data, _ = leader.read_replica("d", 0, 100)
+        assert gc.append_follower("d", data, 1) == 50
+        assert gc.append_follower("e", leader.read_replica("e", 0)[0]) == 0  # nothing: no-op
+        await asyncio.wait_for(gc.wait_durable(), 60)  # hang deadline, not a timing bound
+        assert got == [None] and f.high_watermark("d") == 50
+        await gc.close()
+
+    asyncio.run(main())
+    f = LogStore.open(str(tmp_path / "f"), SMALL)
+    assert full_stream(f, "d") == full_stream(leader, "d") and f.epochs("d") == [(1, 0)]
+    f.close()
+    leader.close()
