@@ -204,24 +204,30 @@ def bench_read_one_device(path: str, records: int, devices: int, batch: int) -> 
         st.close()
 
 
-def bench_follower_append(leader_path: str, path: str, per_device: int) -> float:
+def bench_follower_append(leader_path: str, path: str, per_device: int,
+                          devices_per_batch: int) -> float:
     """A follower replays the leader store at ``leader_path`` from its replica stream:
-    each batch holds ``per_device`` records of every device (read beforehand, not timed),
-    appended with append_follower, then one flush + fsync + commit."""
+    each batch holds ``per_device`` records of ``devices_per_batch`` devices (the replica
+    stream is read beforehand, not timed), appended with append_follower, then one
+    flush + fsync + commit."""
     leader = LogStore.open(leader_path, LogSettings())
     keys = sorted(leader.keys())
-    rounds: list[list[tuple[str, bytes]]] = []
+    chunks: list[tuple[str, bytes]] = []
     offs = dict.fromkeys(keys, 0)
     while True:
-        rnd = []
+        got = False
         for k in keys:
             data, nxt = leader.read_replica(k, offs[k], per_device, 1 << 30)
             if data:
-                rnd.append((k, data))
+                chunks.append((k, data))
                 offs[k] = nxt
-        if not rnd:
+                got = True
+        if not got:
             break
-        rounds.append(rnd)
+    # Batches of devices_per_batch chunks, each device's chunks in order.
+    chunks.sort(key=lambda c: keys.index(c[0]) // devices_per_batch)
+    rounds = [chunks[i : i + devices_per_batch]
+              for i in range(0, len(chunks), devices_per_batch)]
     total = sum(offs.values())
     leader.close()
     st = LogStore.open(path, LogSettings())
@@ -234,7 +240,8 @@ def bench_follower_append(leader_path: str, path: str, per_device: int) -> float
     fsyncs = st.stats.fsyncs
     st.close()
     print(f"follower append+fsync/batch: {total} records in {dt:.2f}s = {total / dt:,.0f} "
-          f"rec/s, {fsyncs} fsyncs, {len(keys)} devices x {per_device} records per batch")
+          f"rec/s, {fsyncs} fsyncs, {devices_per_batch} devices x {per_device} records per "
+          "batch")
     return total / dt
 
 
@@ -330,8 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         bench_reads(os.path.join(base, "a"), args.devices)
         bench_read_one_device(os.path.join(base, "r1"), args.records, 1000, args.batch)
         bench_read_one_device(os.path.join(base, "r2"), args.records, args.devices, args.batch)
-        bench_follower_append(os.path.join(base, "a"), os.path.join(base, "f"),
-                              max(1, args.batch // args.devices))
+        per = max(1, args.batch // args.devices)
+        bench_follower_append(os.path.join(base, "a"), os.path.join(base, "f"), per,
+                              args.devices)
+        bench_follower_append(os.path.join(base, "a"), os.path.join(base, "f2"), per * 10,
+                              max(1, args.devices // 10))
         bench_multi_fetch(os.path.join(base, "a"), 100, args.records // args.devices)
         bench_truncated_reads(os.path.join(base, "t"), args.records, 100)
     finally:

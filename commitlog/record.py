@@ -203,11 +203,29 @@ def encode_batch(records: Iterable[Record]) -> bytes:
     mv = memoryview(buf)
     pos = 0
     keycache: dict[str, bytes] = {}
-    for r in recs:
+    fast = c_encode_run
+    i = 0
+    n = len(recs)
+    while i < n:
+        r = recs[i]
         kb = keycache.get(r[2])
         if kb is None:
             kb = keycache[r[2]] = r[2].encode()
+        if fast is not None:
+            # C encodes a run of records of one key (the store's flush loop, with no index
+            # entry ever due); the line below encodes the one it stopped at, if any.
+            key = r[2]
+            j = i + 1
+            while j < n and recs[j][2] == key:
+                j += 1
+            run = recs if (i == 0 and j == n) else recs[i:j]
+            k, pos, _s, _t, _m, _pb = fast(buf, pos, run, 0, kb, 0, 1 << 62, 0, -(2**63), -1)
+            i += k
+            if k == len(run):
+                continue
+            r = recs[i]
         pos = encode_into(buf, pos, r[0], r[1], kb, r[3], r[4], r[5], r[6], 0, mv)
+        i += 1
     mv.release()
     del buf[pos:]
     return bytes(buf)

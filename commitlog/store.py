@@ -160,14 +160,18 @@ def _parse_follower_batch(
     through the reference loop, record by record."""
     if type(data) is not bytes:
         data = bytes(data)
-    if _rec.c_decode_run is not None and _rec.c_walk_run is not None:
-        recs = _rec.decode_batch(data)
-        try:
-            walked, size = walk_positions(data, 0)
-        except ValueError:
-            walked, size = {}, -1
-        posarr = walked.get(kb) if len(walked) == 1 else None
-        if (size == len(data) and posarr is not None and len(posarr) == len(recs)
+    c_decode = _rec.c_decode_run
+    c_walk = _rec.c_walk_run
+    if c_decode is not None and c_walk is not None and len(data) < POS_LIMIT:
+        # One C decode pass (CRC) and one C header walk; any doubt: the loop below.
+        recs: list[Record] = []
+        size = len(data)
+        walked: dict[bytes, array] = {}
+        posarr = None
+        if c_decode(data, 0, size, True, recs) == size and c_walk(
+                data, 0, 0, walked, _new_positions) == size and len(walked) == 1:
+            posarr = walked.get(kb)
+        if (posarr is not None and len(posarr) == len(recs)
                 and sum(map(LEN_MASK.__and__, posarr)) == size  # no control record
                 and (not recs or (recs[0][0] == nxt and list(map(_first, recs))
                                   == list(range(nxt, nxt + len(recs)))))):

@@ -34,10 +34,12 @@ def append_n(st_: LogStore, key: str, n: int, ts0: int = 1_000_000) -> None:
 
 
 def replicate(leader: LogStore, follower: LogStore, key: str, max_records: int = 1000,
-              restart=None) -> LogStore:
-    """Feed ``follower`` the leader's replica stream of ``key`` until it reaches the log end."""
+              restart=None, start_at: int = 0) -> LogStore:
+    """Feed ``follower`` the leader's replica stream of ``key`` until it reaches the log end
+    (a follower without the key starts at ``start_at``)."""
     for _ in range(100_000):
-        data, _nxt = leader.read_replica(key, follower.durable_end(key), max_records,
+        off = follower.durable_end(key) if key in follower else start_at
+        data, _nxt = leader.read_replica(key, off, max_records,
                                          last_epoch=follower.latest_epoch(key))
         if not data:
             return follower
@@ -189,12 +191,13 @@ def test_follower_append_verifies_before_changing_anything(tmp_path: Path):
     st.tuples(st.just("epoch"), st.integers(1, 3)),
     st.tuples(st.just("restart_leader"), st.booleans()),
 ), min_size=1, max_size=6),
-    chunk=st.integers(3, 40), restarts=st.integers(0, 2), crash=st.booleans())
+    chunk=st.integers(3, 40), restarts=st.integers(0, 2), crash=st.booleans(),
+    start_frac=st.sampled_from([0.0, 0.0, 0.3, 0.77, 1.0]))
 def test_follower_equals_leader_through_restarts(tmp_path_factory, impl, ops, chunk,
-                                                 restarts, crash):
-    """Hypothesis: a follower fed the leader's replica stream (any chunk size, restarting
-    with a close or a crash image between chunks) ends byte-identical to the leader:
-    records, offsets, epochs."""
+                                                 restarts, crash, start_frac):
+    """Hypothesis: a follower fed the leader's replica stream from any start offset (any
+    chunk size, restarting with a close or a crash image between chunks) ends
+    byte-identical to the leader from there: records, offsets, epochs."""
     base = tmp_path_factory.mktemp("rep")
     leader = LogStore.open(str(base / "l"), SMALL)
     epoch = 0
@@ -235,15 +238,22 @@ def test_follower_equals_leader_through_restarts(tmp_path_factory, impl, ops, ch
     # The leader commits everything it has (a single-replica ISR), even after a crash
     # that lost its checkpointed high-water mark.
     leader.set_high_watermark("d", leader.durable_end("d"))
+    start_at = int(start_frac * leader.durable_end("d"))
     follower = LogStore.open(str(base / "f"), SMALL)
-    follower = replicate(leader, follower, "d", chunk, restart)
+    follower = replicate(leader, follower, "d", chunk, restart, start_at)
+    if "d" not in follower:  # started at the leader's end with nothing to send
+        assert start_at == leader.durable_end("d")
+        follower.close()
+        leader.close()
+        return
     follower.set_high_watermark("d", leader.high_watermark("d"))
     follower.close()
     follower = LogStore.open(str(base / "f"), SMALL)
     assert follower.durable_end("d") == leader.durable_end("d")
-    assert follower.epochs("d") == leader.epochs("d")
-    assert full_stream(follower, "d") == full_stream(leader, "d")
-    assert list(follower.iter_records("d")) == list(leader.iter_records("d"))
+    assert follower.log_range("d")[0] == start_at
+    assert follower.epochs("d") == [e for e in leader.epochs("d") if e[1] >= start_at]
+    assert full_stream(follower, "d") == leader.read_replica("d", start_at, 1 << 30, 1 << 40)[0]
+    assert list(follower.iter_records("d")) == list(leader.iter_records("d", start_at))
     follower.close()
     leader.close()
 
