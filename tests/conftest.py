@@ -142,6 +142,42 @@ def mosquitto_bin() -> dict[str, str]:
     return {"pub": pub, "sub": sub}
 
 
+def _apt_install(packages: str, what: str) -> None:
+    """Install Debian packages when root (as CI is), else fail saying what to install."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        res = subprocess.run(
+            f"apt-get install -y -qq {packages} || "
+            f"(apt-get update -qq && apt-get install -y -qq {packages})",
+            shell=True, capture_output=True, text=True, env=env, timeout=600,
+        )
+        if res.returncode != 0:
+            pytest.fail(f"{what} is missing and installing {packages} failed "
+                        f"(exit {res.returncode}):\n{res.stderr[-2000:]}")
+        return
+    pytest.fail(f"{what} is missing. Install it with `sudo apt-get install -y {packages}`.")
+
+
+@pytest.fixture(scope="session")
+def fuse_tools() -> None:
+    """FUSE for the power-loss tests (tests/helpers/lazyfs.py): /dev/fuse, fusermount3 and
+    libfuse3 (Debian's fuse3, installed here when root) and mfusepy (the test extra).
+
+    A machine without /dev/fuse (a container started without it) cannot run them at all: that
+    skips outside CI and fails in CI, where the power-loss test is the proof of the ack promise.
+    """
+    from helpers.lazyfs import FUSERMOUNT, fuse_problem
+
+    problem = fuse_problem()
+    if problem is not None and os.path.exists("/dev/fuse") and shutil.which(FUSERMOUNT) is None:
+        _apt_install("fuse3", f"{FUSERMOUNT} (Debian's fuse3)")
+        problem = fuse_problem()
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"power-loss tests cannot run: {problem}")
+        pytest.skip(f"power-loss tests need FUSE: {problem}")
+
+
 # --------------------------------------------------------------------------------------------
 # Attach broker logs to failing tests
 # --------------------------------------------------------------------------------------------
