@@ -62,6 +62,11 @@ def test_callbacks_in_order_after_durable(tmp_path):
             await asyncio.sleep(0)
         await gc.wait_durable()
         assert [i for i, _ in seen] == list(range(n))
+        # Each callback ran after an fsync had completed, the counts only grow, and the
+        # callbacks of one tick shared their fsync (group commit: never one per callback).
+        assert sync_counts[0] >= 1, "a callback ran before any fsync completed"
+        assert sync_counts == sorted(sync_counts), sync_counts
+        assert len(set(sync_counts)) <= 31, f"{len(set(sync_counts))} fsyncs for 30 ticks"
         assert store.stats.fsyncs <= 31  # at most one per tick, never one per record
         assert store.stats.batches <= 30
         await gc.close()
