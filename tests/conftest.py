@@ -7,6 +7,11 @@
 * ``clients`` - paho clients (v3.1/3.1.1/5) disconnected at the end of the test.
 * ``raw`` - raw-socket clients (tests/helpers/raw.py) closed at the end of the test.
 * ``mosquitto_bin`` - makes sure mosquitto_pub/mosquitto_sub exist (installs them when root).
+* ``mosquitto_passwd_bin`` - the same for mosquitto_passwd (Debian's ``mosquitto`` package).
+* ``fuse_tools`` - FUSE for the power-loss tests (installs fuse3 when root).
+
+With ``CI=true`` a test skipped because a compiled extension or a test tool is missing fails
+instead, saying what to install (``_CI_REQUIRED``).
 
 When a test fails, the tail of every involved broker's stderr is attached to the report.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -178,6 +184,58 @@ def fuse_tools() -> None:
         pytest.skip(f"power-loss tests need FUSE: {problem}")
 
 
+@pytest.fixture(scope="session")
+def mosquitto_passwd_bin() -> str:
+    """Path of mosquitto_passwd (Debian's ``mosquitto`` package, not ``mosquitto-clients``);
+    installs it when root, as CI is."""
+    if shutil.which("mosquitto_passwd") is None:
+        _apt_install("mosquitto", "mosquitto_passwd (Debian's mosquitto package)")
+    path = shutil.which("mosquitto_passwd")
+    if path is None:
+        pytest.fail("mosquitto installed but mosquitto_passwd is not on PATH")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# No silent skips in CI
+# --------------------------------------------------------------------------------------------
+
+# A skip whose reason matches one of these means a part of the suite did not run because
+# something is missing from the machine. On a developer's laptop that is a fair skip; in CI
+# (CI=true) it would let a whole code path (the C fast paths, the power-loss proof) go
+# untested while the run looks green, so it becomes a failure that says what to install.
+_CI_REQUIRED: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"_speedups.* not built"),
+     "the optional C extensions were not compiled: install a C compiler and the Python "
+     "headers (Debian: apt-get install -y build-essential python3-dev) and run "
+     "`pip install -e '.[test]'` again (it builds them in place)"),
+    (re.compile(r"mosquitto_passwd"),
+     "mosquitto_passwd is missing: apt-get install -y mosquitto (not mosquitto-clients)"),
+    (re.compile(r"need FUSE|fusermount3|mfusepy|/dev/fuse"),
+     "FUSE is missing: apt-get install -y fuse3, pip install -e '.[test]' (mfusepy), and a "
+     "/dev/fuse device"),
+)
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _fail_missing_in_ci(report: pytest.TestReport) -> None:
+    if os.environ.get("CI") != "true" or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    for pattern, advice in _CI_REQUIRED:
+        if pattern.search(reason):
+            report.outcome = "failed"
+            report.longrepr = (f"skipped in CI ({reason.removeprefix('Skipped: ')}): {advice}. "
+                               f"CI=true turns this skip into a failure (tests/conftest.py).")
+            return
+
+
 # --------------------------------------------------------------------------------------------
 # Attach broker logs to failing tests
 # --------------------------------------------------------------------------------------------
@@ -190,6 +248,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
     report = yield
+    _fail_missing_in_ci(report)
     if report.failed and report.when in ("setup", "call"):
         start = _item_start_index.get(item.nodeid, len(ALL_BROKERS))
         for index, proc in enumerate(ALL_BROKERS):
