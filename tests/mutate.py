@@ -114,6 +114,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/broker/test_devicelog_replay.py",),
     ),
     Mutation(
+        "not-stored-acked-ok",
+        "broker/router.py _not_stored: a v5 QoS 1 publish the log failed to store gets PUBACK 0",
+        "broker/router.py",
+        "                conn.send(PubAck(packet_id, Reason.UNSPECIFIED_ERROR, why))\n",
+        "                conn.send(PubAck(packet_id, Reason.SUCCESS, why))\n",
+        ("tests/broker/test_log_write_failure.py",),
+    ),
+    Mutation(
+        "v311-not-stored-kept-open",
+        "broker/router.py _not_stored: a 3.1.1 client whose publish was not stored is not closed",
+        "broker/router.py",
+        "            conn.close()  # 3.x has no negative PUBACK",
+        "            pass  # 3.x has no negative PUBACK",
+        ("tests/broker/test_log_write_failure.py",),
+    ),
+    Mutation(
         "auth-failure-not-counted",
         "broker/router.py _finish_connect: a refused login not counted in auth_failures",
         "broker/router.py",

@@ -30,6 +30,8 @@ on stdout once mounted and then reads commands, one per line, on stdin:
 * ``cut torn=SEED``: the same, but each file keeps a random-length prefix (seeded) of the bytes
   it had appended past its durable size: a torn tail, as when the disk wrote back part of the
   cache before the power went (LazyFS's ``torn-seq`` fault, simplified).
+* ``fail fsync EIO`` / ``fail write ENOSPC`` (any errno name): from now on every fsync (or
+  write) fails with that error; the data stays unsynced. ``heal`` ends every such fault.
 * ``stats``: answers ``stats fsyncs=N dirty=M`` (how many fsyncs it has seen; dirty files now).
 
 ``LazyFS`` (the class below this module's FUSE code) drives one from a test: ``mount()``,
@@ -82,6 +84,7 @@ def _make_fs(backing: str, fsync_delay: float) -> Any:
             self.dirty: dict[int, Dirty] = {}
             self.dead = False
             self.fsyncs = 0
+            self.failing: dict[str, int] = {}  # "fsync"/"write" -> errno to answer
 
         # -- plumbing ------------------------------------------------------------------------
         def _full(self, path: str) -> str:
@@ -231,6 +234,8 @@ def _make_fs(backing: str, fsync_delay: float) -> Any:
             return os.pread(fh, size, offset)
 
         def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
+            if "write" in self.failing:
+                raise fuse.FuseOSError(self.failing["write"])
             self._before_change(fh, offset, offset + len(data))
             return os.pwrite(fh, data, offset)
 
@@ -261,6 +266,9 @@ def _make_fs(backing: str, fsync_delay: float) -> Any:
             return 0
 
         def fsync(self, path: str, datasync: int, fh: int) -> int:
+            if "fsync" in self.failing:
+                # Like a disk error: the call fails and the data stays unsynced (dirty).
+                raise fuse.FuseOSError(self.failing["fsync"])
             self._synced(fh)
             return 0
 
@@ -305,6 +313,15 @@ def _serve(backing: str, mountpoint: str, fsync_delay: float) -> None:
             if command == "cut" or command.startswith("cut torn="):
                 seed = int(command[9:]) if command != "cut" else None
                 print(f"cut {fs.power_cut(seed)}", flush=True)
+            elif command.startswith("fail "):  # fail fsync|write ERRNO_NAME
+                _, op, name = command.split()
+                with fs._mutex:
+                    fs.failing[op] = getattr(errno, name)
+                print(f"failing {op} {name}", flush=True)
+            elif command == "heal":
+                with fs._mutex:
+                    fs.failing.clear()
+                print("healed", flush=True)
             elif command == "stats":
                 with fs._mutex:
                     print(f"stats fsyncs={fs.fsyncs} dirty={len(fs.dirty)}", flush=True)
@@ -386,6 +403,15 @@ class LazyFS:
         answer = self.command("cut" if torn_seed is None else f"cut torn={torn_seed}")
         assert answer.startswith("cut "), f"lazyfs answered {answer!r} to cut"
         return int(answer.split()[1])
+
+    def fail(self, op: str, errno_name: str) -> None:
+        """Make every ``op`` ("fsync" or "write") fail with ``errno_name`` until ``heal``."""
+        answer = self.command(f"fail {op} {errno_name}")
+        assert answer == f"failing {op} {errno_name}", f"lazyfs answered {answer!r}"
+
+    def heal(self) -> None:
+        answer = self.command("heal")
+        assert answer == "healed", f"lazyfs answered {answer!r}"
 
     def stats(self) -> dict[str, int]:
         answer = self.command("stats")
