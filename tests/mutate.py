@@ -171,6 +171,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/broker/test_session_edges.py",),
     ),
     Mutation(
+        "rollback-under-running-fsync",
+        "commitlog/groupcommit.py _fail: rolls back at once, under the fsync still in flight",
+        "commitlog/groupcommit.py",
+        "        if not self._syncing:\n            self._rollback()\n",
+        "        if True:\n            self._rollback()\n",
+        ("tests/commitlog/test_commitlog_groupcommit.py",),
+    ),
+    Mutation(
+        "raising-callback-unguarded",
+        "commitlog/groupcommit.py _call: a raising durability callback is not contained",
+        "commitlog/groupcommit.py",
+        "        try:\n            cb(exc)\n        except Exception:\n"
+        '            log.exception("commitlog: a durability callback raised")\n',
+        "        cb(exc)\n",
+        ("tests/commitlog/test_commitlog_groupcommit.py",),
+    ),
+    Mutation(
         "auth-failure-not-counted",
         "broker/router.py _finish_connect: a refused login not counted in auth_failures",
         "broker/router.py",
