@@ -188,6 +188,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/commitlog/test_commitlog_groupcommit.py",),
     ),
     Mutation(
+        "segment-gap-not-detected",
+        "commitlog/store.py _recover: segments after a gap are kept as if contiguous",
+        "commitlog/store.py",
+        "            if segs[i].base != segs[i - 1].end:\n",
+        "            if False:\n",
+        ("tests/commitlog/test_commitlog_recovery_gap.py",),
+    ),
+    Mutation(
         "auth-failure-not-counted",
         "broker/router.py _finish_connect: a refused login not counted in auth_failures",
         "broker/router.py",
