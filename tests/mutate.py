@@ -196,6 +196,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/commitlog/test_commitlog_recovery_gap.py",),
     ),
     Mutation(
+        "shared-offline-not-redistributed",
+        "broker/router.py _connection_closed: a shared member going offline (session kept) "
+        "keeps its unacked shares",
+        "broker/router.py",
+        "        self._redispatch_shared(session)\n        if session.expiry_interval != NEVER:",
+        "        if session.expiry_interval != NEVER:",
+        ("tests/broker/test_shared.py",),
+    ),
+    Mutation(
+        "shared-unsubscribe-not-redistributed",
+        "broker/router.py UNSUBSCRIBE: a member leaving the group keeps its unacked shares",
+        "broker/router.py",
+        "                self._redispatch_shared(session, only_group=sub)\n",
+        "                pass\n",
+        ("tests/broker/test_shared.py",),
+    ),
+    Mutation(
         "auth-failure-not-counted",
         "broker/router.py _finish_connect: a refused login not counted in auth_failures",
         "broker/router.py",
