@@ -213,6 +213,23 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/broker/test_shared.py",),
     ),
     Mutation(
+        "replay-stalls-at-window-1",
+        "broker/router.py _window_freed: replay resumed only while len(queue) < window // 2 "
+        "(the bug found with Receive Maximum 1)",
+        "broker/router.py",
+        "len(session.queue) < max(1, session.window // 2):",
+        "len(session.queue) < session.window // 2:",
+        ("tests/broker/test_devicelog_replay_window.py",),
+    ),
+    Mutation(
+        "retention-skip-not-counted",
+        "broker/router.py _pump_replays: offsets skipped after retention not counted as expired",
+        "broker/router.py",
+        "                    self.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))\n",
+        "                    pass\n",
+        ("tests/broker/test_devicelog_replay_window.py",),
+    ),
+    Mutation(
         "auth-failure-not-counted",
         "broker/router.py _finish_connect: a refused login not counted in auth_failures",
         "broker/router.py",
