@@ -10,12 +10,12 @@ break without changing durability.
 
 One round: a v5 publisher and a 3.1.1 publisher (each mixing QoS 1 and QoS 2, a window of
 publishes in flight, each on its own device logs) publish while the test records every
-PUBACK/PUBREC it reads; at a random point the power is cut (everything unsynced is dropped, or
-a torn, partly written tail of it stays, as when a disk wrote back part of its cache; the disk
-answers EIO from then on), the broker is SIGKILLed, the acks already in our sockets are read
-(an ack refused with >= 0x80 is not an acknowledgement), the filesystem is mounted again and
-the broker restarted on what survived. The lazy disk's fsync takes 5 ms, so an ack that does
-not wait for its fsync is almost always outstanding at the cut.
+PUBACK/PUBREC it reads; at a random point the disk freezes (no fsync completes any more,
+writes still succeed) while publishing goes on for 0.1 s, the broker is SIGKILLed, the power
+is cut (everything unsynced is dropped, or a torn, partly written tail of it stays, as when a
+disk wrote back part of its cache), the acks already in our sockets are read, the filesystem
+is mounted again and the broker restarted on what survived. A broker that acknowledges before
+its fsync returns acknowledges publishes during the freeze, and loses them at the cut.
 Checked after every restart, through the fetch API:
 
 * each device log is dense from offset 0 and holds only records we sent, with their payloads;
@@ -72,12 +72,10 @@ class Stream:
         qos = self.rng.choice((1, 2))
         self.pub.send(f"devices/{device}/t", payload(device, seq), qos=qos, tag=(device, seq))
 
-    def record(self, powered: bool = True) -> None:
+    def record(self) -> None:
         assert self.pub is not None
         for ack in self.pub.acks[self.seen:]:
             device, seq = ack.sent.tag
-            if not powered and ack.reason_code >= 0x80:
-                continue  # refused after the cut (its fsync failed): not acknowledged
             assert ack.reason_code < 0x80, f"publish {device}:{seq} refused: {ack.packet!r}"
             if self.version == 5:
                 assert ack.device == device and ack.offset is not None, ack.packet
@@ -139,6 +137,21 @@ def _pump(streams: list[Stream], broker: BrokerProc, target_acks: int) -> None:
             stream.record()
 
 
+def _pump_briefly(streams: list[Stream], seconds: float) -> None:
+    """Keep publishing for a moment (the broker must not acknowledge any of it now)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for stream in streams:
+            assert stream.pub is not None
+            try:
+                while stream.pub.has_room():
+                    stream.send()
+                stream.pub.poll(0.002)
+            except ConnectionLost:
+                pass
+            stream.record()
+
+
 def _read_late_acks(streams: list[Stream]) -> None:
     """Acks already in our sockets when the broker died are acknowledgements too."""
     for stream in streams:
@@ -149,7 +162,7 @@ def _read_late_acks(streams: list[Stream]) -> None:
                 stream.pub.poll(0.05)
         except ConnectionLost:
             pass
-        stream.record(powered=False)
+        stream.record()
         stream.pub.client.close()
         stream.pub = None
 
@@ -228,11 +241,18 @@ def test_power_cut_keeps_every_acknowledged_publish(fuse_tools, brokers, tmp_pat
                                        f"pl-{stream.version}", version=stream.version,
                                        window=rng.choice((4, 16, 32)))
             _pump(streams, rig.broker, rng.randrange(150, 400))
-            # The power goes while publishes are in flight (the disk stops first: whatever the
-            # broker does next cannot reach it), then the broker dies with the machine.
+            # The machine dies while publishes are in flight. First the disk stops making
+            # anything durable (fsyncs hang, writes still succeed), then the broker is
+            # SIGKILLed and the unsynced data is dropped. (Failing writes with EIO instead
+            # would run the broker into its write-failure path, which test_log_write_failure
+            # covers; a known bug there, issue 11 item 1, acks a batch whose write failed.)
             torn = rng.randrange(1 << 30) if rnd % 2 else None
+            rig.fs.freeze()  # nothing more becomes durable; writes still succeed
+            _pump_briefly(streams, 0.1)  # a broker that acks before its fsync acks more now
+            assert rig.broker.proc is not None
+            rig.broker.proc.kill()  # SIGKILL; it finishes dying once the cut frees its fsync
             rolled = rig.fs.cut(torn)
-            rig.broker.kill()
+            rig.broker.kill()  # reap it
             _read_late_acks(streams)
             rig.fs.unmount()
             rig.fs.mount()

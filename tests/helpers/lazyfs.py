@@ -30,6 +30,10 @@ on stdout once mounted and then reads commands, one per line, on stdin:
 * ``cut torn=SEED``: the same, but each file keeps a random-length prefix (seeded) of the bytes
   it had appended past its durable size: a torn tail, as when the disk wrote back part of the
   cache before the power went (LazyFS's ``torn-seq`` fault, simplified).
+* ``freeze``: from now on no fsync completes (each waits, then fails with EIO at the cut);
+  writes still succeed. The last instant before a power cut: the disk takes writes into its
+  cache but nothing more becomes durable. A process blocked in such an fsync cannot finish
+  dying until the cut releases it.
 * ``fail fsync EIO`` / ``fail write ENOSPC`` (any errno name): from now on every fsync (or
   write) fails with that error; the data stays unsynced. ``heal`` ends every such fault.
 * ``stats``: answers ``stats fsyncs=N dirty=M`` (how many fsyncs it has seen; dirty files now).
@@ -85,6 +89,8 @@ def _make_fs(backing: str, fsync_delay: float) -> Any:
             self.dead = False
             self.fsyncs = 0
             self.failing: dict[str, int] = {}  # "fsync"/"write" -> errno to answer
+            self.thawed = threading.Event()  # cleared by "freeze": fsyncs wait for the cut
+            self.thawed.set()
 
         # -- plumbing ------------------------------------------------------------------------
         def _full(self, path: str) -> str:
@@ -117,6 +123,7 @@ def _make_fs(backing: str, fsync_delay: float) -> Any:
             rng = random.Random(torn_seed)
             with self._mutex:
                 self.dead = True
+                self.thawed.set()  # fsyncs held by a freeze now fail with EIO
                 count = len(self.dirty)
                 for state in self.dirty.values():
                     size = os.fstat(state.fd).st_size
@@ -281,10 +288,12 @@ def _make_fs(backing: str, fsync_delay: float) -> Any:
         one order of events); after a cut every operation but closing fails with EIO."""
         @functools.wraps(method)
         def run(self: LazyPassthrough, *args: Any) -> Any:
-            if fsync_delay and method.__name__ == "fsync":
+            if method.__name__ == "fsync":
                 # A slow disk: the data becomes durable only at the end of the delay (a cut
                 # meanwhile wins), so an ack sent before its fsync returned is caught reliably.
-                time.sleep(fsync_delay)
+                if fsync_delay:
+                    time.sleep(fsync_delay)
+                self.thawed.wait()  # frozen: no fsync completes before the cut
             with self._mutex:
                 if self.dead and method.__name__ not in ("destroy", "release", "flush"):
                     raise fuse.FuseOSError(errno.EIO)
@@ -318,6 +327,9 @@ def _serve(backing: str, mountpoint: str, fsync_delay: float) -> None:
                 with fs._mutex:
                     fs.failing[op] = getattr(errno, name)
                 print(f"failing {op} {name}", flush=True)
+            elif command == "freeze":
+                fs.thawed.clear()
+                print("frozen", flush=True)
             elif command == "heal":
                 with fs._mutex:
                     fs.failing.clear()
@@ -403,6 +415,11 @@ class LazyFS:
         answer = self.command("cut" if torn_seed is None else f"cut torn={torn_seed}")
         assert answer.startswith("cut "), f"lazyfs answered {answer!r} to cut"
         return int(answer.split()[1])
+
+    def freeze(self) -> None:
+        """No fsync completes from now until the cut (writes still do)."""
+        answer = self.command("freeze")
+        assert answer == "frozen", f"lazyfs answered {answer!r}"
 
     def fail(self, op: str, errno_name: str) -> None:
         """Make every ``op`` ("fsync" or "write") fail with ``errno_name`` until ``heal``."""
