@@ -158,7 +158,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "broker/router.py takeover: the will is published even when the session continues "
         "inside its will delay",
         "broker/router.py",
-        "if old.will is not None and (old.will_delay == 0 or pkt.clean_start):",
+        "if old.will is not None and (old.will_delay == 0 or ends):",
         "if old.will is not None:",
         ("tests/broker/test_session_edges.py",),
     ),

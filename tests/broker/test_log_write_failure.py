@@ -29,6 +29,8 @@ from helpers.devicelog import BrokerGroup, fetch_all
 from helpers.lazyfs import LazyFS
 
 pytestmark = pytest.mark.timeout(120)
+# v5 acks name device/offset only when asked (CONNECT user property, mqtt.ack_offsets).
+ACK_OFFSETS = {R.USER_PROPERTY: [("ack-offsets", "true")]}
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ def _refused_while_failing(broker, fs, raw, op: str, err: str) -> tuple[R.RawCli
     sub.connect(f"wf-sub-{op}")
     assert sub.subscribe("devices/wf/#", 1).reason_codes == [1]
     pub = raw(broker, version=5)
-    pub.connect(f"wf-pub5-{op}")
+    pub.connect(f"wf-pub5-{op}", properties=ACK_OFFSETS)
     assert _puback(pub, b"ok0", 1).reason_code == 0
     before = broker.metric("meshmq_messages_dropped_total", reason="not_stored")
 
@@ -94,7 +96,7 @@ def test_failed_fsync_is_refused_and_a_restart_recovers(lazy_broker, raw):
     broker.start()
     assert [bytes(r.payload) for r in fetch_all(broker, "wf")] == [b"ok0"]
     pub = raw(broker, version=5)
-    pub.connect("wf-pub5-after")
+    pub.connect("wf-pub5-after", properties=ACK_OFFSETS)
     ok = _puback(pub, b"ok4", 1)
     assert ok.reason_code == 0 and ("offset", "1") in ok.properties.get(R.USER_PROPERTY, []), ok
     assert [bytes(r.payload) for r in fetch_all(broker, "wf")] == [b"ok0", b"ok4"]
