@@ -70,8 +70,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation(
         "no-acl-read-check", "broker/router.py _deliver: the ACL read check skipped",
         "broker/router.py",
-        "        if acl is not None and not acl.can_deliver(",
-        "        if False and acl is not None and not acl.can_deliver(",
+        "        if acl is not None and not self._allowed(\n"
+        '                "deliver", acl.can_deliver(',
+        "        if False and acl is not None and not self._allowed(\n"
+        '                "deliver", acl.can_deliver(',
         ("tests/broker/test_acl_delivery.py",),
     ),
     Mutation(
