@@ -872,7 +872,8 @@ class Router:
         """An ack ended a flow: refill the window from the queue, then from replay cursors."""
         if session.queue:
             self._pump(session)
-        if session in self._replaying and len(session.queue) < session.window // 2:
+        # max(1, ...): with Receive Maximum 1, window // 2 is 0 and replay never resumed.
+        if session in self._replaying and len(session.queue) < max(1, session.window // 2):
             self._pump_replays(session)
         if session.lag_behind:
             self.catchup.pump(session)

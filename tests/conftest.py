@@ -7,6 +7,11 @@
 * ``clients`` - paho clients (v3.1/3.1.1/5) disconnected at the end of the test.
 * ``raw`` - raw-socket clients (tests/helpers/raw.py) closed at the end of the test.
 * ``mosquitto_bin`` - makes sure mosquitto_pub/mosquitto_sub exist (installs them when root).
+* ``mosquitto_passwd_bin`` - the same for mosquitto_passwd (Debian's ``mosquitto`` package).
+* ``fuse_tools`` - FUSE for the power-loss tests (installs fuse3 when root).
+
+With ``CI=true`` a test skipped because a compiled extension or a test tool is missing fails
+instead, saying what to install (``_CI_REQUIRED``).
 
 When a test fails, the tail of every involved broker's stderr is attached to the report.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -142,6 +148,94 @@ def mosquitto_bin() -> dict[str, str]:
     return {"pub": pub, "sub": sub}
 
 
+def _apt_install(packages: str, what: str) -> None:
+    """Install Debian packages when root (as CI is), else fail saying what to install."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        res = subprocess.run(
+            f"apt-get install -y -qq {packages} || "
+            f"(apt-get update -qq && apt-get install -y -qq {packages})",
+            shell=True, capture_output=True, text=True, env=env, timeout=600,
+        )
+        if res.returncode != 0:
+            pytest.fail(f"{what} is missing and installing {packages} failed "
+                        f"(exit {res.returncode}):\n{res.stderr[-2000:]}")
+        return
+    pytest.fail(f"{what} is missing. Install it with `sudo apt-get install -y {packages}`.")
+
+
+@pytest.fixture(scope="session")
+def fuse_tools() -> None:
+    """FUSE for the power-loss tests (tests/helpers/lazyfs.py): /dev/fuse, fusermount3 and
+    libfuse3 (Debian's fuse3, installed here when root) and mfusepy (the test extra).
+
+    A machine without /dev/fuse (a container started without it) cannot run them at all: that
+    skips outside CI and fails in CI, where the power-loss test is the proof of the ack promise.
+    """
+    from helpers.lazyfs import FUSERMOUNT, fuse_problem
+
+    problem = fuse_problem()
+    if problem is not None and os.path.exists("/dev/fuse") and shutil.which(FUSERMOUNT) is None:
+        _apt_install("fuse3", f"{FUSERMOUNT} (Debian's fuse3)")
+        problem = fuse_problem()
+    if problem is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"power-loss tests cannot run: {problem}")
+        pytest.skip(f"power-loss tests need FUSE: {problem}")
+
+
+@pytest.fixture(scope="session")
+def mosquitto_passwd_bin() -> str:
+    """Path of mosquitto_passwd (Debian's ``mosquitto`` package, not ``mosquitto-clients``);
+    installs it when root, as CI is."""
+    if shutil.which("mosquitto_passwd") is None:
+        _apt_install("mosquitto", "mosquitto_passwd (Debian's mosquitto package)")
+    path = shutil.which("mosquitto_passwd")
+    if path is None:
+        pytest.fail("mosquitto installed but mosquitto_passwd is not on PATH")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# No silent skips in CI
+# --------------------------------------------------------------------------------------------
+
+# A skip whose reason matches one of these means a part of the suite did not run because
+# something is missing from the machine. On a developer's laptop that is a fair skip; in CI
+# (CI=true) it would let a whole code path (the C fast paths, the power-loss proof) go
+# untested while the run looks green, so it becomes a failure that says what to install.
+_CI_REQUIRED: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"_speedups.* not built"),
+     "the optional C extensions were not compiled: install a C compiler and the Python "
+     "headers (Debian: apt-get install -y build-essential python3-dev) and run "
+     "`pip install -e '.[test]'` again (it builds them in place)"),
+    (re.compile(r"mosquitto_passwd"),
+     "mosquitto_passwd is missing: apt-get install -y mosquitto (not mosquitto-clients)"),
+    (re.compile(r"need FUSE|fusermount3|mfusepy|/dev/fuse"),
+     "FUSE is missing: apt-get install -y fuse3, pip install -e '.[test]' (mfusepy), and a "
+     "/dev/fuse device"),
+)
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def _fail_missing_in_ci(report: pytest.TestReport) -> None:
+    if os.environ.get("CI") != "true" or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    for pattern, advice in _CI_REQUIRED:
+        if pattern.search(reason):
+            report.outcome = "failed"
+            report.longrepr = (f"skipped in CI ({reason.removeprefix('Skipped: ')}): {advice}. "
+                               f"CI=true turns this skip into a failure (tests/conftest.py).")
+            return
+
+
 # --------------------------------------------------------------------------------------------
 # Attach broker logs to failing tests
 # --------------------------------------------------------------------------------------------
@@ -154,6 +248,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
     report = yield
+    _fail_missing_in_ci(report)
     if report.failed and report.when in ("setup", "call"):
         start = _item_start_index.get(item.nodeid, len(ALL_BROKERS))
         for index, proc in enumerate(ALL_BROKERS):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -132,10 +131,9 @@ def test_duplicate_user_is_an_error(tmp_path):
         load_passwords(str(path))
 
 
-@pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="mosquitto_passwd absent")
-def test_mosquitto_passwd_hashes_accepted(tmp_path):
+def test_mosquitto_passwd_hashes_accepted(tmp_path, mosquitto_passwd_bin):
     path = tmp_path / "mosq"
-    subprocess.run(["mosquitto_passwd", "-b", "-c", str(path), "alice", "secret"], check=True,
+    subprocess.run([mosquitto_passwd_bin, "-b", "-c", str(path), "alice", "secret"], check=True,
                    capture_output=True)
     a = Authenticator(AuthSettings(password_file=str(path)))
     assert a.authenticate("alice", b"secret") == CONNACK_OK

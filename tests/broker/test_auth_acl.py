@@ -110,13 +110,30 @@ def test_good_credentials_accepted(auth_broker, clients, protocol):
 
 
 def test_auth_failures_counted_and_logged(auth_broker, raw):
-    """A refused login is visible to operators: the log grows with a line about it."""
+    """A refused login is visible to operators: meshmq_auth_failures_total counts it and the
+    log has a line saying why, naming the peer address (not just any new log text). (The line
+    says client_id=null: the id is not bound before authentication succeeds.)"""
+    before = auth_broker.metric("meshmq_auth_failures_total")
     offset = auth_broker.log_size()
+    cid = unique("logbad")
     c = raw(auth_broker, version=4)
-    c.connect(unique("logbad"), username="alice", password="bad", expect_rc=None)
+    host, port = c.sock.getsockname()[:2]
+    peer = f"{host}:{port}"
+    ack = c.connect(cid, username="alice", password="bad", expect_rc=None)
+    assert ack.reason_code == 4, ack
     c.wait_closed()
-    wait_for(lambda: auth_broker.log_since(offset).strip(), timeout=5,
-             message="a log line about the refused login")
+    wait_for(lambda: auth_broker.metric("meshmq_auth_failures_total") == before + 1,
+             timeout=10, message="meshmq_auth_failures_total to grow by exactly 1")
+
+    def refusal_line() -> str | None:
+        for line in auth_broker.log_since(offset).splitlines():
+            if "bad user name or password" in line and f"peer={peer}" in line:
+                return line
+        return None
+
+    line = wait_for(refusal_line, timeout=10,
+                    message=f"a log line 'bad user name or password' naming peer {peer}")
+    assert "wonderland" not in line and "password=bad" not in line, line
 
 
 # --------------------------------------------------------------------------------------------

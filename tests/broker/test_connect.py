@@ -162,6 +162,28 @@ def test_silent_client_disconnected_after_keepalive(broker, raw, version):
 
 
 @pytest.mark.timeout(40)
+@pytest.mark.parametrize("version", [4, 5])
+def test_keepalive_closes_at_one_and_a_half_times_not_before(broker, raw, version):
+    """[MQTT-3.1.2-24] "one and a half times the Keep Alive": with Keep Alive 2 s a silent
+    client is still connected 2.5 s after it sent CONNECT and closed 5 s after its CONNACK.
+
+    The margins hold on a loaded box: the server may close late (sweep every 0.5 s, a busy
+    loop) but never early, so "open at 2.5 s" is counted from before the CONNECT was sent (the
+    server's clock starts later), and "closed by 5 s" leaves 1.5 s past the 3.5 s worst case
+    of a correct sweep. A factor of 1.25 or less fails the first bound, 2.5 or more the
+    second (the planted factor 3 closes at 6 s)."""
+    c = raw(broker, version=version)
+    before_connect = time.monotonic()
+    c.connect(unique("ka15"), keepalive=2)
+    after_connack = time.monotonic()
+    quiet = before_connect + 2.5 - time.monotonic()
+    if quiet > 0:
+        c.expect_none(quiet)  # raises if the server closed (or sent anything) before 2.5 s
+    got = c.wait_closed(timeout=max(after_connack + 5.0 - time.monotonic(), 0.1))
+    assert all(p.type == R.DISCONNECT and p.reason_code == 0x8D for p in got), got
+
+
+@pytest.mark.timeout(40)
 def test_active_client_not_disconnected_by_keepalive(broker, raw):
     """[MQTT-3.1.2-24] (converse): a client that sends PINGREQ within its keepalive stays
     connected for well past 1.5x its keepalive."""

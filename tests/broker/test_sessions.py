@@ -106,13 +106,30 @@ def test_v5_session_expiry_zero_ends_at_disconnect(broker, clients):
 
 def test_v5_session_expiry_kept_then_expired(broker, clients):
     """[MQTT-3.1.2-25]/[MQTT-4.1.0-2]/[MQTT-3.2.2-3] (5.0): with expiry 60 the session is present
-    on reconnect; with expiry 1 it is gone after 3 s."""
+    on reconnect; with expiry 1 it exists after the disconnect (shown by a reconnect well inside
+    the second) and is gone after 3 s. A broker that ended short-expiry sessions at once
+    passed the old version of this test."""
     cid_long, cid_short = unique("se60"), unique("se1")
     for cid, expiry in ((cid_long, 60), (cid_short, 1)):
         c = clients(broker, cid, protocol=V5)
         c.connect(clean_start=False, properties=_v5_connect_props(expiry))
         c.subscribe(unique("se"), 1)
         c.disconnect()
+        if expiry == 1:
+            # The 1 s session exists after the disconnect. A reconnect only shows that when it
+            # lands inside the second, so a round that took 0.6 s or more (a loaded box) is
+            # repeated rather than judged.
+            for _ in range(5):
+                t0 = time.monotonic()
+                again = clients(broker, cid, protocol=V5)
+                again.connect(clean_start=False, properties=_v5_connect_props(1))
+                if time.monotonic() - t0 < 0.6:
+                    assert again.session_present, "the 1 s session was gone at once"
+                    break
+                again.disconnect()
+            else:
+                pytest.fail("could not reconnect within 0.6 s in 5 tries (box overloaded?)")
+            again.disconnect()
     time.sleep(3)
     long_c = clients(broker, cid_long, protocol=V5)
     long_c.connect(clean_start=False, properties=_v5_connect_props(60))

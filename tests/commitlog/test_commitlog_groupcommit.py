@@ -62,6 +62,11 @@ def test_callbacks_in_order_after_durable(tmp_path):
             await asyncio.sleep(0)
         await gc.wait_durable()
         assert [i for i, _ in seen] == list(range(n))
+        # Each callback ran after an fsync had completed, the counts only grow, and the
+        # callbacks of one tick shared their fsync (group commit: never one per callback).
+        assert sync_counts[0] >= 1, "a callback ran before any fsync completed"
+        assert sync_counts == sorted(sync_counts), sync_counts
+        assert len(set(sync_counts)) <= 31, f"{len(set(sync_counts))} fsyncs for 30 ticks"
         assert store.stats.fsyncs <= 31  # at most one per tick, never one per record
         assert store.stats.batches <= 30
         await gc.close()
@@ -207,3 +212,89 @@ def test_sync_from_thread_while_appending(tmp_path):
     store.close()
     with LogStore.open(str(tmp_path)) as st:
         assert st.log_range("k4") == (0, 600)
+
+
+class GatedWriteStore(FailingWriteStore):
+    """Fault injection at the OS seams: fsync waits for a gate (an fsync in flight for as long
+    as the test wants), and the next write can fail with ENOSPC."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.in_fsync = threading.Event()
+
+    def _fsync(self, fd: int) -> None:
+        self.in_fsync.set()
+        assert self.gate.wait(30), "test never opened the fsync gate"
+        super()._fsync(fd)
+
+
+@pytest.mark.timeout(60)
+def test_write_failing_while_an_fsync_is_in_flight(tmp_path):
+    """Batch A's fsync is running when batch B's write fails: A was written before the
+    failure, so it completes and is acknowledged; B is refused, rolled back (never visible,
+    never on disk); then appends resume at A's end."""
+    async def main():
+        store = GatedWriteStore.open(str(tmp_path))
+        gc = GroupCommitter(store)
+        results_a: list = []
+        results_b: list = []
+        store.gate.clear()
+        for i in range(3):
+            gc.append("a", 1, "t", 1, None, b"A%d" % i)
+        gc.when_durable(results_a.append)
+        await asyncio.sleep(0)  # flush A, start its fsync (it blocks at the gate)
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, store.in_fsync.wait, 30)
+        store.fail_next_write = True
+        for i in range(3):
+            gc.append("a", 1, "t", 1, None, b"B%d" % i)
+        gc.when_durable(results_b.append)
+        await asyncio.sleep(0.05)  # B's flush fails while A's fsync is still in flight
+        assert results_a == [] and results_b == [], "a callback ran before A's fsync returned"
+        store.gate.set()
+        with pytest.raises(OSError):  # registered behind the failed batch: refused with it
+            await gc.wait_durable()
+        assert results_a == [None], results_a
+        assert len(results_b) == 1 and isinstance(results_b[0], OSError), results_b
+        assert results_b[0].errno == errno.ENOSPC
+        assert store.log_range("a") == (0, 3)
+        assert gc.append("a", 1, "t", 1, None, b"C") == 3
+        await gc.wait_durable()
+        await gc.close()
+        with LogStore.open(str(tmp_path)) as st:
+            assert [r.payload for r in st.read("a", 0)] == [b"A0", b"A1", b"A2", b"C"]
+            assert st.stats.recovery_truncations == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_raising_durability_callback_does_not_stop_the_others(tmp_path, caplog):
+    """One callback raising (a bug in a caller) is logged; the callbacks after it in the same
+    batch and later batches still run, in order, and the committer keeps committing."""
+    async def main():
+        store = LogStore.open(str(tmp_path))
+        gc = GroupCommitter(store)
+        seen: list = []
+
+        def boom(exc):
+            seen.append("boom")
+            raise RuntimeError("caller bug")
+
+        gc.append("a", 1, "t", 1, None, b"x")
+        gc.when_durable(lambda exc: seen.append(("before", exc)))
+        gc.when_durable(boom)
+        gc.when_durable(lambda exc: seen.append(("after", exc)))
+        await gc.wait_durable()
+        gc.append("a", 2, "t", 1, None, b"y")
+        gc.when_durable(lambda exc: seen.append(("next batch", exc)))
+        await gc.wait_durable()
+        assert seen == [("before", None), "boom", ("after", None), ("next batch", None)]
+        assert store.log_range("a") == (0, 2)
+        await gc.close()
+
+    with caplog.at_level("ERROR", logger="meshmq.commitlog"):
+        asyncio.run(main())
+    assert any("durability callback raised" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,337 @@
+"""Plant known bugs one at a time in a copy of the tree and check the tests catch each one.
+
+    .venv/bin/python tests/mutate.py                 # every mutation, a table at the end
+    .venv/bin/python tests/mutate.py no-fsync acl    # only those whose name contains a word
+    .venv/bin/python tests/mutate.py --list          # what each plants and which tests run
+
+Why a script of our own rather than mutmut: the bugs that matter here are a handful of specific,
+known ways to break the promise (ack before fsync, no fsync, an ACL check skipped...), each
+caught by a few slow tests with real broker processes; random operator mutations over the whole
+tree would take hours on 2 cores and mostly hit code whose tests are unit tests. This is the
+"known mutants" discipline of Jepsen-style work: every guard is shown to fail when the thing it
+guards is broken. Run it before resolving any issue that touches the ack path, and add a line
+here with every new guard test.
+
+Each mutation is an exact text replacement that must match exactly once (so a refactor that
+moves the code makes the script fail loudly instead of silently planting nothing). The tree is
+copied to a temporary directory (tracked and untracked files, and the compiled extensions
+built in place; never .venv, .git or caches): the working tree is never touched. In the copy
+the named tests run with this interpreter (``-x``); a non-zero exit with failed tests is
+"caught", exit 0 is "NOT CAUGHT", anything else (collection error, no tests) is "error".
+Exit status: 0 when every mutation was caught, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SKIP = {".venv", ".git", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache",
+        "build", "dist", ".mypy_cache"}
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    what: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    Mutation(
+        "no-fsync", "commitlog/store.py _fsync: os.fsync(fd) replaced by pass (nothing synced)",
+        "commitlog/store.py",
+        '        """The one place data fsyncs happen (a seam for fault-injection tests)."""\n'
+        "        os.fsync(fd)\n",
+        '        """The one place data fsyncs happen (a seam for fault-injection tests)."""\n'
+        "        pass\n",
+        ("tests/broker/test_powerloss.py::test_power_cut_keeps_every_acknowledged_publish[2-cuts]",),
+    ),
+    Mutation(
+        "ack-before-fsync",
+        "broker/devicelogs.py _seal: route and ack at once instead of via when_durable",
+        "broker/devicelogs.py",
+        "            self.committer.when_durable(lambda exc: self._durable(batch, exc))\n",
+        "            self._durable(batch, None)\n",
+        ("tests/broker/test_powerloss.py::test_power_cut_keeps_every_acknowledged_publish[2-cuts]",),
+    ),
+    Mutation(
+        "no-acl-read-check", "broker/router.py _deliver: the ACL read check skipped",
+        "broker/router.py",
+        "        if acl is not None and not self._allowed(\n"
+        '                "deliver", acl.can_deliver(',
+        "        if False and acl is not None and not self._allowed(\n"
+        '                "deliver", acl.can_deliver(',
+        ("tests/broker/test_acl_delivery.py",),
+    ),
+    Mutation(
+        "qos-not-downgraded",
+        "broker/router.py _deliver: delivered at the publish QoS, not min(publish, granted)",
+        "broker/router.py",
+        "        qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]\n",
+        "        qos = msg.qos\n",
+        ("tests/broker/test_publish_qos.py", "tests/broker/test_subscribe.py"),
+    ),
+    Mutation(
+        "keepalive-factor", "broker/router.py _sweep: keepalive factor 1.5 -> 3",
+        "broker/router.py",
+        "now - conn.last_rx > conn.keepalive * 1.5:",
+        "now - conn.last_rx > conn.keepalive * 3:",
+        ("tests/broker/test_connect.py",),
+    ),
+    Mutation(
+        "takeover-reason-code",
+        "broker/router.py takeover: old connection closed with 0x00, not 0x8E Session taken over",
+        "broker/router.py",
+        "            old.close(Reason.SESSION_TAKEN_OVER)\n",
+        "            old.close(Reason.NORMAL_DISCONNECTION)\n",
+        ("tests/broker/test_sessions.py",),
+    ),
+    Mutation(
+        "torn-tail-not-truncated",
+        "commitlog/store.py recovery: a torn tail is logged but not truncated from the file",
+        "commitlog/store.py",
+        "                os.truncate(seg.path, cut - seg.base)\n",
+        "                pass\n",
+        ("tests/commitlog/test_commitlog_store.py", "tests/commitlog/test_commitlog_crash.py"),
+    ),
+    Mutation(
+        "replay-seam-live-check",
+        "broker/devicelogs.py ReplayCursor.accept_live: live messages taken while still replaying",
+        "broker/devicelogs.py",
+        "        if self.live and msg.offset >= self.next:\n",
+        "        if msg.offset >= self.next:\n",
+        ("tests/broker/test_devicelog_replay.py",),
+    ),
+    Mutation(
+        "not-stored-acked-ok",
+        "broker/router.py _not_stored: a v5 QoS 1 publish the log failed to store gets PUBACK 0",
+        "broker/router.py",
+        "                conn.send(PubAck(packet_id, Reason.UNSPECIFIED_ERROR, why))\n",
+        "                conn.send(PubAck(packet_id, Reason.SUCCESS, why))\n",
+        ("tests/broker/test_log_write_failure.py",),
+    ),
+    Mutation(
+        "v311-not-stored-kept-open",
+        "broker/router.py _not_stored: a 3.1.1 client whose publish was not stored is not closed",
+        "broker/router.py",
+        "            conn.close()  # 3.x has no negative PUBACK",
+        "            pass  # 3.x has no negative PUBACK",
+        ("tests/broker/test_log_write_failure.py",),
+    ),
+    Mutation(
+        "disconnect-expiry-ignored",
+        "broker/router.py DISCONNECT: the Session Expiry Interval it carries is ignored",
+        "broker/router.py",
+        "                session.expiry_interval = expiry\n",
+        "                pass\n",
+        ("tests/broker/test_session_edges.py",),
+    ),
+    Mutation(
+        "disconnect-expiry-after-zero-allowed",
+        "broker/router.py DISCONNECT: expiry set after CONNECT's 0 accepted [MQTT-3.14.2-2]",
+        "broker/router.py",
+        "                if session.expiry_interval == 0 and expiry != 0:\n",
+        "                if False:\n",
+        ("tests/broker/test_session_edges.py",),
+    ),
+    Mutation(
+        "takeover-will-dropped",
+        "broker/router.py takeover: the old connection's will is dropped, not published",
+        "broker/router.py",
+        "                self._publish_will(old.will)\n            old.will = None\n",
+        "                pass\n            old.will = None\n",
+        ("tests/broker/test_session_edges.py",),
+    ),
+    Mutation(
+        "takeover-will-ignores-delay",
+        "broker/router.py takeover: the will is published even when the session continues "
+        "inside its will delay",
+        "broker/router.py",
+        "if old.will is not None and (old.will_delay == 0 or ends):",
+        "if old.will is not None:",
+        ("tests/broker/test_session_edges.py",),
+    ),
+    Mutation(
+        "pubrec-error-ignored",
+        "broker/router.py _on_pubrec: a subscriber's PUBREC >= 0x80 answered with PUBREL",
+        "broker/router.py",
+        "        if pkt.reason_code >= 0x80:  # the subscriber refused it: the flow ends here\n",
+        "        if False:\n",
+        ("tests/broker/test_session_edges.py",),
+    ),
+    Mutation(
+        "rollback-under-running-fsync",
+        "commitlog/groupcommit.py _fail: rolls back at once, under the fsync still in flight",
+        "commitlog/groupcommit.py",
+        "        if not self._syncing:\n            self._rollback()\n",
+        "        if True:\n            self._rollback()\n",
+        ("tests/commitlog/test_commitlog_groupcommit.py",),
+    ),
+    Mutation(
+        "raising-callback-unguarded",
+        "commitlog/groupcommit.py _call: a raising durability callback is not contained",
+        "commitlog/groupcommit.py",
+        "        try:\n            cb(exc)\n        except Exception:\n"
+        '            log.exception("commitlog: a durability callback raised")\n',
+        "        cb(exc)\n",
+        ("tests/commitlog/test_commitlog_groupcommit.py",),
+    ),
+    Mutation(
+        "segment-gap-not-detected",
+        "commitlog/store.py _recover: segments after a gap are kept as if contiguous",
+        "commitlog/store.py",
+        "            if segs[i].base != segs[i - 1].end:\n",
+        "            if False:\n",
+        ("tests/commitlog/test_commitlog_recovery_gap.py",),
+    ),
+    Mutation(
+        "shared-offline-not-redistributed",
+        "broker/router.py _connection_closed: a shared member going offline (session kept) "
+        "keeps its unacked shares",
+        "broker/router.py",
+        "        self._redispatch_shared(session)\n        if session.expiry_interval != NEVER:",
+        "        if session.expiry_interval != NEVER:",
+        ("tests/broker/test_shared.py",),
+    ),
+    Mutation(
+        "shared-unsubscribe-not-redistributed",
+        "broker/router.py UNSUBSCRIBE: a member leaving the group keeps its unacked shares",
+        "broker/router.py",
+        "                self._redispatch_shared(session, only_group=sub)\n",
+        "                pass\n",
+        ("tests/broker/test_shared.py",),
+    ),
+    Mutation(
+        "replay-stalls-at-window-1",
+        "broker/router.py _window_freed: replay resumed only while len(queue) < window // 2 "
+        "(the bug found with Receive Maximum 1)",
+        "broker/router.py",
+        "len(session.queue) < max(1, session.window // 2):",
+        "len(session.queue) < session.window // 2:",
+        ("tests/broker/test_devicelog_replay_window.py",),
+    ),
+    Mutation(
+        "retention-skip-not-counted",
+        "broker/router.py _pump_replays: offsets skipped after retention not counted as expired",
+        "broker/router.py",
+        "                    self.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))\n",
+        "                    pass\n",
+        ("tests/broker/test_devicelog_replay_window.py",),
+    ),
+    Mutation(
+        "auth-failure-not-counted",
+        "broker/router.py _finish_connect: a refused login not counted in auth_failures",
+        "broker/router.py",
+        "            self.stats.auth_failures += 1\n",
+        "            pass\n",
+        ("tests/broker/test_auth_acl.py::test_auth_failures_counted_and_logged",),
+    ),
+    Mutation(
+        "short-session-ended-at-once",
+        "broker/router.py _connection_closed: a session with expiry 1 s ended at the disconnect",
+        "broker/router.py",
+        "        if session.expiry_interval == 0:\n            self._end_session(session)\n",
+        "        if session.expiry_interval <= 1:\n            self._end_session(session)\n",
+        ("tests/broker/test_sessions.py::test_v5_session_expiry_kept_then_expired",),
+    ),
+    Mutation(
+        "cpuidle-info-empty", "bench/hosttune.py cpuidle_info: reports nothing",
+        "bench/hosttune.py",
+        "    info: dict = {}\n    for key, path in",
+        "    info: dict = {}\n    return info\n    for key, path in",
+        ("tests/bench/test_hosttune.py",),
+    ),
+    Mutation(
+        "invalid-shared-filter-ignored",
+        "broker/router.py SUBSCRIBE: an invalid v5 filter gets no SUBACK at all (ignored)",
+        "broker/router.py",
+        "                codes.append(Reason.TOPIC_FILTER_INVALID)\n                continue\n",
+        "                return\n",
+        ("tests/broker/test_shared.py::test_invalid_shared_filter_refused",),
+    ),
+)
+
+
+def copy_tree(dest: Path) -> None:
+    """The working tree as it is now (uncommitted edits included), without venv/git/caches."""
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        return {n for n in names if n in SKIP or n.endswith(".pyc")}
+    shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
+
+
+def plant(tree: Path, m: Mutation) -> None:
+    path = tree / m.path
+    text = path.read_text()
+    count = text.count(m.old)
+    if count != 1:
+        raise SystemExit(f"mutation {m.name}: the text to replace occurs {count} times in "
+                         f"{m.path} (expected once); update tests/mutate.py")
+    path.write_text(text.replace(m.old, m.new))
+
+
+def run_one(m: Mutation, timeout: float) -> tuple[str, str, float]:
+    with tempfile.TemporaryDirectory(prefix=f"meshmq-mutant-{m.name}-") as tmp:
+        tree = Path(tmp) / "tree"
+        copy_tree(tree)
+        plant(tree, m)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MESHMQ_")}
+        env["PYTHONPATH"] = str(tree)
+        env.pop("TEST_SOAK", None)
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+               "-o", "addopts=--import-mode=importlib", *m.tests]
+        t0 = time.monotonic()
+        try:
+            res = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True,
+                                 timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "error", f"timed out after {timeout:.0f} s", time.monotonic() - t0
+        took = time.monotonic() - t0
+        tail = [ln for ln in res.stdout.splitlines() if ln.strip()][-1:] or [""]
+        summary = tail[0]
+        if res.returncode == 0:
+            return "NOT CAUGHT", summary, took
+        if res.returncode == 1 and re.search(r"\d+ failed", summary):
+            first = next((ln for ln in res.stdout.splitlines() if ln.startswith("FAILED")), "")
+            return "caught", first[:160] or summary, took
+        return "error", f"pytest exit {res.returncode}: {summary}", took
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("only", nargs="*", help="run the mutations whose name contains any of these")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per mutation")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or any(w in m.name for w in args.only)]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name}: {m.what}\n    tests: {' '.join(m.tests)}")
+        return 0
+    rows = []
+    for m in chosen:
+        print(f"-- {m.name}: {m.what}", flush=True)
+        verdict, detail, took = run_one(m, args.timeout)
+        print(f"   {verdict} ({took:.0f} s) {detail}", flush=True)
+        rows.append((m, verdict, took))
+    print("\n| planted bug | tests | result | time |\n|---|---|---|---|")
+    for m, verdict, took in rows:
+        print(f"| `{m.name}`: {m.what} | {', '.join(t.split('/')[-1] for t in m.tests)} "
+              f"| {verdict} | {took:.0f} s |")
+    return 0 if all(v == "caught" for _, v, _ in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
