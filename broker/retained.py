@@ -20,6 +20,12 @@ class _Node:
         self.message: Any = None
 
 
+def _size(message: Any) -> int:
+    """Payload bytes of a stored message (the store holds any object; tests use strings)."""
+    payload = getattr(message, "payload", None)
+    return len(payload) if payload is not None else 0
+
+
 class RetainedStore:
     def __init__(self, expired: Callable[[Any, float], bool] | None = None) -> None:
         self._root = _Node()
@@ -45,8 +51,8 @@ class RetainedStore:
         if node.message is None:
             self._count += 1
         else:
-            self._bytes -= len(node.message.payload)
-        self._bytes += len(message.payload)
+            self._bytes -= _size(node.message)
+        self._bytes += _size(message)
         node.message = message
 
     def delete(self, topic: str) -> None:
@@ -61,7 +67,7 @@ class RetainedStore:
             node = child
         if node.message is None:
             return
-        self._bytes -= len(node.message.payload)
+        self._bytes -= _size(node.message)
         node.message = None
         self._count -= 1
         for parent, level in reversed(path):
