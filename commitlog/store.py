@@ -1142,26 +1142,35 @@ class LogStore:
                     self._wfd = -1
                 os.unlink(seg.path)
             active = self._segments[-1]
+            # fsyncgate (PostgreSQL, 2018): after a failed write/fsync the kernel may have
+            # dropped dirty pages and an fd may not report the error again. So the writer
+            # descriptor is never reused: the bytes after the committed position are cut
+            # through a fresh one, and the file's size is checked after that fsync.
             with self._lock:
                 retired, self._retired = self._retired, []
+                retired.append(self._wfd)
+                self._wfd = -1
             for rfd in retired:
                 if rfd >= 0:
                     os.close(rfd)
-            if self._wfd < 0:
-                self._wfd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+            self._wfd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
             os.ftruncate(self._wfd, pos - active.base)
-            os.fsync(self._wfd)
-            self._fsync_dir()
             active.size = pos - active.base
             self._reset_active_positions(active, reactivated)
             with self._lock:
                 self._flushed_pos = self._synced_pos = pos
-            self._broken = None
             self.stats.segments = len(self._segments)
+            os.fsync(self._wfd)
+            self._fsync_dir()
+            if os.fstat(self._wfd).st_size != pos - active.base:
+                raise OSError(errno.EIO, f"{active.path} is not {pos - active.base} bytes "
+                                         f"after truncating it")
+            self._broken = None
         except OSError as exc:
             self._broken = exc
             log.error("commitlog %s: could not truncate after a failed write (%s); the log "
-                      "refuses appends until the broker is restarted", self.directory, exc)
+                      "refuses appends until a later rollback succeeds (retried with the "
+                      "committer's probe) or the broker restarts", self.directory, exc)
 
     def _reset_active_positions(self, active: Segment, reactivated: bool) -> None:
         """After a rollback: drop positions past the active segment's end; if an older
@@ -1771,6 +1780,12 @@ class LogStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The error that makes the store refuse appends (a write failed and the rollback
+        has not yet succeeded), or None."""
+        return self._broken
 
     @property
     def committed_position(self) -> int:
