@@ -34,6 +34,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 
+from commitlog import quarantine as _q
 from commitlog import record as _rec
 from commitlog.record import (
     FLAG_CONTROL,
@@ -140,7 +141,7 @@ class DeviceLog:
         "total", "since_idx", "seg_base", "max_ts",
         "c_total", "c_since", "c_seg", "c_max",
         "cache", "cache_start", "cache_bytes", "markers", "last_topic", "last_kt",
-        "pend", "n_ctl", "apos", "apos_base",
+        "pend", "n_ctl", "apos", "apos_base", "gaps",
     )
 
     def __init__(self, key: str, first_offset: int = 0) -> None:
@@ -177,6 +178,16 @@ class DeviceLog:
         # Positions of this device's records in the active segment (see PIDX_*), or None.
         self.apos: array | None = None
         self.apos_base = -1
+        # Offset ranges [lo, hi) lost to a quarantined corrupt record (see quarantine.py):
+        # readers skip them; None for almost every device.
+        self.gaps: list[tuple[int, int]] | None = None
+
+    def in_gap(self, lo: int, hi: int) -> bool:
+        """True if every offset in [lo, hi) was lost to quarantined corruption."""
+        for g_lo, g_hi in self.gaps or ():
+            if g_lo <= lo and hi <= g_hi:
+                return True
+        return False
 
     def trim_index_from(self, offset: int) -> None:
         """Drop index entries at or after ``offset`` (rollback, truncation)."""
@@ -369,6 +380,8 @@ class LogStore:
         self._cache_on = settings.tail_cache_bytes_per_device > 0
         self._lock_fd = -1
         self._closed = False
+        self._new_gaps: dict[str, list[tuple[int, int]]] = {}  # found by this recovery
+        self._gap_hints: list[tuple[str, int]] = []  # (key, offset) read in bad ranges
 
     # ------------------------------------------------------------------ open / recovery
 
@@ -377,10 +390,13 @@ class LogStore:
         """Open (creating if needed) and recover the store in ``directory``.
 
         Recovery: load the checkpoint (if valid and consistent with the segment files),
-        scan every record written after it, verifying CRCs and offsets; the first bad
-        record ends the log: its segment is truncated there, later segments are set aside
-        as ``*.log.orphaned-<ts>``, a WARNING names the position and
-        ``stats.recovery_truncations`` counts it. No valid checkpoint: full rescan."""
+        scan every record written after it, verifying CRCs and offsets. A bad record with
+        no valid record after it is a torn tail: its segment is truncated there, a WARNING
+        names the position and ``stats.recovery_truncations`` counts it. A bad range with
+        intact records after it (in its segment or later ones) is corruption, not a crash:
+        it is copied to quarantine/, reported at ERROR, counted in ``stats.corrupt_*``,
+        and the scan goes on; its offsets become gaps readers skip (see quarantine.py for
+        the mode and why). No valid checkpoint: full rescan."""
         st = cls(directory, settings or LogSettings())
         os.makedirs(directory, exist_ok=True)
         st._lock_fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
@@ -433,6 +449,7 @@ class LogStore:
                 log.info("commitlog %s: rebuilding indexes from %d bytes of segments",
                          self.directory, segs[-1].end - segs[0].base)
         self._scan_tail(scan_from)
+        self._apply_gaps()
         self._clean_pidx_files()
         end = self._segments[-1].end
         self._flushed_pos = self._synced_pos = self._committed_pos = end
@@ -581,7 +598,20 @@ class LogStore:
             mv = memoryview(data)
             smax = seg.max_ts
             fast = _rec.c_scan_run
-            while p < n:
+            skipped = False  # a corrupt range was quarantined: later offsets may jump
+            while p < n or bad is not None:
+                if bad is not None:
+                    # Torn tail, or a corrupt record with intact ones after it?
+                    q = _q.next_valid_record(data, p)
+                    if q < 0 and i + 1 < len(self._segments):
+                        q = n  # later segments hold records: this is not the log's tail
+                    if q < 0:
+                        break
+                    self._quarantine(seg, data, pos, p, q, bad)
+                    bad = None
+                    skipped = True
+                    p = q
+                    continue
                 if fast is not None:
                     # C applies the plain records; the body below handles the one it
                     # stopped at (new device, control record, index entry, any error).
@@ -590,15 +620,15 @@ class LogStore:
                         break
                 if n - p < HEADER_SIZE:
                     bad = "torn record header"
-                    break
+                    continue
                 (length, crc, magic, flags, _a, off, ts, kl, _tl, _hc) = unpack(data, p)
                 end = frame_end(length, magic, p, n)
                 if end < 0:
                     bad = "bad length or torn record"
-                    break
+                    continue
                 if crc32(mv[p + 8 : end]) != crc:
                     bad = "CRC mismatch"
-                    break
+                    continue
                 kb = data[p + HEADER_SIZE : p + HEADER_SIZE + kl]
                 dev = by_kb.get(kb)
                 if dev is None:
@@ -606,19 +636,21 @@ class LogStore:
                         dev = DeviceLog(kb.decode(), off)
                     except UnicodeDecodeError:
                         bad = "undecodable key"
-                        break
+                        continue
                     self._devices[dev.key] = dev
                     by_kb[kb] = dev
                 size = 4 + length
                 if flags & FLAG_CONTROL:
                     if off < dev.start:
                         bad = "truncation marker below the log start"
-                        break
+                        continue
                     self._truncate_state(dev, off, pos + p)
-                elif off != dev.next:
+                elif off != dev.next and not (skipped and off > dev.next):
                     bad = f"offset {off} of {dev.key!r} where {dev.next} was expected"
-                    break
+                    continue
                 else:
+                    if off != dev.next:  # offsets lost in the quarantined range
+                        self._new_gaps.setdefault(dev.key, []).append((dev.next, off))
                     if dev.since_idx >= interval or dev.seg_base != segb:
                         dev.idx_off.append(off)
                         dev.idx_pos.append(pos + p)
@@ -673,6 +705,52 @@ class LogStore:
         for dev in self._devices.values():
             dev.c_total, dev.c_since, dev.c_seg, dev.c_max = (
                 dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
+
+    def _quarantine(self, seg: Segment, data: bytes, pos: int, p: int, q: int,
+                    why: str) -> None:
+        """Recovery found ``data[p:q]`` bad with intact records after it: keep the bytes in
+        quarantine/, report them, and let the scan go on at ``q`` (see quarantine.py)."""
+        at = pos + p
+        hints = _q.header_hints(data, p, q)
+        devices = sorted({k for k, _ in hints}) or ["unknown"]
+        offsets = sorted({o for _, o in hints})
+        try:
+            path = _q.write_quarantine(self.directory, devices[0], seg.base, at, data[p:q])
+        except OSError as exc:
+            path = f"(not copied: {exc})"
+        self.stats.corrupt_records += 1
+        self.stats.corrupt_bytes += q - p
+        log.error(
+            "commitlog %s: %s at store position %d (segment %s, byte %d): %d corrupt bytes "
+            "with intact records after them; quarantined to %s and skipped, later records "
+            "kept. Device(s) %s, offset(s) %s as far as the damaged headers tell; readers "
+            "skip the lost offsets. Check the disk (SMART, dmesg).",
+            self.directory, why, at, seg.path, at - seg.base, q - p, path,
+            ", ".join(devices), offsets or "unknown")
+        self._gap_hints.extend(hints)
+
+    def _apply_gaps(self) -> None:
+        """Merge this recovery's gaps with the stored ones; a device whose last record was
+        lost moves past it (never reassigning an offset that may have been acked)."""
+        for key, off in self._gap_hints:
+            dev = self._devices.get(key)
+            if dev is not None and off == dev.next:
+                self._new_gaps.setdefault(key, []).append((off, off + 1))
+                dev.next = dev.hwm = off + 1
+        self._gap_hints = []
+        stored = _q.load_gaps(self.directory)
+        if self._new_gaps:
+            for key, ranges in self._new_gaps.items():
+                stored[key] = _q.merge_ranges(stored.get(key, []) + ranges)
+            try:
+                _q.save_gaps(self.directory, stored)
+            except OSError as exc:
+                log.error("commitlog %s: cannot record the quarantined gaps (%s)",
+                          self.directory, exc)
+        for key, ranges in stored.items():
+            dev = self._devices.get(key)
+            if dev is not None:
+                dev.gaps = ranges
 
     def _clean_pidx_files(self) -> None:
         """Remove position index files of the active segment (its positions live in
@@ -1332,7 +1410,7 @@ class LogStore:
         pos = dev.idx_pos[i]
         # Without truncation markers a device's records in a segment have consecutive
         # offsets, so the reader can jump straight from the index entry to ``offset``.
-        skip = 0 if dev.markers else offset - dev.idx_off[i]
+        skip = 0 if dev.markers or dev.gaps else offset - dev.idx_off[i]
         limit = self._committed_pos
         state = [offset, 0]  # next wanted offset, bytes used
         while state[0] < upto and pos < limit:
@@ -1382,13 +1460,14 @@ class LogStore:
         klen = len(kb)
         key = dev.key
         markers = dev.markers
+        gaps = dev.gaps
         unpack = HEADER.unpack_from
         crc32 = zlib.crc32
         append = out.append
         fd = self._read_fd(seg)
         last_tb = b""
         last_topic = ""
-        fast = None if markers else _rec.c_read_run
+        fast = None if markers or gaps else _rec.c_read_run
         coalesce = _rec.c_coalesce
         try:
             while j < n and want < upto:
@@ -1436,6 +1515,8 @@ class LogStore:
                         if off < want or (markers and dev.is_stale(base + s + p, off)):
                             p = rend
                             continue
+                        if off > want and gaps and dev.in_gap(want, off):
+                            want = off  # lost to quarantined corruption: skip the gap
                         if off != want:
                             raise CorruptRecordError(
                                 f"{key!r}: found offset {off} while reading {want}",
@@ -1497,8 +1578,10 @@ class LogStore:
                         break
                     if kl == klen and data[p + HEADER_SIZE : p + HEADER_SIZE + kl] == kb and not (
                         flags & FLAG_CONTROL
-                    ):
+                    ) and not (dev.gaps and dev.in_gap(off, off + 1)):
                         if off >= want and not (markers and dev.is_stale(pos + p, off)):
+                            if off > want and dev.gaps and dev.in_gap(want, off):
+                                want = off  # lost to quarantined corruption: skip the gap
                             if off != want:
                                 raise CorruptRecordError(
                                     f"{dev.key!r}: found offset {off} while reading {want}",
