@@ -169,7 +169,14 @@ class GroupCommitter:
                     h.cancel()
             await self._loop.run_in_executor(self._executor, lambda: None)
             self._executor.shutdown(wait=True)
-            self.store.close()
+            try:
+                self.store.close()
+            except OSError as exc:
+                # A full disk must not turn a clean shutdown into a crash: everything acked
+                # is already durable; only the checkpoint is missing (a longer rescan).
+                log.error("commitlog %s: closing could not write the final checkpoint (%s); "
+                          "the next start rescans from the previous one (nothing acknowledged "
+                          "is lost)", self.store.directory, exc)
 
     # ------------------------------------------------------------------ machinery
 

@@ -1821,10 +1821,18 @@ class LogStore:
         tmp = path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, data)
+            mv = memoryview(data)
+            while mv:  # a short write is not a checkpoint (a full disk takes part of it)
+                mv = mv[os.write(fd, mv):]
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            try:
+                os.unlink(tmp)  # a full disk must not keep a half checkpoint's space
+            except OSError:
+                pass
+            raise
+        os.close(fd)
         os.replace(tmp, path)
         self._fsync_dir()
         self.stats.checkpoints += 1

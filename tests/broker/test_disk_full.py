@@ -78,7 +78,7 @@ def payload(tag: str, i: int) -> bytes:
     return head + b"x" * (PAYLOAD - len(head))
 
 
-def test_full_tmpfs_acks_only_what_is_stored(brokers, tmp_path: Path, tmpfs: Path):
+def test_full_tmpfs_acks_only_what_is_stored(tmpfs: Path, brokers, tmp_path: Path):
     filler = tmpfs / "filler"
     filler.write_bytes(b"\0" * (512 * 1024))  # freed later: space comes back
     (tmpfs / "topfill").touch()  # created now: a full tmpfs refuses even a new name
@@ -172,3 +172,19 @@ def test_full_tmpfs_acks_only_what_is_stored(brokers, tmp_path: Path, tmpfs: Pat
     assert v3_stored[-10:] == [payload("v3b", i) for i in range(10)]
     broker.restart()
     assert readyz(broker)[0] == 200
+
+    # --- a clean stop on a full disk is still clean, and loses nothing ---------------------
+    fill_rest(tmpfs / "topfill")
+    pub = Publisher(broker.host, broker.port, "pub-v5-end", version=5, window=4)
+    for i in range(30):  # the segment's last page may still take a record or two
+        pub.wait_window(time.monotonic() + 60)
+        pub.send("devices/v5dev/t", payload("end", i))
+    pub.drain(60)
+    end_acked = [a for a in pub.acks if a.reason_code == 0]
+    assert len(end_acked) < 30, "nothing was refused on a full volume"
+    pub.close()
+    assert broker.stop() == 0, broker.log_tail()
+    (tmpfs / "topfill").unlink()
+    broker.start()
+    status, body = broker.http_get("/api/v1/logs/v5dev")
+    assert status == 200 and json.loads(body)["end"] == len(v5recs) + len(end_acked), body
