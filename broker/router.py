@@ -1041,7 +1041,9 @@ class Router:
                     cursor.next = start
                     continue
                 if not records:
-                    cursor.live = True  # caught up: live delivery takes over at cursor.next
+                    # caught up (past a quarantined gap, if any): live delivery takes over
+                    cursor.next = store.past_gap(cursor.device, cursor.next)
+                    cursor.live = True
                     break
                 ids = (sub.sub_id,) if sub.sub_id else None
                 for rec in records:

@@ -1320,6 +1320,17 @@ class LogStore:
         dev = self._devices.get(key)
         return 0 if dev is None else dev.hwm
 
+    def past_gap(self, key: str, offset: int) -> int:
+        """``offset``, or the end of the quarantined gap it falls in (see quarantine.py): where
+        a reader that got nothing at ``offset`` goes on, instead of asking again forever."""
+        dev = self._devices.get(key)
+        if dev is None or not dev.gaps:
+            return offset
+        for lo, hi in dev.gaps:
+            if lo <= offset < hi:
+                return hi
+        return offset
+
     def log_end(self, key: str) -> int:
         """Next offset to be assigned (includes appends not yet durable)."""
         dev = self._devices.get(key)
