@@ -1535,6 +1535,9 @@ class LogStore:
                     if out and used + length + 4 > max_bytes:
                         return True
                     if crc32(mv[p + 8 : rend]) != crc:
+                        if gaps and dev.in_gap(off, off + 1):
+                            p = rend  # the quarantined record (a rebuilt .pidx lists it)
+                            continue
                         raise CorruptRecordError("CRC mismatch", base + s + p)
                     q += kl
                     tb = data[q : q + tl]
@@ -1589,7 +1592,7 @@ class LogStore:
                         break
                     if kl == klen and data[p + HEADER_SIZE : p + HEADER_SIZE + kl] == kb and not (
                         flags & FLAG_CONTROL
-                    ) and not (dev.gaps and dev.in_gap(off, off + 1)):
+                    ):
                         if off >= want and not (markers and dev.is_stale(pos + p, off)):
                             if off > want and dev.gaps and dev.in_gap(want, off):
                                 want = off  # lost to quarantined corruption: skip the gap
@@ -1599,7 +1602,13 @@ class LogStore:
                                     pos + p)
                             if out and used + length + 4 > max_bytes:
                                 return True
-                            rec, _f, _e = decode_one(data, p)
+                            try:
+                                rec, _f, _e = decode_one(data, p)
+                            except CorruptRecordError:
+                                if not (dev.gaps and dev.in_gap(off, off + 1)):
+                                    raise
+                                p = end  # the quarantined record itself: skip it
+                                continue
                             out.append(rec)
                             used += length + 4
                             want += 1
