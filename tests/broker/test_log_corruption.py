@@ -3,13 +3,13 @@
 The issue's reproduction on a real broker: 8 devices publish QoS 1 (MQTT 5, every PUBACK names
 its offset), the broker is killed with SIGKILL (so no checkpoint covers the tail), one bit is
 flipped in the payload of a record in the middle of the segment and one in the last record of
-device d0 (followed by other devices' records, so not a torn tail), and the broker restarts:
+a device (followed by other devices' records, so not a torn tail), and the broker restarts:
 
 * every other acknowledged record is still there at its offset (fetch API and replay);
 * the two corrupt records are in quarantine/, reported at ERROR with device, offsets and byte
   counts, counted by ``meshmq_log_corrupt_records_total`` / ``..._bytes_total``;
 * readers skip the lost offsets (a replay from earliest, the fetch API paging to the end);
-  d0's next publish gets a new offset, never the lost one;
+  that device's next publish gets a new offset, never the lost one;
 * ``meshmq log inspect`` reports the quarantined ranges and exits 0.
 """
 
@@ -69,15 +69,17 @@ def test_bit_flip_mid_segment_keeps_every_later_record(brokers, tmp_path: Path):
     (seg,) = sorted(log_dir(broker).glob("*.log"))
     recs = records_of(seg)
     mid_key, mid_off, mid_pos, mid_len = recs[len(recs) // 2]
-    last_d0 = max((r for r in recs if r[0] == "d0"), key=lambda r: r[1])
-    assert last_d0 != recs[-1]
+    # a device whose last record is followed by other devices' records (so not a torn tail)
+    tail_dev = next(d for d in DEVICES if d != recs[-1][0])
+    last_rec = max((r for r in recs if r[0] == tail_dev), key=lambda r: r[1])
+    assert last_rec != recs[-1] and last_rec[:2] != (mid_key, mid_off)
     flip(seg, mid_pos + mid_len - 5)
-    flip(seg, last_d0[2] + last_d0[3] - 5)
-    lost = {(mid_key, mid_off), ("d0", last_d0[1])}
+    flip(seg, last_rec[2] + last_rec[3] - 5)
+    lost = {(mid_key, mid_off), (tail_dev, last_rec[1])}
 
     broker.start()
     assert broker.metric("meshmq_log_corrupt_records_total") == 2
-    assert broker.metric("meshmq_log_corrupt_bytes_total") == mid_len + last_d0[3]
+    assert broker.metric("meshmq_log_corrupt_bytes_total") == mid_len + last_rec[3]
     assert broker.metric("meshmq_log_recovery_truncations_total") == 0
     text = broker.log_text()
     for key, off in lost:
@@ -91,17 +93,17 @@ def test_bit_flip_mid_segment_keeps_every_later_record(brokers, tmp_path: Path):
         want = [(d, o) for o in range(PER_DEVICE) if (d, o) not in lost]
         assert [(r.key, r.offset) for r in got] == want, d
         assert all(bytes(r.payload) == acked[(d, r.offset)] for r in got)
-    # replay from earliest skips the gap in the middle and the one at d0's end
-    for d in {mid_key, "d0"}:
+    # replay from earliest skips the gap in the middle and the one at a device's end
+    for d in {mid_key, tail_dev}:
         sub = Subscriber(broker.host, broker.port, f"sub-{d}")
         sub.subscribe(f"devices/{d}/#", 1, offset="earliest")
         n = PER_DEVICE - sum(1 for k, _ in lost if k == d)
         msgs = sub.collect(n, timeout=30)
         assert offsets_of(msgs, d) == [o for o in range(PER_DEVICE) if (d, o) not in lost]
         sub.close()
-    # d0's lost last offset is never handed to a new message
+    # the lost last offset is never handed to a new message
     pub = Publisher(broker.host, broker.port, "pub2", version=5)
-    (ack,) = pub.publish_all([("devices/d0/t", b"new")])
+    (ack,) = pub.publish_all([(f"devices/{tail_dev}/t", b"new")])
     assert ack.offset == PER_DEVICE
     pub.close()
     assert broker.stop() == 0
