@@ -157,6 +157,7 @@ class LogCatchUp:
                     moved = True
                     continue
                 if not records:
+                    c.next = self.store.past_gap(device, c.next)  # quarantined offsets
                     c.live = True
                     session.lag_behind -= 1
                     continue

@@ -129,6 +129,10 @@ class DeviceLogs:
         self._loop = loop
         self._batch: list[PendingPublish] = []
         self.held = 0  # publishes appended and not yet durable (backpressure signal)
+        # The batch's durability callback is registered right before the committer writes
+        # it, never after: a callback registered after a failed write (a later call_soon)
+        # would see a durable position that seems to cover it and ack what was never stored.
+        committer.before_flush(self._seal)
 
     def append(self, key: str, msg: Message, conn: Connection | None, packet_id: int | None,
                expiry: int | None) -> int:
@@ -142,12 +146,7 @@ class DeviceLogs:
                                        msg.payload)
         msg.device = key
         msg.offset = offset
-        batch = self._batch
-        if not batch:
-            # Register one durability callback per tick, after this tick's appends: it then
-            # covers exactly the publishes collected in this batch.
-            self._loop.call_soon(self._seal)
-        batch.append((conn, packet_id, msg))
+        self._batch.append((conn, packet_id, msg))
         self.held += 1
         return offset
 
@@ -188,6 +187,7 @@ class DeviceLogs:
                       f" offset-reset=earliest")
 
     def _seal(self) -> None:
+        """Before-flush hook: one durability callback for the publishes of this write."""
         batch, self._batch = self._batch, []
         if batch:
             self.committer.when_durable(lambda exc: self._durable(batch, exc))

@@ -143,6 +143,10 @@ class Router:
         self._log_no_connect = RateLimitedLog(log, logging.INFO,
                                               "connections closed for sending no CONNECT",
                                               burst=10, window=5.0)
+        # A full disk refuses every publish: one ERROR line a second, then a count.
+        self._log_not_stored = RateLimitedLog(log, logging.ERROR,
+                                              "publishes refused as not stored",
+                                              burst=1, window=1.0)
         self._replaying: set[Session] = set()  # sessions with a cursor still reading history
         self._handlers: dict[int, Callable[[Connection, Any], None]] = {
             PacketType.PUBREC: self._on_pubrec,
@@ -608,7 +612,8 @@ class Router:
                     err: BaseException) -> None:
         """Never acknowledge what was not stored: v5 gets a failure reason, 3.x a closed socket."""
         self.stats.dropped(DropReason.NOT_STORED)
-        log.error("%s: %s", _NOT_STORED, err)
+        self._log_not_stored("%s: %s (counted in meshmq_messages_dropped_total"
+                             "{reason=\"not_stored\"})", _NOT_STORED, err)
         if conn is None or conn.closing or qos == 0:
             return
         if conn.level == 5:
@@ -1037,7 +1042,9 @@ class Router:
                     cursor.next = start
                     continue
                 if not records:
-                    cursor.live = True  # caught up: live delivery takes over at cursor.next
+                    # caught up (past a quarantined gap, if any): live delivery takes over
+                    cursor.next = store.past_gap(cursor.device, cursor.next)
+                    cursor.live = True
                     break
                 ids = (sub.sub_id,) if sub.sub_id else None
                 for rec in records:
@@ -1197,6 +1204,7 @@ class Router:
                 conn.close_reason = f"keepalive timeout (nothing for 1.5 x {conn.keepalive} s)"
                 conn.close(Reason.KEEP_ALIVE_TIMEOUT)
         self._log_no_connect.tick()
+        self._log_not_stored.tick()
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, kind, session = heapq.heappop(timers)

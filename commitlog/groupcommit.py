@@ -12,23 +12,50 @@ or fsync fails (ENOSPC, EIO) nothing pending is marked durable: every waiting ca
 gets ``cb(exc)`` (the broker refuses those publishes: MQTT 5 reason 0x80/0x97), the store
 truncates back to its last durable byte, and appending resumes once the disk accepts
 writes again. A publish is never acknowledged unless it is stored.
+
+Failure handling (issue 11, item 1). Three rules, each from a way this went wrong before:
+
+* **A waiter registered after its batch failed is failed too.** The broker registers one
+  callback per tick; if that registration comes after the tick's flush (``call_soon``
+  order) and the flush failed and rolled back, the durable position looks like it already
+  covers the callback: it was acknowledged for records that were never stored. So callers
+  that collect a batch register through :meth:`before_flush` (called right before each
+  write, while the batch is still pending), and :meth:`when_durable` with nothing pending
+  after a rollback that discarded records fails the callback instead of firing it.
+* **After a failed write or fsync nothing since the last good fsync is trusted** (the
+  PostgreSQL "fsyncgate" lesson, 2018: Linux may drop the dirty pages of a failed
+  writeback and report success on the next fsync). The store truncates back to the
+  committed position through a freshly opened descriptor and fsyncs that; the failed
+  fsync is never retried and called good.
+* **Back off, probe, resume by itself.** While failing, appends are refused at once (no
+  write that can only fail again, no ERROR per batch); a timer probes the volume with a
+  small write + fsync of a scratch file, with exponential backoff (``RETRY_MIN_S`` doubling
+  to ``RETRY_MAX_S``, as Kafka's ``retry.backoff.ms``/``retry.backoff.max.ms`` do), and lets
+  appends through again once it succeeds. :attr:`failure` is what ``/readyz`` reports.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from commitlog.record import Header
-from commitlog.store import LogStore
+from commitlog.store import LogStore, LogWriteError
 
 log = logging.getLogger("meshmq.commitlog")
 
 DurableCallback = Callable[[BaseException | None], object]
+
+#: First and longest wait before probing a failed volume again (seconds).
+RETRY_MIN_S = 0.1
+RETRY_MAX_S = 5.0
+PROBE_NAME = ".write-probe"
 
 
 class GroupCommitter:
@@ -48,6 +75,15 @@ class GroupCommitter:
         self._timer: asyncio.TimerHandle | None = None
         self._maint: asyncio.TimerHandle | None = None
         self._ckpt_running = False
+        self._before_flush: list[Callable[[], object]] = []
+        # Set by a rollback that discarded appended records, cleared by the next successful
+        # write: a when_durable() with nothing pending in between covers refused records.
+        self._refused: BaseException | None = None
+        # Not None from a failure until a probe write succeeds: appends are refused.
+        self.failure: BaseException | None = None
+        self._retry_s = RETRY_MIN_S
+        self._retry: asyncio.TimerHandle | None = None
+        self._probing = False
         if self._interval_ms is not None:
             self._timer = self._loop.call_later(self._interval_ms / 1000, self._on_timer)
         self._maint = self._loop.call_later(
@@ -67,6 +103,11 @@ class GroupCommitter:
         """Append (buffered) and make sure this tick's batch gets flushed; return the offset.
 
         Raises LogWriteError while the store is failing (the publish must be refused)."""
+        if self.failure is not None:
+            exc = self.failure
+            raise LogWriteError(getattr(exc, "errno", None) or errno.EIO,
+                                f"commit log cannot write ({exc}); waiting for the volume "
+                                f"under {self.store.directory} to accept writes again")
         off = self.store.append(key, timestamp_us, topic, attrs, headers, payload)
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -91,11 +132,23 @@ class GroupCommitter:
             self._loop.call_soon(self._flush)
         return started
 
+    def before_flush(self, hook: Callable[[], object]) -> None:
+        """Call ``hook()`` right before every flush, while the batch is still pending: the
+        place to register a batch's :meth:`when_durable` callback so that it is attached to
+        exactly that write (and failed with it), whatever the ``call_soon`` order."""
+        self._before_flush.append(hook)
+
     def when_durable(self, callback: DurableCallback) -> None:
         """Call ``callback(None)`` once everything appended so far is durable, or
         ``callback(exc)`` if storing it failed. Callbacks run on the loop, in call order."""
         if self.store.pending() or self._unflushed:
             self._unflushed.append(callback)
+            return
+        if self._refused is not None:
+            # What was appended before this call was discarded by a rollback (the write
+            # failed before the callback was registered): never report it durable.
+            exc = self._refused
+            self._loop.call_soon(self._call, callback, exc)
             return
         token = self.store.flushed_position
         self._waiting.append((token, callback))
@@ -129,24 +182,42 @@ class GroupCommitter:
                 await self.wait_durable()
         finally:
             self._closed = True
-            for h in (self._timer, self._maint):
+            for h in (self._timer, self._maint, self._retry):
                 if h is not None:
                     h.cancel()
             await self._loop.run_in_executor(self._executor, lambda: None)
             self._executor.shutdown(wait=True)
-            self.store.close()
+            try:
+                self.store.close()
+            except OSError as exc:
+                # A full disk must not turn a clean shutdown into a crash: everything acked
+                # is already durable; only the checkpoint is missing (a longer rescan).
+                log.error("commitlog %s: closing could not write the final checkpoint (%s); "
+                          "the next start rescans from the previous one (nothing acknowledged "
+                          "is lost)", self.store.directory, exc)
 
     # ------------------------------------------------------------------ machinery
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        for hook in self._before_flush:
+            try:
+                hook()
+            except Exception:
+                log.exception("commitlog: a before-flush hook raised")
         if self._failure is not None:
-            return  # rollback pending: these appends are failed with it
+            # rollback pending: these appends are failed with it
+            if self.store.pending():
+                self._refused = self._failure
+            return
+        had = self.store.pending()
         try:
             token = self.store.flush()
         except Exception as exc:  # noqa: BLE001 - any write failure fails the batch
             self._fail(exc)
             return
+        if had:
+            self._refused = None
         if self._unflushed:
             for cb in self._unflushed:
                 self._waiting.append((token, cb))
@@ -194,11 +265,16 @@ class GroupCommitter:
     def _fail(self, exc: BaseException) -> None:
         if self._failure is None:
             self._failure = exc
-            log.error(
-                "commitlog %s: storing failed (%s): the pending publishes are refused, not "
-                "acknowledged. Free disk space or fix the volume under %s; the log resumes "
-                "by itself once writes succeed.", self.store.directory, exc,
-                self.store.directory)
+            if self.failure is None:
+                log.error(
+                    "commitlog %s: storing failed (%s): the pending publishes are refused, "
+                    "not acknowledged, and new ones are refused until the volume accepts "
+                    "writes again. Free disk space under %s (or lower retention) or fix the "
+                    "volume; the log resumes by itself, probing every %.1f-%.0f s.",
+                    self.store.directory, exc, self.store.directory, RETRY_MIN_S,
+                    RETRY_MAX_S)
+            self.failure = exc
+            self.store.stats.writable = 0
         if not self._syncing:
             self._rollback()
         # else: the running fsync finishes first (what it covers was written before the
@@ -207,7 +283,11 @@ class GroupCommitter:
     def _rollback(self) -> None:
         exc = self._failure
         assert exc is not None
-        self.store.rollback()
+        st = self.store
+        if st.pending() or self._waiting or self._unflushed or \
+                st.flushed_position > st.committed_position:
+            self._refused = exc
+        st.rollback()
         waiting = list(self._waiting)
         unflushed = self._unflushed
         self._waiting.clear()
@@ -217,6 +297,46 @@ class GroupCommitter:
             self._call(cb, exc)
         for cb in unflushed:
             self._call(cb, exc)
+        self._schedule_probe()
+
+    # ------------------------------------------------------------------ recovery from failure
+
+    def _schedule_probe(self) -> None:
+        if self._closed or self._retry is not None or self._probing:
+            return
+        delay = self._retry_s
+        self._retry_s = min(self._retry_s * 2, RETRY_MAX_S)
+        self._retry = self._loop.call_later(delay, self._probe)
+
+    def _probe(self) -> None:
+        """Is the volume writable again? The store first (a rollback that could not
+        truncate is retried), then a small write + fsync of a scratch file on the worker."""
+        self._retry = None
+        if self._closed or self.failure is None:
+            return
+        if self.store.broken is not None:
+            self.store.rollback()
+            if self.store.broken is not None:
+                self._schedule_probe()
+                return
+        self._probing = True
+        fut = self._loop.run_in_executor(self._executor, _probe_write, self.store.directory)
+        fut.add_done_callback(self._on_probe_done)
+
+    def _on_probe_done(self, fut: asyncio.Future[None]) -> None:
+        self._probing = False
+        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        if self._closed:
+            return
+        if exc is not None:
+            self._schedule_probe()
+            return
+        log.warning("commitlog %s: the volume accepts writes again (failed with: %s); "
+                    "publishes are stored and acknowledged again", self.store.directory,
+                    self.failure)
+        self.failure = None
+        self._retry_s = RETRY_MIN_S
+        self.store.stats.writable = 1
 
     def _on_timer(self) -> None:
         """Interval fsync policy: one fsync per interval covers every write since the last."""
@@ -248,3 +368,22 @@ class GroupCommitter:
         if exc is not None:
             log.error("commitlog %s: checkpoint write failed (%s); recovery will rescan more",
                       self.store.directory, exc)
+
+
+def _probe_write(directory: str) -> None:
+    """Write, fsync and remove a 4 KiB scratch file: the cheapest real proof that the
+    volume takes writes again (free space alone says nothing about EIO or quotas)."""
+    path = os.path.join(directory, PROBE_NAME)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        data = memoryview(b"\0" * 4096)
+        while data:
+            n = os.write(fd, data)
+            data = data[n:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

@@ -12,6 +12,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from commitlog import epochs as _ep
+from commitlog.quarantine import QUARANTINE_DIR, load_gaps, next_valid_record
 from commitlog.record import FLAG_CONTROL, HEADER, HEADER_SIZE, frame_end
 from commitlog.store import CHECKPOINT_NAME, SEGMENT_SUFFIX
 
@@ -39,6 +40,10 @@ class SegmentReport:
     valid_bytes: int = 0
     corrupt_at: int | None = None  # byte offset in the file
     corrupt_reason: str = ""
+    # Bad ranges with intact records after them: (start, end, reason, quarantined), byte
+    # offsets in the file; quarantined = recovery already copied them to quarantine/ and
+    # skips them (not counted as corrupt any more).
+    ranges: list[tuple[int, int, str, bool]] = field(default_factory=list)
 
 
 @dataclass
@@ -49,11 +54,14 @@ class InspectReport:
     segments: list[SegmentReport] = field(default_factory=list)
     keys: dict[str, KeySummary] = field(default_factory=dict)
     checkpoint_present: bool = False
+    quarantine_files: list[tuple[str, int]] = field(default_factory=list)
+    gaps: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        """True when every byte of every segment verified."""
-        return all(s.corrupt_at is None for s in self.segments)
+        """True when every byte of every segment verified or was already quarantined."""
+        return all(s.corrupt_at is None and all(r[3] for r in s.ranges)
+                   for s in self.segments)
 
     @property
     def total_records(self) -> int:
@@ -71,6 +79,15 @@ class InspectReport:
                 f"{s.size - s.corrupt_at} bytes after it")
             lines.append(f"  {os.path.basename(s.path)} base={s.base} size={s.size} "
                          f"records={s.records} {state}")
+            for a, b, why, quarantined in s.ranges:
+                what = ("quarantined (skipped by recovery)" if quarantined else
+                        "CORRUPT, intact records after it: recovery will quarantine it")
+                lines.append(f"    bytes {a}..{b} ({b - a} bytes, {why}): {what}")
+        for name, size in self.quarantine_files:
+            lines.append(f"  quarantine/{name}: {size} bytes")
+        for k, ranges in sorted(self.gaps.items()):
+            lost = ", ".join(f"{lo}..{hi - 1}" for lo, hi in ranges)
+            lines.append(f"  key {k!r}: offsets lost to quarantined corruption: {lost}")
         for i, (k, ks) in enumerate(sorted(self.keys.items())):
             if i >= max_keys:
                 lines.append(f"  ... {len(self.keys) - max_keys} more keys")
@@ -80,8 +97,9 @@ class InspectReport:
                 extra += " epochs " + " ".join(f"{e}@{s}" for e, s in ks.epochs)
             lines.append(f"  key {k!r}: records={ks.records} offsets "
                          f"{ks.first_offset}..{ks.last_offset}{extra}")
-        lines.append("RESULT: " + ("ok" if self.ok else "CORRUPT (recovery will truncate at "
-                                   "the first corrupt position)"))
+        lines.append("RESULT: " + ("ok" if self.ok else "CORRUPT (recovery truncates a torn "
+                                   "tail and quarantines a corrupt range with intact records "
+                                   "after it)"))
         return "\n".join(lines)
 
 
@@ -91,7 +109,17 @@ def inspect(path: str) -> InspectReport:
         os.path.join(path, CHECKPOINT_NAME)))
     names = sorted(n for n in os.listdir(path)
                    if n.endswith(SEGMENT_SUFFIX) and n[: -len(SEGMENT_SUFFIX)].isdigit())
-    for name in names:
+    known: set[tuple[int, int]] = set()  # (store position, bytes) of quarantined ranges
+    qdir = os.path.join(path, QUARANTINE_DIR)
+    if os.path.isdir(qdir):
+        for qn in sorted(os.listdir(qdir)):
+            if qn.endswith(".bad"):
+                rep.quarantine_files.append((qn, os.path.getsize(os.path.join(qdir, qn))))
+                parts = qn[:-4].rsplit("-", 3)
+                if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
+                    known.add((int(parts[2]), int(parts[3])))
+        rep.gaps = load_gaps(path)
+    for si, name in enumerate(names):
         fp = os.path.join(path, name)
         with open(fp, "rb") as f:
             data = f.read()
@@ -112,9 +140,16 @@ def inspect(path: str) -> InspectReport:
                 elif zlib.crc32(mv[p + 8 : end]) != crc:
                     reason = "CRC mismatch"
             if reason:
-                sr.corrupt_at = p
-                sr.corrupt_reason = reason
-                break
+                q = next_valid_record(data, p)
+                if q < 0 and si + 1 < len(names):
+                    q = n  # later segments: not the log's tail
+                if q < 0:
+                    sr.corrupt_at = p  # a torn tail: recovery truncates here
+                    sr.corrupt_reason = reason
+                    break
+                sr.ranges.append((p, q, reason, (sr.base + p, q - p) in known))
+                p = q
+                continue
             key = data[p + HEADER_SIZE : p + HEADER_SIZE + kl].decode(errors="replace")
             ks = rep.keys.get(key)
             if ks is None:

@@ -22,6 +22,7 @@ class LogStats:
         "retention_segments_deleted", "retention_bytes_deleted", "segments",
         "segments_rolled", "tail_cache_hits", "tail_cache_misses", "tail_cache_bytes",
         "tail_cache_evictions", "disk_reads", "checkpoints", "index_rebuilds",
+        "writable", "corrupt_records", "corrupt_bytes",
     )
 
     def __init__(self) -> None:
@@ -48,6 +49,13 @@ class LogStats:
         self.disk_reads = 0
         self.checkpoints = 0
         self.index_rebuilds = 0
+        # 1 while the log accepts writes, 0 from a write/fsync failure until a probe write
+        # succeeds (set by the GroupCommitter; a gauge, not a counter).
+        self.writable = 1
+        # Recovery found a corrupt record with intact records after it: the bad bytes were
+        # copied to quarantine/ and skipped (see LogStore._quarantine).
+        self.corrupt_records = 0
+        self.corrupt_bytes = 0
 
     def observe_fsync(self, seconds: float) -> None:
         """Record one fsync latency (count, sum, cumulative-friendly buckets, recent)."""

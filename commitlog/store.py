@@ -36,6 +36,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 
 from commitlog import epochs as _ep
+from commitlog import quarantine as _q
 from commitlog import record as _rec
 from commitlog.record import (
     FLAG_CONTROL,
@@ -250,7 +251,7 @@ class DeviceLog:
         "total", "since_idx", "seg_base", "max_ts",
         "c_total", "c_since", "c_seg", "c_max",
         "cache", "cache_start", "cache_bytes", "markers", "last_topic", "last_kt",
-        "pend", "n_ctl", "apos", "apos_base",
+        "pend", "n_ctl", "apos", "apos_base", "gaps",
         "hw", "epochs", "raw", "mk",
     )
 
@@ -295,6 +296,16 @@ class DeviceLog:
         self.epochs: list[_ep.EpochEntry] | None = None  # leader epoch table (epochs.py)
         self.raw: list[tuple] | None = None  # follower appends awaiting flush (bytes, meta)
         self.mk: tuple[list[int], list[int]] | None = None  # markers' boundaries, suffix min
+        # Offset ranges [lo, hi) lost to a quarantined corrupt record (see quarantine.py):
+        # readers skip them; None for almost every device.
+        self.gaps: list[tuple[int, int]] | None = None
+
+    def in_gap(self, lo: int, hi: int) -> bool:
+        """True if every offset in [lo, hi) was lost to quarantined corruption."""
+        for g_lo, g_hi in self.gaps or ():
+            if g_lo <= lo and hi <= g_hi:
+                return True
+        return False
 
     def trim_index_from(self, offset: int) -> None:
         """Drop index entries at or after ``offset`` (rollback, truncation)."""
@@ -519,6 +530,8 @@ class LogStore:
         self._closed = False
         self._waiters = HighWaterWaiters()  # per-device commit waiters (waiters.py)
         self._ckpt_hw: set[str] = set()  # during recovery: keys whose hw the checkpoint gave
+        self._new_gaps: dict[str, list[tuple[int, int]]] = {}  # found by this recovery
+        self._gap_hints: list[tuple[str, int]] = []  # (key, offset) read in bad ranges
 
     # ------------------------------------------------------------------ open / recovery
 
@@ -527,10 +540,13 @@ class LogStore:
         """Open (creating if needed) and recover the store in ``directory``.
 
         Recovery: load the checkpoint (if valid and consistent with the segment files),
-        scan every record written after it, verifying CRCs and offsets; the first bad
-        record ends the log: its segment is truncated there, later segments are set aside
-        as ``*.log.orphaned-<ts>``, a WARNING names the position and
-        ``stats.recovery_truncations`` counts it. No valid checkpoint: full rescan."""
+        scan every record written after it, verifying CRCs and offsets. A bad record with
+        no valid record after it is a torn tail: its segment is truncated there, a WARNING
+        names the position and ``stats.recovery_truncations`` counts it. A bad range with
+        intact records after it (in its segment or later ones) is corruption, not a crash:
+        it is copied to quarantine/, reported at ERROR, counted in ``stats.corrupt_*``,
+        and the scan goes on; its offsets become gaps readers skip (see quarantine.py for
+        the mode and why). No valid checkpoint: full rescan."""
         st = cls(directory, settings or LogSettings())
         os.makedirs(directory, exist_ok=True)
         st._lock_fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
@@ -584,6 +600,7 @@ class LogStore:
                 log.info("commitlog %s: rebuilding indexes from %d bytes of segments",
                          self.directory, segs[-1].end - segs[0].base)
         self._scan_tail(scan_from)
+        self._apply_gaps()
         self._clean_pidx_files()
         end = self._segments[-1].end
         self._flushed_pos = self._synced_pos = self._committed_pos = end
@@ -743,7 +760,20 @@ class LogStore:
             mv = memoryview(data)
             smax = seg.max_ts
             fast = _rec.c_scan_run
-            while p < n:
+            skipped = False  # a corrupt range was quarantined: later offsets may jump
+            while p < n or bad is not None:
+                if bad is not None:
+                    # Torn tail, or a corrupt record with intact ones after it?
+                    q = _q.next_valid_record(data, p)
+                    if q < 0 and i + 1 < len(self._segments):
+                        q = n  # later segments hold records: this is not the log's tail
+                    if q < 0:
+                        break
+                    self._quarantine(seg, data, pos, p, q, bad)
+                    bad = None
+                    skipped = True
+                    p = q
+                    continue
                 if fast is not None:
                     # C applies the plain records; the body below handles the one it
                     # stopped at (new device, control record, index entry, any error).
@@ -752,15 +782,15 @@ class LogStore:
                         break
                 if n - p < HEADER_SIZE:
                     bad = "torn record header"
-                    break
+                    continue
                 (length, crc, magic, flags, _a, off, ts, kl, _tl, _hc) = unpack(data, p)
                 end = frame_end(length, magic, p, n)
                 if end < 0:
                     bad = "bad length or torn record"
-                    break
+                    continue
                 if crc32(mv[p + 8 : end]) != crc:
                     bad = "CRC mismatch"
-                    break
+                    continue
                 kb = data[p + HEADER_SIZE : p + HEADER_SIZE + kl]
                 dev = by_kb.get(kb)
                 if dev is None:
@@ -768,7 +798,7 @@ class LogStore:
                         dev = DeviceLog(kb.decode(), off)
                     except UnicodeDecodeError:
                         bad = "undecodable key"
-                        break
+                        continue
                     self._devices[dev.key] = dev
                     by_kb[kb] = dev
                 size = 4 + length
@@ -779,12 +809,14 @@ class LogStore:
                 elif flags & FLAG_CONTROL:
                     if off < dev.start:
                         bad = "truncation marker below the log start"
-                        break
+                        continue
                     self._truncate_state(dev, off, pos + p)
-                elif off != dev.next:
+                elif off != dev.next and not (skipped and off > dev.next):
                     bad = f"offset {off} of {dev.key!r} where {dev.next} was expected"
-                    break
+                    continue
                 else:
+                    if off != dev.next:  # offsets lost in the quarantined range
+                        self._new_gaps.setdefault(dev.key, []).append((dev.next, off))
                     if dev.since_idx >= interval or dev.seg_base != segb:
                         dev.idx_off.append(off)
                         dev.idx_pos.append(pos + p)
@@ -863,6 +895,52 @@ class LogStore:
         except ValueError as exc:
             return f"bad epoch record of {dev.key!r}: {exc}"
         return None
+
+    def _quarantine(self, seg: Segment, data: bytes, pos: int, p: int, q: int,
+                    why: str) -> None:
+        """Recovery found ``data[p:q]`` bad with intact records after it: keep the bytes in
+        quarantine/, report them, and let the scan go on at ``q`` (see quarantine.py)."""
+        at = pos + p
+        hints = _q.header_hints(data, p, q)
+        devices = sorted({k for k, _ in hints}) or ["unknown"]
+        offsets = sorted({o for _, o in hints})
+        try:
+            path = _q.write_quarantine(self.directory, devices[0], seg.base, at, data[p:q])
+        except OSError as exc:
+            path = f"(not copied: {exc})"
+        self.stats.corrupt_records += 1
+        self.stats.corrupt_bytes += q - p
+        log.error(
+            "commitlog %s: %s at store position %d (segment %s, byte %d): %d corrupt bytes "
+            "with intact records after them; quarantined to %s and skipped, later records "
+            "kept. Device(s) %s, offset(s) %s as far as the damaged headers tell; readers "
+            "skip the lost offsets. Check the disk (SMART, dmesg).",
+            self.directory, why, at, seg.path, at - seg.base, q - p, path,
+            ", ".join(devices), offsets or "unknown")
+        self._gap_hints.extend(hints)
+
+    def _apply_gaps(self) -> None:
+        """Merge this recovery's gaps with the stored ones; a device whose last record was
+        lost moves past it (never reassigning an offset that may have been acked)."""
+        for key, off in self._gap_hints:
+            dev = self._devices.get(key)
+            if dev is not None and off == dev.next:
+                self._new_gaps.setdefault(key, []).append((off, off + 1))
+                dev.next = dev.hwm = off + 1
+        self._gap_hints = []
+        stored = _q.load_gaps(self.directory)
+        if self._new_gaps:
+            for key, ranges in self._new_gaps.items():
+                stored[key] = _q.merge_ranges(stored.get(key, []) + ranges)
+            try:
+                _q.save_gaps(self.directory, stored)
+            except OSError as exc:
+                log.error("commitlog %s: cannot record the quarantined gaps (%s)",
+                          self.directory, exc)
+        for key, ranges in stored.items():
+            dev = self._devices.get(key)
+            if dev is not None:
+                dev.gaps = ranges
 
     def _clean_pidx_files(self) -> None:
         """Remove position index files of the active segment (its positions live in
@@ -1348,26 +1426,35 @@ class LogStore:
                     self._wfd = -1
                 os.unlink(seg.path)
             active = self._segments[-1]
+            # fsyncgate (PostgreSQL, 2018): after a failed write/fsync the kernel may have
+            # dropped dirty pages and an fd may not report the error again. So the writer
+            # descriptor is never reused: the bytes after the committed position are cut
+            # through a fresh one, and the file's size is checked after that fsync.
             with self._lock:
                 retired, self._retired = self._retired, []
+                retired.append(self._wfd)
+                self._wfd = -1
             for rfd in retired:
                 if rfd >= 0:
                     os.close(rfd)
-            if self._wfd < 0:
-                self._wfd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+            self._wfd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
             os.ftruncate(self._wfd, pos - active.base)
-            os.fsync(self._wfd)
-            self._fsync_dir()
             active.size = pos - active.base
             self._reset_active_positions(active, reactivated)
             with self._lock:
                 self._flushed_pos = self._synced_pos = pos
-            self._broken = None
             self.stats.segments = len(self._segments)
+            os.fsync(self._wfd)
+            self._fsync_dir()
+            if os.fstat(self._wfd).st_size != pos - active.base:
+                raise OSError(errno.EIO, f"{active.path} is not {pos - active.base} bytes "
+                                         f"after truncating it")
+            self._broken = None
         except OSError as exc:
             self._broken = exc
             log.error("commitlog %s: could not truncate after a failed write (%s); the log "
-                      "refuses appends until the broker is restarted", self.directory, exc)
+                      "refuses appends until a later rollback succeeds (retried with the "
+                      "committer's probe) or the broker restarts", self.directory, exc)
 
     def _reset_active_positions(self, active: Segment, reactivated: bool) -> None:
         """After a rollback: drop positions past the active segment's end; if an older
@@ -1439,6 +1526,17 @@ class LogStore:
         sets it with :meth:`set_high_watermark`."""
         dev = self._devices.get(key)
         return 0 if dev is None else (dev.hwm if dev.hw < 0 else dev.hw)
+
+    def past_gap(self, key: str, offset: int) -> int:
+        """``offset``, or the end of the quarantined gap it falls in (see quarantine.py): where
+        a reader that got nothing at ``offset`` goes on, instead of asking again forever."""
+        dev = self._devices.get(key)
+        if dev is None or not dev.gaps:
+            return offset
+        for lo, hi in dev.gaps:
+            if lo <= offset < hi:
+                return hi
+        return offset
 
     def log_end(self, key: str) -> int:
         """Next offset to be assigned (includes appends not yet durable)."""
@@ -1536,7 +1634,8 @@ class LogStore:
         pos = dev.idx_pos[i]
         # Without truncation markers after ``pos`` a device's records have consecutive
         # offsets, so the reader can jump straight from the index entry to ``offset``.
-        skip = offset - dev.idx_off[i] if dev.stale_floor(pos) == _NO_FLOOR else 0
+        skip = (offset - dev.idx_off[i]
+                if dev.stale_floor(pos) == _NO_FLOOR and not dev.gaps else 0)
         limit = self._committed_pos
         state = [offset, 0]  # next wanted offset, bytes used
         while state[0] < upto and pos < limit:
@@ -1586,13 +1685,15 @@ class LogStore:
         klen = len(kb)
         key = dev.key
         markers = dev.markers
+        gaps = dev.gaps
         unpack = HEADER.unpack_from
         crc32 = zlib.crc32
         append = out.append
         fd = self._read_fd(seg)
         last_tb = b""
         last_topic = ""
-        c_read = _rec.c_read_run
+        # Quarantine gaps are handled by the Python body only (the C run does not know them).
+        c_read = None if gaps else _rec.c_read_run
         floor = _NO_FLOOR
         jump = -1
         coalesce = _rec.c_coalesce
@@ -1657,6 +1758,8 @@ class LogStore:
                                 break
                             p = rend
                             continue
+                        if off > want and gaps and dev.in_gap(want, off):
+                            want = off  # lost to quarantined corruption: skip the gap
                         if off != want:
                             raise CorruptRecordError(
                                 f"{key!r}: found offset {off} while reading {want}",
@@ -1664,6 +1767,9 @@ class LogStore:
                     if out and used + length + 4 > max_bytes:
                         return True
                     if crc32(mv[p + 8 : rend]) != crc:
+                        if gaps and dev.in_gap(off, off + 1):
+                            p = rend  # the quarantined record (a rebuilt .pidx lists it)
+                            continue
                         raise CorruptRecordError("CRC mismatch", base + s + p)
                     q += kl
                     tb = data[q : q + tl]
@@ -1723,13 +1829,21 @@ class LogStore:
                         flags & FLAG_CONTROL
                     ):
                         if off >= want and not (markers and dev.is_stale(pos + p, off)):
+                            if off > want and dev.gaps and dev.in_gap(want, off):
+                                want = off  # lost to quarantined corruption: skip the gap
                             if off != want:
                                 raise CorruptRecordError(
                                     f"{dev.key!r}: found offset {off} while reading {want}",
                                     pos + p)
                             if out and used + length + 4 > max_bytes:
                                 return True
-                            rec, _f, _e = decode_one(data, p)
+                            try:
+                                rec, _f, _e = decode_one(data, p)
+                            except CorruptRecordError:
+                                if not (dev.gaps and dev.in_gap(off, off + 1)):
+                                    raise
+                                p = end  # the quarantined record itself: skip it
+                                continue
                             out.append(rec)
                             used += length + 4
                             want += 1
@@ -2280,10 +2394,18 @@ class LogStore:
         tmp = path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            os.write(fd, data)
+            mv = memoryview(data)
+            while mv:  # a short write is not a checkpoint (a full disk takes part of it)
+                mv = mv[os.write(fd, mv):]
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
+            try:
+                os.unlink(tmp)  # a full disk must not keep a half checkpoint's space
+            except OSError:
+                pass
+            raise
+        os.close(fd)
         os.replace(tmp, path)
         self._fsync_dir()
         self.stats.checkpoints += 1
@@ -2322,6 +2444,12 @@ class LogStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def broken(self) -> BaseException | None:
+        """The error that makes the store refuse appends (a write failed and the rollback
+        has not yet succeeded), or None."""
+        return self._broken
 
     @property
     def committed_position(self) -> int:

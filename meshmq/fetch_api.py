@@ -284,7 +284,9 @@ async def _serve_records(store: LogStore, device: str,
     start, end = store.log_range(device)
     if records and records[-1].offset >= end:  # the log was truncated while we yielded
         records = [r for r in records if r.offset < end]
-    next_offset = records[-1].offset + 1 if records else offset
+    # Nothing at ``offset`` below the end: its records were lost to quarantined corruption
+    # (commitlog/quarantine.py); the reader goes on past the gap instead of asking forever.
+    next_offset = records[-1].offset + 1 if records else store.past_gap(device, offset)
     body = encode_fetch_response(records, start, end)
     return web.Response(body=body, content_type="application/octet-stream", headers={
         "X-Meshmq-Start": str(start),

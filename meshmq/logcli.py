@@ -344,9 +344,16 @@ def _inspect(path: str, out: TextIO, err: TextIO) -> int:
                           "commit-log directory (usually <data_dir>/log)?")
     print(report.format(), file=out)
     if not report.ok:
-        bad = next(s for s in report.segments if s.corrupt_at is not None)
-        print(f"meshmq log inspect: {path} is CORRUPT: {os.path.basename(bad.path)} at byte "
-              f"{bad.corrupt_at} ({bad.corrupt_reason}); the node's recovery will truncate "
-              "there at its next start", file=err)
+        bad = next((s for s in report.segments if s.corrupt_at is not None), None)
+        if bad is not None:
+            print(f"meshmq log inspect: {path} is CORRUPT: {os.path.basename(bad.path)} at "
+                  f"byte {bad.corrupt_at} ({bad.corrupt_reason}); the node's recovery will "
+                  "truncate there at its next start", file=err)
+        else:
+            seg = next(s for s in report.segments if not all(r[3] for r in s.ranges))
+            a, b, why, _ = next(r for r in seg.ranges if not r[3])
+            print(f"meshmq log inspect: {path} is CORRUPT: {os.path.basename(seg.path)} bytes "
+                  f"{a}..{b} ({why}) with intact records after them; the node's recovery "
+                  "will quarantine them at its next start and keep the rest", file=err)
         return EXIT_FAILED
     return EXIT_OK

@@ -244,6 +244,11 @@ _LOG_COUNTERS = (
     ("checkpoints", "meshmq_log_checkpoints_total", "Index checkpoints written."),
     ("index_rebuilds", "meshmq_log_index_rebuilds_total",
      "Starts without a usable checkpoint (full rescan of the segments)."),
+    ("corrupt_records", "meshmq_log_corrupt_records_total",
+     "Corrupt byte ranges with intact records after them, found by recovery and moved to "
+     "quarantine/ (each logged at ERROR with device, offsets and bytes)."),
+    ("corrupt_bytes", "meshmq_log_corrupt_bytes_total",
+     "Bytes of the corrupt ranges moved to quarantine/ by recovery."),
 )
 
 
@@ -293,6 +298,11 @@ class _CommitLogCollector(Collector):
             "meshmq_log_bytes",
             "Bytes in the store's segment files on disk (written, maybe not yet fsynced).",
             value=sum(seg.size for seg in segments)))
+        out.append(GaugeMetricFamily(
+            "meshmq_log_writable",
+            "1 while the commit log stores publishes; 0 after a write/fsync failure (ENOSPC, "
+            "EIO) until a probe write succeeds: publishes are refused meanwhile.",
+            value=s.writable))
         out.append(GaugeMetricFamily("meshmq_log_tail_cache_bytes",
                                      "Bytes held by the tail cache.", value=s.tail_cache_bytes))
         return out

@@ -47,14 +47,25 @@ class Node:
         self.metrics = MetricsRegistry()
         self.lag = LoopLagMonitor(self.metrics)
         self.gc_pauses = GcPauseMonitor(self.metrics)
-        self.admin = AdminServer(config.admin_bind, self.metrics.registry, self.ready)
+        self.admin = AdminServer(config.admin_bind, self.metrics.registry, self.ready,
+                                 self.not_ready_reason)
         self.store: LogStore | None = None
         self.committer: GroupCommitter | None = None
         self._ready = False
         self._stop = asyncio.Event()
 
     def ready(self) -> bool:
-        return self._ready
+        """Ready for traffic: started, not draining, and the commit log can store (a broker
+        that refuses every publish should be taken out of the load balancer, as a Kafka
+        broker with a failed log dir goes offline for it)."""
+        return self._ready and (self.committer is None or self.committer.failure is None)
+
+    def not_ready_reason(self) -> str:
+        if self.committer is not None and self.committer.failure is not None:
+            return (f"the commit log cannot write ({self.committer.failure}); publishes are "
+                    f"refused until the volume under {self.config.commitlog.directory} "
+                    f"accepts writes again (free disk space there)")
+        return "starting" if self.router is None else "not ready (starting or draining)"
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()

@@ -14,13 +14,14 @@ under a real broker process, not by patching our classes. While the fault lasts:
 After ``heal`` (and, for the fsync fault, a restart) the next publish is acknowledged at the
 next offset and the log holds exactly the acknowledged messages.
 
-The write fault is expected to fail today (xfail, strict): it reproduces issue 11 item 1 (a
-failed write's batch is acknowledged), which the ``disk`` branch fixes; when that lands this
-test passes, and strict xfail makes the run fail until the marker is removed.
+The write fault reproduces issue 11 item 1 (a failed write's batch was acknowledged, because
+DeviceLogs registered its durability callback after the committer's failed flush had rolled
+back); it failed before that fix.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -102,16 +103,23 @@ def test_failed_fsync_is_refused_and_a_restart_recovers(lazy_broker, raw):
     assert [bytes(r.payload) for r in fetch_all(broker, "wf")] == [b"ok0", b"ok4"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 11 item 1 (branch disk): a batch whose write "
-                   "fails is acknowledged, because DeviceLogs registers its durability "
-                   "callback after the committer's failed flush already rolled back")
 def test_failed_write_is_refused_and_writes_resume(lazy_broker, raw):
     """write answers ENOSPC (a full disk): every publish of the batch is refused, and once
     space returns the same connection publishes again, acknowledged at the next offset."""
     broker, fs = lazy_broker
     sub, pub = _refused_while_failing(broker, fs, raw, "write", "ENOSPC")
     fs.heal()
-    ok = _puback(pub, b"ok4", 4)
+    # Writes resume once the store's probe (backoff 0.1-5 s) finds the volume writable again;
+    # until then a publish is refused, never acknowledged. Hang deadline, not a speed bound.
+    deadline = time.monotonic() + 60
+    pid = 4
+    while True:
+        ok = _puback(pub, b"ok4", pid)
+        if ok.reason_code == 0 or time.monotonic() > deadline:
+            break
+        assert ok.reason_code == 0x80, ok
+        pid += 1
+        time.sleep(0.2)
     assert ok.reason_code == 0 and ("offset", "1") in ok.properties.get(R.USER_PROPERTY, []), ok
     msg = sub.expect(R.PUBLISH, timeout=30)
     assert msg.payload == b"ok4", f"a refused publish was delivered: {msg!r}"

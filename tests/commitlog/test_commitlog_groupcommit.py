@@ -35,6 +35,14 @@ class FailingSyncStore(LogStore):
         super()._fsync(fd)
 
 
+async def until_writable(gc: GroupCommitter, deadline_s: float = 60) -> None:
+    """Wait (hang deadline, not a speed bound) for the committer's probe to accept writes."""
+    end = time.monotonic() + deadline_s
+    while gc.failure is not None:
+        assert time.monotonic() < end, f"the log never became writable again: {gc.failure}"
+        await asyncio.sleep(0.02)
+
+
 def test_callbacks_in_order_after_durable(tmp_path):
     async def main():
         store = LogStore.open(str(tmp_path))
@@ -133,6 +141,7 @@ def test_failing_fsync_fails_callbacks_and_hides_records(tmp_path, caplog):
         assert store.stats.fsync_errors >= 1
         # the disk has room again: appending resumes, offsets continue densely
         store.failing = False
+        await until_writable(gc)
         assert gc.append("a", 3, "t", 1, None, b"after") == 1
         await gc.wait_durable()
         assert [r.payload for r in store.read("a", 0)] == [b"ok", b"after"]
@@ -173,6 +182,7 @@ def test_failing_write_truncates_partial_batch(tmp_path):
             await gc.wait_durable()
         assert store.stats.write_errors == 1
         assert store.log_range("a") == (0, 3)
+        await until_writable(gc)
         assert gc.append("a", 1, "t", 1, None, b"ok3") == 3
         await gc.wait_durable()
         await gc.close()
@@ -260,6 +270,7 @@ def test_write_failing_while_an_fsync_is_in_flight(tmp_path):
         assert len(results_b) == 1 and isinstance(results_b[0], OSError), results_b
         assert results_b[0].errno == errno.ENOSPC
         assert store.log_range("a") == (0, 3)
+        await until_writable(gc)  # writes resume once the probe finds the volume writable
         assert gc.append("a", 1, "t", 1, None, b"C") == 3
         await gc.wait_durable()
         await gc.close()
