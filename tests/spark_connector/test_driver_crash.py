@@ -34,11 +34,11 @@ def _start_job(args: list[str], tmp: Path, log: Path) -> subprocess.Popen[bytes]
 def test_kill_driver_mid_batch_and_restart(spark: Any, shared_broker: Any,
                                            tmp_path: Path) -> None:
     devs = [unique_device("k") for _ in range(4)]
-    publish(shared_broker, [m for d in devs for m in device_messages(d, 0, 1500)])
+    publish(shared_broker, [m for d in devs for m in device_messages(d, 0, 500)])
     ck, out, scratch, log = (tmp_path / "ck", tmp_path / "out", tmp_path / "scratch",
                              tmp_path / "driver.log")
     scratch.mkdir()
-    args = [admin(shared_broker), "|".join(devs), str(ck), str(out), "600", str(scratch)]
+    args = [admin(shared_broker), "|".join(devs), str(ck), str(out), "400", str(scratch)]
     job = _start_job(args, scratch, log)
     try:
         # Mid-batch: batch N is planned (offsets/N written) but not committed (no commits/N),
@@ -73,5 +73,5 @@ def test_kill_driver_mid_batch_and_restart(spark: Any, shared_broker: Any,
         seen.setdefault(r["device"], []).append(r["offset"])
     assert sorted(seen) == sorted(devs)
     for d in devs:
-        assert sorted(seen[d]) == list(range(1500)), (
+        assert sorted(seen[d]) == list(range(500)), (
             f"{d}: {len(seen[d])} rows, {len(set(seen[d]))} distinct")

@@ -194,31 +194,41 @@ def test_min_records_per_trigger_waits_for_data_or_max_delay(spark: Any, shared_
 
 
 def test_every_starting_offsets_form(spark: Any, shared_broker: Any, tmp_path: Path) -> None:
+    """Streams: a JSON with an offset, -2 and -1; the default (latest), fixed when the query
+    first starts. Batch reads (same resolution code, ~10x cheaper than a query): earliest,
+    latest, a partial JSON, the default (earliest)."""
     a, b, c = (unique_device("s") for _ in range(3))
     publish(shared_broker, [m for d in (a, b, c) for m in device_messages(d, 0, 30)])
     devices = f"{a},{b},{c}"
 
-    def rows_of(ck: str, **opts: str) -> list[Any]:
-        _, name = run_available_now(stream(spark, shared_broker, devices=devices, **opts),
-                                    tmp_path / ck)
-        return spark.table(name).collect()
+    _, name = run_available_now(
+        stream(spark, shared_broker, devices=devices,
+               startingOffsets=json.dumps({a: 12, b: -2, c: -1})), tmp_path / "json")
+    assert_contiguous(spark.table(name).collect(), {a: (12, 30), b: (0, 30)})
 
-    assert_contiguous(rows_of("earliest", startingOffsets="earliest"),
-                      {a: (0, 30), b: (0, 30), c: (0, 30)})
-    # "latest" is fixed when the query first starts: restarting from the checkpoint reads
-    # only what came after (Parquet: the memory sink cannot restart from a checkpoint)
-    latest = stream(spark, shared_broker, devices=devices, startingOffsets="latest")
+    # the default is latest (like Kafka's source); restarting from the checkpoint reads only
+    # what came after the first start (Parquet: the memory sink cannot restart)
+    latest = stream(spark, shared_broker, devices=devices)
     run_available_now(latest, tmp_path / "latest", parquet=tmp_path / "latest-out")
-    assert rows_of("default") == []  # like Kafka: a stream starts at latest by default
-    assert_contiguous(rows_of("json", startingOffsets=json.dumps({a: 12, b: -2, c: -1})),
-                      {a: (12, 30), b: (0, 30)})
-    # a device left out of the JSON starts at its earliest record
-    assert_contiguous(rows_of("partial", startingOffsets=json.dumps({a: 29})),
-                      {a: (29, 30), b: (0, 30), c: (0, 30)})
     publish(shared_broker, device_messages(a, 30, 5))
     run_available_now(latest, tmp_path / "latest", parquet=tmp_path / "latest-out")
     assert_contiguous(spark.read.parquet(str(tmp_path / "latest-out")).collect(),
                       {a: (30, 35)})
+
+    def batch(**opts: str) -> list[Any]:
+        reader = spark.read.format("meshmq").option("servers", admin(shared_broker)) \
+            .option("devices", devices)
+        for key, value in opts.items():
+            reader = reader.option(key, value)
+        return reader.load().collect()
+
+    everything = {a: (0, 35), b: (0, 30), c: (0, 30)}
+    assert_contiguous(batch(startingOffsets="earliest"), everything)
+    assert_contiguous(batch(), everything)
+    assert batch(startingOffsets="latest") == []
+    # a device the JSON leaves out starts at its earliest record
+    assert_contiguous(batch(startingOffsets=json.dumps({a: 34})),
+                      {a: (34, 35), b: (0, 30), c: (0, 30)})
 
 
 def test_starting_timestamp(spark: Any, shared_broker: Any, tmp_path: Path) -> None:
