@@ -141,20 +141,21 @@ def test_restart_from_checkpoint_exactly_once_into_parquet(spark: Any, shared_br
 
 def test_admission_control_and_available_now_split_a_backlog(spark: Any, shared_broker: Any,
                                                              tmp_path: Path) -> None:
-    """maxRecordsPerTrigger cuts an AvailableNow backlog into equal-share batches; a
-    minRecordsPerTrigger larger than the backlog does not stall AvailableNow."""
+    """maxRecordsPerTrigger cuts an AvailableNow backlog into equal-share batches, and a last
+    batch smaller than minRecordsPerTrigger still runs (AvailableNow ignores the minimum)."""
     devs = [unique_device("a") for _ in range(3)]
-    publish(shared_broker, [m for i, d in enumerate(devs)
-                            for m in device_messages(d, 0, 100 * (i + 1))])  # 100/200/300
+    sizes = [100, 200, 250]
+    publish(shared_broker, [m for d, n in zip(devs, sizes, strict=True)
+                            for m in device_messages(d, 0, n)])
     df = stream(spark, shared_broker, devices=",".join(devs), startingOffsets="earliest",
-                maxRecordsPerTrigger="150", minRecordsPerTrigger="100",
+                maxRecordsPerTrigger="150", minRecordsPerTrigger="120",
                 maxTriggerDelay="1h", maxRecordsPerPartition="60")
     batches, name = run_available_now(df, tmp_path / "ck")
-    assert [b["numInputRows"] for b in batches] == [150, 150, 150, 150]
+    assert [b["numInputRows"] for b in batches] == [150, 150, 150, 100]
     first = json.loads(batches[0]["sources"][0]["endOffset"])
     assert first == {devs[0]: 50, devs[1]: 50, devs[2]: 50}  # equal shares, not by lag
     rows = spark.table(name).collect()
-    assert_contiguous(rows, {d: (0, 100 * (i + 1)) for i, d in enumerate(devs)})
+    assert_contiguous(rows, {d: (0, n) for d, n in zip(devs, sizes, strict=True)})
 
 
 def test_min_records_per_trigger_waits_for_data_or_max_delay(spark: Any, shared_broker: Any,
