@@ -114,6 +114,19 @@ def test_batch_read_with_filters_and_ending_offsets(spark: Any, shared_broker: A
     assert_contiguous(rows, {a: (5, 10), b: (0, 20)})
 
 
+def test_servers_fail_over_to_one_that_answers(spark: Any, shared_broker: Any) -> None:
+    """The first server refuses connections: planning (driver) and reading (workers) both go
+    on with the next one."""
+    from helpers.broker import free_port
+
+    dev = unique_device("fo")
+    publish(shared_broker, device_messages(dev, 0, 12))
+    servers = f"127.0.0.1:{free_port()},{admin(shared_broker)}"
+    rows = spark.read.format("meshmq").option("servers", servers).option("devices", dev) \
+        .option("requestTimeout", "60s").load().collect()
+    assert_contiguous(rows, {dev: (0, 12)})
+
+
 def test_restart_from_checkpoint_exactly_once_into_parquet(spark: Any, shared_broker: Any,
                                                            tmp_path: Path) -> None:
     """Publish, read, publish more (and a new device), restart from the checkpoint: every record
