@@ -19,6 +19,8 @@ import sys
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from spark_connector import register
+
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
@@ -32,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.appName("meshmq-command-job")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    # An installed meshmq[spark] is found by Spark's discovery (pyspark_meshmq); a checkout
+    # installed with `pip install -e` is not, so register explicitly: harmless either way.
+    register(spark)
     temp = F.get_json_object(F.col("payload").cast("string"), "$.temp").cast("double")
     commands = (spark.readStream.format("meshmq")
                 .option("servers", args.servers)

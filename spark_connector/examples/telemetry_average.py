@@ -17,6 +17,8 @@ import sys
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from spark_connector import register
+
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__,
@@ -29,6 +31,9 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.appName("meshmq-telemetry-average")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    # An installed meshmq[spark] is found by Spark's discovery (pyspark_meshmq); a checkout
+    # installed with `pip install -e` is not, so register explicitly: harmless either way.
+    register(spark)
     readings = (spark.readStream.format("meshmq")
                 .option("servers", args.servers)
                 .option("topicFilter", "devices/+/telemetry")
