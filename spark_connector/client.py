@@ -1,0 +1,171 @@
+"""The connector's only door to meshmq: the admin HTTP fetch API (``meshmq/fetch_api.py``).
+
+Everything the source asks a node goes through ``LogClient`` (list the logs, fetch records from
+an offset, find an offset by time), so moving to the many-device fetch and the high-water-mark
+endpoint of the replication work changes this module only. Today it uses the per-device fetch:
+one request per device range, which is fine for a few thousand devices per trigger.
+
+Why plain ``http.client`` and not a library: the connector runs inside every Spark Python worker
+and must add nothing heavier than pyarrow; one keep-alive connection per ``LogClient`` is all we
+need, and the body is the store's own framing (decoded by ``commitlog.fetch``), not JSON.
+
+Failover: ``servers`` are tried in turn, starting from the one that answered last. A connection
+error, a timeout or a 5xx moves to the next server; 4xx answers are facts about the request
+(unknown device, offset out of range) and are returned as such. Only committed records are ever
+served by a node, so any server that answers gives a correct (possibly older) view; Spark's
+offsets decide what is read, so switching servers mid-query neither skips nor repeats a record.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import time
+from dataclasses import dataclass
+from urllib.parse import quote
+
+__all__ = ["LogClient", "LogRange", "FetchResult", "ServerUnavailable", "OffsetOutOfRange",
+           "UnknownDevice"]
+
+log = logging.getLogger("spark_connector.client")
+
+LOGS_PATH = "/api/v1/logs"
+# The fetch API's own cap on records per request (meshmq/fetch_api.py MAX_MAX_RECORDS).
+MAX_RECORDS_PER_REQUEST = 100_000
+
+
+class ServerUnavailable(ConnectionError):
+    """No server in ``servers`` answered within the request timeout."""
+
+
+class UnknownDevice(LookupError):
+    """The node has no committed record for this device (never published, or its log is gone)."""
+
+
+class OffsetOutOfRange(LookupError):
+    """416: the offset is below the first retained one (retention) or past the end."""
+
+    def __init__(self, message: str, offset: int, start: int, end: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.start = start
+        self.end = end
+
+
+@dataclass(frozen=True)
+class LogRange:
+    """A device log's committed range: ``start`` first retained offset, ``end`` high-water mark."""
+
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    body: bytes
+    count: int
+    next_offset: int
+    start: int
+    end: int
+
+
+class LogClient:
+    """Blocking client of one or more nodes' fetch API. Not thread-safe; cheap to build, holds
+    no connection until the first request (so objects holding one pickle only while idle)."""
+
+    def __init__(self, servers: tuple[tuple[str, int], ...], timeout_s: float = 30.0) -> None:
+        if not servers:
+            raise ValueError("no servers")
+        self.servers = servers
+        self.timeout_s = timeout_s
+        self._current = 0
+        self._conn: http.client.HTTPConnection | None = None
+
+    # -- requests ---------------------------------------------------------------------------
+    def list_logs(self) -> dict[str, LogRange]:
+        """Every device with a committed record: {device: LogRange}."""
+        status, _, body = self._get(LOGS_PATH)
+        if status != 200:
+            raise ServerUnavailable(f"GET {LOGS_PATH} answered HTTP {status}: {body[:200]!r}")
+        return {e["device"]: LogRange(int(e["start"]), int(e["end"]))
+                for e in json.loads(body)["logs"]}
+
+    def fetch(self, device: str, offset: int, max_records: int, max_bytes: int) -> FetchResult:
+        """Committed records of ``device`` from ``offset``: a fetch response body
+        (``commitlog.fetch`` format) with at most ``max_records`` records."""
+        n = max(1, min(max_records, MAX_RECORDS_PER_REQUEST))
+        return self._records(device, f"offset={offset}&max_records={n}&max_bytes={max_bytes}")
+
+    def offset_for_timestamp(self, device: str, timestamp_us: int) -> int:
+        """First offset whose record timestamp is >= ``timestamp_us`` (the end if none)."""
+        res = self._records(device, f"timestamp_us={timestamp_us}&max_records=1")
+        return res.next_offset - 1 if res.count else res.next_offset
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state["_conn"] = None  # a socket never travels to a worker (see the design notes)
+        return state
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _records(self, device: str, query: str) -> FetchResult:
+        path = f"{LOGS_PATH}/{quote(device, safe='')}/records?{query}"
+        status, headers, body = self._get(path)
+        if status == 200:
+            return FetchResult(body, int(headers["x-meshmq-record-count"]),
+                               int(headers["x-meshmq-next-offset"]),
+                               int(headers["x-meshmq-start"]), int(headers["x-meshmq-end"]))
+        info = _json_or_text(body)
+        if status == 404:
+            raise UnknownDevice(f"device {device!r} has no log on the server")
+        if status == 416 and isinstance(info, dict):
+            raise OffsetOutOfRange(str(info.get("error")), int(info["offset"]),
+                                   int(info["start"]), int(info["end"]))
+        raise ValueError(f"fetch of {device!r} answered HTTP {status}: {info!r}")
+
+    def _get(self, path: str) -> tuple[int, dict[str, str], bytes]:
+        """GET with failover; 5xx and connection errors move on to the next server until every
+        server has failed within one request timeout (then ServerUnavailable)."""
+        deadline = time.monotonic() + self.timeout_s
+        errors: list[str] = []
+        attempt = 0
+        while True:
+            host, port = self.servers[self._current]
+            try:
+                conn = self._conn
+                if conn is None:
+                    left = max(0.5, deadline - time.monotonic())
+                    conn = self._conn = http.client.HTTPConnection(host, port, timeout=left)
+                conn.request("GET", path, headers={"Connection": "keep-alive"})
+                resp = conn.getresponse()
+                body = resp.read()
+                headers = {k.lower(): v for k, v in resp.getheaders()}
+                if resp.status < 500:
+                    if resp.will_close:
+                        self.close()
+                    return resp.status, headers, body
+                errors.append(f"{host}:{port} HTTP {resp.status}")
+            except (OSError, http.client.HTTPException) as exc:
+                errors.append(f"{host}:{port} {exc!r}")
+            self.close()
+            attempt += 1
+            self._current = (self._current + 1) % len(self.servers)
+            if time.monotonic() >= deadline:
+                raise ServerUnavailable(
+                    f"no meshmq server answered GET {path.split('?')[0]} within "
+                    f"{self.timeout_s:g}s: " + "; ".join(errors[-len(self.servers):]))
+            if attempt % len(self.servers) == 0:  # every server failed once: back off a little
+                log.warning("meshmq servers unavailable, retrying: %s", errors[-1])
+                time.sleep(min(1.0, 0.05 * attempt))
+
+
+def _json_or_text(body: bytes) -> object:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body[:200]

@@ -1,0 +1,1 @@
+"""Runnable examples of the Spark connector (see the README's "Spark" section)."""
