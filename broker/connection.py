@@ -102,6 +102,13 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         try:
+            self._received(data)
+        except Exception as exc:  # noqa: BLE001 - never let one client's bytes escape to uvloop
+            # ("Fatal error on transport" and a torn-down socket with no log of which client)
+            self.router.client_failed(self, exc)
+
+    def _received(self, data: bytes) -> None:
+        try:
             packets = self.proto.receive_data(data)
         except ProtocolError as err:
             # Valid packets that arrived ahead of the bad bytes are still handled: a QoS 1

@@ -24,6 +24,7 @@ from broker.catchup import LogCatchUp
 from broker.connection import Connection
 from broker.devicelogs import DeviceLogs, PendingPublish, offset_request, record_message
 from broker.lograte import RateLimitedLog
+from broker.limits import LimitLog, too_many_levels
 from broker.logrules import LogRules
 from broker.message import Delivery, Message, aliased_parts
 from broker.protocol.errors import ProtocolError, UnsupportedProtocolVersion
@@ -117,6 +118,7 @@ class Router:
         self._acl = authenticator if settings.auth.acl_file else None
         self._slow_auth = bool(settings.auth.password_file)
         self.loop = loop or asyncio.get_event_loop()
+        self.limits = LimitLog(stats)
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.trie = SubscriptionTrie()
@@ -263,6 +265,24 @@ class Router:
 
     # -- packet dispatch ----------------------------------------------------------------------
     def handle_packets(self, conn: Connection, packets: list[Packet]) -> None:
+        # One client's packet that raises closes that client only (issue 11): the exception
+        # must not leave through data_received (uvloop then reports a fatal transport error)
+        # or through another client's callback. A try block costs nothing until it raises.
+        try:
+            self._handle_packets(conn, packets)
+        except Exception as exc:  # noqa: BLE001 - isolation boundary, logged with traceback
+            self.client_failed(conn, exc)
+
+    def client_failed(self, conn: Connection | None, exc: BaseException) -> None:
+        """Handling this client's input raised: log it with the client id, close that client."""
+        self.stats.client_errors += 1
+        log.error("closing client: handling its packet raised %s: %s", type(exc).__name__, exc,
+                  exc_info=exc, extra={"client_id": conn.client_id if conn else None,
+                                       "peer": conn.peer if conn else None})
+        if conn is not None and not conn.closing:
+            conn.close(Reason.UNSPECIFIED_ERROR)
+
+    def _handle_packets(self, conn: Connection, packets: list[Packet]) -> None:
         packets_in = self.stats.packets_in
         handlers = self._handlers
         flush_at = 0.0
@@ -345,6 +365,13 @@ class Router:
             self.handle_packets(conn, rest)
 
     def _connect_authenticated(self, conn: Connection, pkt: Connect, fut: asyncio.Future) -> None:
+        try:
+            self._connect_authenticated_(conn, pkt, fut)
+        except Exception as exc:  # noqa: BLE001 - isolation boundary (see handle_packets)
+            self.client_failed(conn, exc)
+
+    def _connect_authenticated_(self, conn: Connection, pkt: Connect,
+                                fut: asyncio.Future) -> None:
         if conn.closing:
             return
         try:
@@ -393,6 +420,13 @@ class Router:
         if will is not None and will.retain and not mqtt.retain_available:
             # [MQTT-3.2.2-13]
             self._refuse(conn, Reason.RETAIN_NOT_SUPPORTED, "retained wills are not available")
+            return
+        if will is not None and too_many_levels(will.topic, mqtt.max_topic_levels):
+            self._topic_too_deep(conn, will.topic)
+            # EMQX's code; 3.1.1 has none closer than 3 "server unavailable" (EMQX maps it so)
+            self._refuse(conn, Reason.TOPIC_NAME_INVALID,
+                         f"will topic has more than max_topic_levels "
+                         f"({mqtt.max_topic_levels}) levels")
             return
         client_id = pkt.client_id
         ack_props: dict[int, Any] = {}
@@ -532,6 +566,9 @@ class Router:
                 self.protocol_error(conn, ProtocolError(Reason.RECEIVE_MAXIMUM_EXCEEDED,
                                                         "receive maximum exceeded"))
                 return
+        if too_many_levels(pkt.topic, mqtt.max_topic_levels):
+            self._refuse_deep_publish(conn, pkt)
+            return
         acl = self._acl
         if acl is not None and not self._allowed(
                 "publish", acl.can_publish(conn.username, conn.client_id, pkt.topic)):
@@ -562,6 +599,29 @@ class Router:
         self.route(msg)
         self._ack_publish(conn, pkt.qos, pkt.packet_id, 0)
 
+    def _topic_too_deep(self, conn: Connection, topic: str) -> None:
+        self.limits.hit("max_topic_levels",
+                        f"topic with {topic.count('/') + 1} levels refused "
+                        f"(max_topic_levels {self.mqtt.max_topic_levels})",
+                        client_id=conn.client_id, peer=conn.peer, topic=topic[:100])
+
+    def _refuse_deep_publish(self, conn: Connection, pkt: Publish) -> None:
+        """A PUBLISH deeper than max_topic_levels: nothing stored, nothing routed.
+
+        v5 QoS 1/2 get PUBACK/PUBREC 0x90 (Topic Name invalid: "not malformed, but not accepted
+        by this Server", and the connection stays usable); QoS 0 has no ack to carry it, so the
+        client is disconnected with 0x90 as EMQX does for every such PUBLISH; 3.1.1 has no
+        negative ack, so the connection is closed (the client learns it was refused).
+        """
+        self._topic_too_deep(conn, pkt.topic)
+        self.stats.dropped(DropReason.TOPIC_LEVELS)
+        why = f"topic has more than max_topic_levels ({self.mqtt.max_topic_levels}) levels"
+        if conn.level == 5 and pkt.qos:
+            self._ack_publish(conn, pkt.qos, pkt.packet_id, Reason.TOPIC_NAME_INVALID,
+                              {Prop.REASON_STRING: why})
+            return
+        self.protocol_error(conn, ProtocolError(Reason.TOPIC_NAME_INVALID, why))
+
     def _append(self, logs: DeviceLogs, key: str, msg: Message, conn: Connection,
                 pkt: Publish, expiry: int | None) -> None:
         """Store, and hold routing and the ack until the batch is durable (see devicelogs)."""
@@ -585,16 +645,22 @@ class Router:
                 conn.unsettled -= 1
                 if not conn.unsettled and conn.pending is not None:
                     settled.append(conn)
-            if exc is not None:
-                self._not_stored(conn, packet_id, msg.qos, exc)
-                continue
-            if msg.retain:
-                self._retain(msg)
-            self.route(msg)
-            if msg.qos and conn is not None and not conn.closing and conn.session is not None:
-                ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.ack_offsets
-                             else None)
-                self._ack_publish(conn, msg.qos, packet_id, 0, ack_props)
+            try:
+                if exc is not None:
+                    self._not_stored(conn, packet_id, msg.qos, exc)
+                    continue
+                if msg.retain:
+                    self._retain(msg)
+                self.route(msg)
+                if msg.qos and conn is not None and not conn.closing \
+                        and conn.session is not None:
+                    ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.ack_offsets
+                                 else None)
+                    self._ack_publish(conn, msg.qos, packet_id, 0, ack_props)
+            except Exception as err:  # noqa: BLE001 - one publish must not abandon the batch
+                # The record is stored; its publisher gets no ack and is closed (it resends
+                # after reconnecting). The rest of the batch is routed and acked as usual.
+                self.client_failed(conn, err)
         for conn in settled:  # their held SUBSCRIBE/UNSUBSCRIBE, now after the acks above
             self._release_held(conn)
         if self._paused_publishers and self.logs is not None \
@@ -955,6 +1021,12 @@ class Router:
                 self.protocol_error(conn, ProtocolError(Reason.PROTOCOL_ERROR,
                                                         "no local on a shared subscription"))
                 return
+            if too_many_levels(real, mqtt.max_topic_levels):
+                self._topic_too_deep(conn, real)
+                reasons.append(f"filter has more than max_topic_levels "
+                               f"({mqtt.max_topic_levels}) levels")
+                codes.append(Reason.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V3)
+                continue
             if group is not None and not mqtt.shared_subscriptions:
                 codes.append(Reason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else SUBACK_FAILURE_V3)
                 continue

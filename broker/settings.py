@@ -68,6 +68,9 @@ class MqttSettings:
     write_buffer_limit: int = 1_048_576
     allow_zero_length_client_id: bool = True
     connect_timeout: float = 10.0  # seconds to wait for CONNECT after accept (and for TLS)
+    # Topic levels a PUBLISH topic, a will topic or a SUBSCRIBE filter may have (EMQX
+    # max_topic_levels 128). Deeper ones are refused with v5 0x90/0x8F (EMQX's codes).
+    max_topic_levels: int = 128
 
 
 @dataclass(frozen=True, slots=True)

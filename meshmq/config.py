@@ -349,6 +349,7 @@ _MQTT_KINDS: dict[str, _Kind] = {
     "max_qos": _Int(0, 2),
     "write_buffer_limit": _Int(1),
     "connect_timeout": _Float(0.0, inclusive=False),
+    "max_topic_levels": _Int(1, _U16),
 }
 
 
