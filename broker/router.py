@@ -440,6 +440,15 @@ class Router:
             if v5:
                 ack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
         conn.client_id = client_id
+        acl = self._acl
+        if will is not None and acl is not None \
+                and not acl.can_publish(pkt.username, client_id, will.topic):
+            # A will is a PUBLISH made on the client's behalf later: authorised now, as Mosquitto
+            # does, so a refused will fails the CONNECT instead of vanishing when it is due.
+            self.stats.auth_failures += 1
+            self._refuse(conn, Reason.NOT_AUTHORIZED,
+                         f"not authorised to publish the will topic {will.topic!r}")
+            return
 
         # Session expiry: v5 property (default 0); 3.1.1 clean session 0 means "keep forever".
         if v5:
@@ -1246,6 +1255,18 @@ class Router:
         expiry_at = time.monotonic() + interval if interval is not None else None
         msg = Message(will.topic, will.payload, will.qos, will.retain,
                       _forwarded_properties(props), expiry_at, None)
+        logs = self.logs
+        if logs is not None:
+            key = logs.rules.key_for(will.topic)
+            if key is not None:
+                # Like any publish on a logged topic: stored first, routed (and retained) by
+                # _on_durable once its batch is durable, so a subscriber never sees a will that
+                # is not in the device log (nobody waits for an ack: no connection).
+                try:
+                    logs.append(key, msg, None, None, interval)
+                except LogWriteError as err:
+                    self._not_stored(None, None, will.qos, err)
+                return
         if will.retain:
             self._retain(msg)
         self.route(msg)
