@@ -21,6 +21,7 @@ from typing import Any
 
 from broker.auth import Authenticator, topic_matches
 from broker.catchup import LogCatchUp
+from broker.clientid import ClientIdPolicy, owner_refusal
 from broker.connection import Connection
 from broker.devicelogs import DeviceLogs, PendingPublish, offset_request, record_message
 from broker.lograte import RateLimitedLog
@@ -117,6 +118,8 @@ class Router:
         self.auth = authenticator
         self._acl = authenticator if settings.auth.acl_file else None
         self._slow_auth = bool(settings.auth.password_file)
+        self.clientids = ClientIdPolicy(settings.auth.clientid_rule,
+                                        settings.auth.clientid_pattern)
         self.loop = loop or asyncio.get_event_loop()
         self.limits = LimitLog(stats)
         self.sessions: dict[str, Session] = {}
@@ -398,6 +401,21 @@ class Router:
             conn.send(Connack(reason_code=v3_connack_code(reason)))
         conn.close()
 
+    def _refuse_clientid(self, conn: Connection, client_id: str, username: str | None) -> bool:
+        """auth.clientid_rule, and with passwords: a session is taken only by its own user."""
+        why = self.clientids.refusal(client_id, username)
+        reason = Reason.CLIENT_IDENTIFIER_NOT_VALID
+        if why is None and self._slow_auth:
+            session = self.sessions.get(client_id)
+            if session is not None:
+                why = owner_refusal(session.username, username)
+                reason = Reason.NOT_AUTHORIZED
+        if why is None:
+            return False
+        self.stats.auth_failures += 1
+        self._refuse(conn, reason, why)
+        return True
+
     def _finish_connect(self, conn: Connection, pkt: Connect, auth_code: int) -> None:
         mqtt = self.mqtt
         v5 = pkt.protocol_level == 5
@@ -430,6 +448,10 @@ class Router:
             return
         client_id = pkt.client_id
         ack_props: dict[int, Any] = {}
+        if not client_id and (named := self.clientids.default_id(pkt.username)):
+            client_id = named
+            if v5:
+                ack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
         if not client_id:
             if not mqtt.allow_zero_length_client_id or (not v5 and not pkt.clean_start):
                 # [MQTT-3.1.3-8]: 3.1.1 empty id with clean session 0 → return code 2
@@ -440,6 +462,8 @@ class Router:
             if v5:
                 ack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
         conn.client_id = client_id
+        if self._refuse_clientid(conn, client_id, pkt.username):
+            return
         acl = self._acl
         if will is not None and acl is not None \
                 and not acl.can_publish(pkt.username, client_id, will.topic):

@@ -78,6 +78,9 @@ class AuthSettings:
     allow_anonymous: bool = True
     password_file: str | None = None
     acl_file: str | None = None
+    # Which client ids a user may take (see broker/clientid.py): "any", "username", "pattern".
+    clientid_rule: str = "any"
+    clientid_pattern: str = "%u"  # for "pattern": %u = the username, * = any characters
 
 
 @dataclass(frozen=True, slots=True)

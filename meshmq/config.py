@@ -39,6 +39,7 @@ from enum import Enum
 from typing import Any
 
 from broker.auth import AuthFileError, load_acl, load_passwords
+from broker.clientid import USERNAME_TOKEN, ClientIdRule
 from broker.logrules import DEFAULT_RULES, LogRule, validate_rule
 from broker.settings import AuthSettings, BrokerSettings, ListenerSettings, MqttSettings
 from commitlog.settings import LogSettings
@@ -332,6 +333,11 @@ def _check_ws_path(s: str) -> None:
         raise ValueError("must start with / and contain no spaces")
 
 
+def _check_clientid_pattern(s: str) -> None:
+    if USERNAME_TOKEN not in s:
+        raise ValueError('must contain "%u" (the username), or the id is bound to nobody')
+
+
 _BIND_OPT = "host:port, [ipv6]:port, or \"\" to disable"
 
 # Known ranges for MqttSettings fields. A field missing here still works: ints default to >= 0,
@@ -447,6 +453,8 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "allow_anonymous": (_Bool(), True),
         "password_file": (_Str("a file path or \"\""), ""),
         "acl_file": (_Str("a file path or \"\""), ""),
+        "clientid_rule": (_Choice([r.value for r in ClientIdRule]), "any"),
+        "clientid_pattern": (_Str('a pattern containing "%u"', _check_clientid_pattern), "%u"),
     },
     ("log",): {
         "level": (_Choice(LOG_LEVELS), "info"),
@@ -702,6 +710,8 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
             allow_anonymous=get("auth", "allow_anonymous"),
             password_file=password_file or None,
             acl_file=acl_file or None,
+            clientid_rule=get("auth", "clientid_rule"),
+            clientid_pattern=get("auth", "clientid_pattern"),
         ),
     )
     return NodeConfig(
