@@ -37,10 +37,14 @@ class Connection(asyncio.Protocol):
         self.router = router
         self.listener = listener
         self.stats = stats
-        self.proto = ServerProtocol(settings.max_packet_size, settings.topic_alias_maximum)
+        self.proto = ServerProtocol(settings.max_packet_size, settings.topic_alias_maximum,
+                                    settings.max_connect_packet_size)
         self.write_limit = settings.write_buffer_limit
         self.transport: asyncio.BaseTransport | Any = None
         self.peer = "?"
+        self.peer_host = "?"  # the address alone: failed-login lockout is per address
+        # when the unfinished packet the parser holds was started (mqtt.packet_timeout), or None
+        self.partial_since: float | None = None
         self.session: Session | None = None
         self.client_id: str | None = None
         self.username: str | None = None
@@ -77,6 +81,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.peer = f"{peer[0]}:{peer[1]}"
+            self.peer_host = str(peer[0])
         set_limits = getattr(transport, "set_write_buffer_limits", None)
         if set_limits is not None:
             set_limits(high=self.write_limit)
@@ -117,6 +122,13 @@ class Connection(asyncio.Protocol):
                 self.router.handle_packets(self, err.packets)
             self.router.protocol_error(self, err)
             return
+        if self.proto.buffered:
+            # a packet is unfinished: its deadline runs from the read that started it (a read
+            # that completed packets started a new one; a read that did not continues it)
+            if packets or self.partial_since is None:
+                self.partial_since = self.last_rx
+        else:
+            self.partial_since = None
         if not packets:
             return
         if self.pending is not None:

@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from broker.stats import BrokerStats
+
+if TYPE_CHECKING:
+    from broker.session import Session
+    from broker.settings import ListenerSettings
 
 log = logging.getLogger("broker.limits")
 
@@ -23,6 +28,13 @@ log = logging.getLogger("broker.limits")
 #: so every series exists at zero (a series that appears only on its first hit breaks alerting).
 LIMIT_NAMES = (
     "max_topic_levels",
+    "max_connections",
+    "listener.max_connections",
+    "max_connect_packet_size",
+    "packet_timeout",
+    "max_offline_sessions",
+    "max_queued_bytes",
+    "max_failures",
 )
 
 _LOG_EVERY_S = 10.0  # at most one log line per limit in this many seconds
@@ -62,3 +74,56 @@ class LimitLog:
         log.warning("limit %s hit: %s%s", limit, message,
                     f" ({suppressed} more hits since the last line)" if suppressed else "",
                     extra={"limit": limit, **extra})
+
+
+def listener_caps(listeners: ListenerSettings) -> dict[str, int]:
+    """Per-listener ``max_connections`` by listener name (0 = no cap of its own)."""
+    return {"tcp": listeners.tcp_max_connections, "tls": listeners.tls_max_connections,
+            "ws": listeners.ws_max_connections}
+
+
+def connection_limit(total: int, max_total: int, listener_current: int,
+                     listener_cap: int) -> str | None:
+    """The limit a new connection would break (its config key), or None.
+
+    ``total`` counts the connections already held; ``listener_current`` includes the new one.
+    Checked at accept, before any byte is read: the cheapest point to say no (Mosquitto and
+    EMQX close the socket there too; there is no CONNECT yet to answer with a CONNACK).
+    """
+    if total >= max_total:
+        return "max_connections"
+    if listener_cap and listener_current > listener_cap:
+        return "listener.max_connections"
+    return None
+
+
+class OfflineSessions:
+    """Sessions whose client is offline, oldest first, bounded by ``mqtt.max_offline_sessions``.
+
+    Each offline session keeps its subscriptions and a queue (bounded by max_queued_messages and
+    max_queued_bytes); without a cap, clients connecting once each with a new client id and
+    clean session 0 grow memory without end. Past the cap the session offline the longest is
+    ended, like an LRU cache: its client is the least likely to come back.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._order: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def went_offline(self, session: Session) -> list[Session]:
+        """Track ``session``; return the sessions to end to stay within the cap."""
+        order = self._order
+        order.pop(session.client_id, None)
+        order[session.client_id] = session
+        evicted = []
+        while len(order) > self._cap:
+            evicted.append(order.pop(next(iter(order))))
+        return evicted
+
+    def back(self, session: Session) -> None:
+        """The session's client is back, or the session ended."""
+        if self._order.get(session.client_id) is session:
+            del self._order[session.client_id]

@@ -21,11 +21,18 @@ from typing import Any
 
 from broker.auth import Authenticator, topic_matches
 from broker.catchup import LogCatchUp
+from broker.authgate import THROTTLED, PasswordCheckGate
 from broker.clientid import ClientIdPolicy, owner_refusal
 from broker.connection import Connection
 from broker.devicelogs import DeviceLogs, PendingPublish, offset_request, record_message
 from broker.lograte import RateLimitedLog
-from broker.limits import LimitLog, too_many_levels
+from broker.limits import (
+    LimitLog,
+    OfflineSessions,
+    connection_limit,
+    listener_caps,
+    too_many_levels,
+)
 from broker.logrules import LogRules
 from broker.message import Delivery, Message, aliased_parts
 from broker.protocol.errors import ProtocolError, UnsupportedProtocolVersion
@@ -51,7 +58,7 @@ from broker.protocol.properties import Prop
 from broker.protocol.reasons import SUBACK_FAILURE_V3, Reason, v3_connack_code
 from broker.protocol.topics import has_wildcards, is_valid_topic_filter, parse_shared
 from broker.retained import RetainedStore
-from broker.session import NEVER, Session, Subscription
+from broker.session import NEVER, Session, Subscription, delivery_bytes
 from broker.settings import BrokerSettings, QueueFullPolicy
 from broker.stats import BrokerStats, DropReason
 from broker.trie import SharedGroup, SubscriptionTrie
@@ -122,6 +129,15 @@ class Router:
                                         settings.auth.clientid_pattern)
         self.loop = loop or asyncio.get_event_loop()
         self.limits = LimitLog(stats)
+        self._gate: PasswordCheckGate | None = None
+        if authenticator is not None and self._slow_auth:
+            a = settings.auth
+            self._gate = PasswordCheckGate(self.loop, authenticator.authenticate,
+                                           max_concurrent=a.max_concurrent_checks,
+                                           max_failures=a.max_failures,
+                                           failure_window=a.failure_window)
+        self._listener_caps = listener_caps(settings.listeners)
+        self._offline = OfflineSessions(settings.mqtt.max_offline_sessions)
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.trie = SubscriptionTrie()
@@ -169,6 +185,8 @@ class Router:
         self.accepting = False
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
+        if self._gate is not None:
+            self._gate.close()
         for conn in list(self.connections):
             conn.close(Reason.SERVER_SHUTTING_DOWN)
         deadline = time.monotonic() + timeout
@@ -187,6 +205,7 @@ class Router:
             "inflight_messages": sum(len(s.inflight) for s in self.sessions.values()),
             "retained_bytes": self.retained.payload_bytes(),
             **self._lag_gauges(),
+            "offline_sessions": len(self._offline),
         }
 
     def _lag_gauges(self) -> dict[str, int]:
@@ -201,6 +220,15 @@ class Router:
         if not self.accepting:
             conn.abort()
             return
+        lst = conn.listener
+        over = connection_limit(len(self.connections), self.mqtt.max_connections,
+                                lst.connections_current, self._listener_caps.get(lst.name, 0))
+        if over is not None:
+            self.limits.hit(over, f"connection from {conn.peer} closed at accept on listener "
+                            f"{lst.name} ({len(self.connections)} held)", peer=conn.peer)
+            lst.rejected += 1
+            conn.abort()
+            return
         self.connections.add(conn)
 
     def protocol_error(self, conn: Connection, err: ProtocolError) -> None:
@@ -212,6 +240,9 @@ class Router:
         )
         if conn.session is None:
             conn.listener.rejected += 1
+            if err.reason_code == Reason.PACKET_TOO_LARGE and conn.proto.protocol_level is None:
+                self.limits.hit("max_connect_packet_size", f"first packet refused: {err.message}",
+                                peer=conn.peer)
             if isinstance(err, UnsupportedProtocolVersion):
                 # [MQTT-3.1.2-2]: answer CONNACK 0x01 (0x84 for v5 framing), then close.
                 conn.write(err.connack)
@@ -353,35 +384,33 @@ class Router:
         if not self.accepting:
             self._refuse(conn, Reason.SERVER_UNAVAILABLE, "server is shutting down")
             return
-        if self.auth is not None and self._slow_auth and pkt.password is not None:
-            # scrypt is deliberately slow (~50 ms): keep it off the event loop.
+        gate = self._gate
+        if gate is not None and pkt.password is not None:
+            # scrypt is deliberately slow (~50 ms): off the event loop, through the gate that
+            # bounds concurrency and locks out repeated failures (broker/authgate.py).
             conn.pending = list(rest)
             conn.transport.pause_reading()
-            fut = self.loop.run_in_executor(
-                None, self.auth.authenticate, pkt.username, pkt.password
-            )
-            fut.add_done_callback(lambda f: self._connect_authenticated(conn, pkt, f))
+            code = gate.submit(conn.peer_host, pkt.username, pkt.password,
+                               lambda c: self._connect_authenticated(conn, pkt, c),
+                               lambda: not conn.closing)
+            if code is not None:  # locked out: refused without a password check
+                conn.pending = None
+                self._finish_connect(conn, pkt, code)
             return
         code = self.auth.authenticate(pkt.username, pkt.password) if self.auth else 0
         self._finish_connect(conn, pkt, code)
         if rest and conn.session is not None:
             self.handle_packets(conn, rest)
 
-    def _connect_authenticated(self, conn: Connection, pkt: Connect, fut: asyncio.Future) -> None:
+    def _connect_authenticated(self, conn: Connection, pkt: Connect, code: int) -> None:
         try:
-            self._connect_authenticated_(conn, pkt, fut)
+            self._connect_authenticated_(conn, pkt, code)
         except Exception as exc:  # noqa: BLE001 - isolation boundary (see handle_packets)
             self.client_failed(conn, exc)
 
-    def _connect_authenticated_(self, conn: Connection, pkt: Connect,
-                                fut: asyncio.Future) -> None:
+    def _connect_authenticated_(self, conn: Connection, pkt: Connect, code: int) -> None:
         if conn.closing:
             return
-        try:
-            code = fut.result()
-        except Exception:  # noqa: BLE001 - an auth backend failure must refuse, not crash
-            log.exception("authentication failed with an error", extra={"peer": conn.peer})
-            code = Reason.SERVER_UNAVAILABLE
         pending, conn.pending = conn.pending or [], None
         self._finish_connect(conn, pkt, code)
         if conn.session is not None and not conn.closing:
@@ -422,8 +451,16 @@ class Router:
         props = pkt.properties or {}
         if auth_code:
             self.stats.auth_failures += 1
-            self._refuse(conn, auth_code, "not authorised" if auth_code == Reason.NOT_AUTHORIZED
-                         else "bad user name or password")
+            if auth_code == THROTTLED:
+                self.limits.hit("max_failures", "login refused without a password check: too "
+                                "many failed logins from this address or for this user name",
+                                peer=conn.peer, username=pkt.username)
+                why = "too many failed logins; retry later"
+            elif auth_code == Reason.NOT_AUTHORIZED:
+                why = "not authorised"
+            else:
+                why = "bad user name or password"
+            self._refuse(conn, auth_code, why)
             return
         if Prop.AUTHENTICATION_METHOD in props:
             self._refuse(conn, Reason.BAD_AUTHENTICATION_METHOD,
@@ -540,6 +577,7 @@ class Router:
         if self._connected > self.stats.clients_connected_max:
             self.stats.clients_connected_max = self._connected
         conn.ack_offsets = v5 and _wants_ack_offsets(props, mqtt.ack_offsets)
+        self._offline.back(session)
 
         if v5:
             ack_props[Prop.RECEIVE_MAXIMUM] = mqtt.receive_maximum
@@ -700,6 +738,7 @@ class Router:
                 and self.logs.held <= _HELD_LIMIT // 2:
             for paused in self._paused_publishers:
                 if not paused.closing:
+                    paused.partial_since = None  # packet_timeout counts from the resume
                     paused.transport.resume_reading()
             self._paused_publishers.clear()
 
@@ -884,11 +923,23 @@ class Router:
 
     def _enqueue(self, session: Session, delivery: Delivery) -> None:
         queue = session.queue
-        if len(queue) >= self.mqtt.max_queued_messages:
-            policy = self.mqtt.queue_full_policy
+        mqtt = self.mqtt
+        size = delivery_bytes(delivery)
+        over_bytes = queue.nbytes + size > mqtt.max_queued_bytes
+        if len(queue) >= mqtt.max_queued_messages or over_bytes:
+            policy = mqtt.queue_full_policy
             self.stats.dropped(DropReason.QUEUE_FULL)
+            if over_bytes:
+                self.limits.hit("max_queued_bytes", f"session queue holds {queue.nbytes} bytes; "
+                                f"{policy.value} (max_queued_bytes {mqtt.max_queued_bytes})",
+                                client_id=session.client_id)
             if policy is QueueFullPolicy.DROP_OLDEST:
+                if size > mqtt.max_queued_bytes:
+                    return  # larger than the whole bound: only the new one can go
                 queue.popleft()
+                while queue and queue.nbytes + size > mqtt.max_queued_bytes:
+                    queue.popleft()
+                    self.stats.dropped(DropReason.QUEUE_FULL)
             elif policy is QueueFullPolicy.DROP_NEW:
                 return
             else:
@@ -1228,6 +1279,12 @@ class Router:
         if session.expiry_interval == 0:
             self._end_session(session)
             return
+        for old in self._offline.went_offline(session):
+            self.limits.hit("max_offline_sessions", "ended the session offline the longest",
+                            client_id=old.client_id)
+            self._end_session(old)
+        if session.conn is not None or self.sessions.get(session.client_id) is not session:
+            return  # ended just now (max_offline_sessions = 0)
         # a shared subscriber going offline: its unacked shares go to members still online
         self._redispatch_shared(session)
         if session.expiry_interval != NEVER:
@@ -1238,6 +1295,7 @@ class Router:
         self._replaying.discard(session)
         if self.catchup is not None:
             self.catchup.forget(session)
+        self._offline.back(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         for sub in session.subscriptions.values():
@@ -1299,6 +1357,7 @@ class Router:
         """Keepalive, connect timeout, delayed wills and session expiry, twice a second."""
         now = time.monotonic()
         connect_timeout = self.mqtt.connect_timeout
+        packet_timeout = self.mqtt.packet_timeout
         for conn in list(self.connections):
             if conn.closing:
                 continue
@@ -1312,6 +1371,12 @@ class Router:
                 # [MQTT-3.1.2-24]: 1.5 × keepalive without a packet → disconnect (will is sent)
                 conn.close_reason = f"keepalive timeout (nothing for 1.5 x {conn.keepalive} s)"
                 conn.close(Reason.KEEP_ALIVE_TIMEOUT)
+            elif conn.partial_since is not None and now - conn.partial_since > packet_timeout \
+                    and conn not in self._paused_publishers:
+                self.limits.hit("packet_timeout", f"a packet started {now - conn.partial_since:.0f}"
+                                f" s ago is still unfinished; closing", client_id=conn.client_id,
+                                peer=conn.peer)
+                conn.abort()  # mid-packet: nothing we write could be read as a packet anyway
         self._log_no_connect.tick()
         timers = self._timers
         while timers and timers[0][0] <= now:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from broker.devicelogs import ReplayCursor
@@ -21,6 +22,54 @@ if TYPE_CHECKING:
     from broker.connection import Connection
 
 NEVER = 0xFFFFFFFF  # v5 session expiry interval meaning "does not expire"
+
+
+def delivery_bytes(d: Delivery) -> int:
+    """What a queued delivery costs, for ``mqtt.max_queued_bytes``: its topic and payload."""
+    msg = d.msg
+    return len(msg.topic) + len(msg.payload)
+
+
+class DeliveryQueue(deque):
+    """A session's queue that knows how many bytes it holds (``mqtt.max_queued_bytes``).
+
+    A deque subclass so every way the router adds and removes deliveries keeps the count right
+    without the router doing bookkeeping at each site. The queue is only used while a
+    subscriber's window is full or it is offline, never on the direct delivery path, so the
+    Python-level append/popleft cost lands on the slow-consumer path only.
+    """
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nbytes = 0
+
+    def append(self, d: Delivery) -> None:
+        self.nbytes += delivery_bytes(d)
+        super().append(d)
+
+    def appendleft(self, d: Delivery) -> None:
+        self.nbytes += delivery_bytes(d)
+        super().appendleft(d)
+
+    def extend(self, items: Iterable[Delivery]) -> None:
+        for d in items:
+            self.append(d)
+
+    def popleft(self) -> Delivery:
+        d = super().popleft()
+        self.nbytes -= delivery_bytes(d)
+        return d
+
+    def pop(self) -> Delivery:  # type: ignore[override]
+        d = super().pop()
+        self.nbytes -= delivery_bytes(d)
+        return d
+
+    def clear(self) -> None:
+        super().clear()
+        self.nbytes = 0
 
 
 class Subscription:
@@ -65,7 +114,7 @@ class Session:
         # key: the filter as subscribed (including "$share/g/" prefix) -> Subscription
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight: dict[int, Delivery] = {}  # packet id -> delivery, oldest first
-        self.queue: deque[Delivery] = deque()
+        self.queue: DeliveryQueue = DeliveryQueue()
         self.next_pid = 1
         # PUBLISH QoS 2 received and PUBREL not yet: packet id -> PUBREC sent (False while the
         # message waits for the commit log, so a resend then is not acknowledged early)

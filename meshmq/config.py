@@ -356,6 +356,11 @@ _MQTT_KINDS: dict[str, _Kind] = {
     "write_buffer_limit": _Int(1),
     "connect_timeout": _Float(0.0, inclusive=False),
     "max_topic_levels": _Int(1, _U16),
+    "max_connections": _Int(1),
+    "max_connect_packet_size": _Int(16, MAX_MQTT_PACKET),
+    "packet_timeout": _Float(0.0, inclusive=False),
+    "max_offline_sessions": _Int(0),
+    "max_queued_bytes": _Int(1),
 }
 
 
@@ -434,16 +439,19 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
     },
     ("listener", "tcp"): {
         "bind": (_Str(_BIND_OPT, _check_bind_or_empty), "0.0.0.0:1883"),
+        "max_connections": (_Int(0), 0),
     },
     ("listener", "tls"): {
         "bind": (_Str(_BIND_OPT, _check_bind_or_empty), ""),
         "certfile": (_Str("a file path or \"\""), ""),
         "keyfile": (_Str("a file path or \"\""), ""),
         "cafile": (_Str("a file path or \"\""), ""),
+        "max_connections": (_Int(0), 0),
     },
     ("listener", "ws"): {
         "bind": (_Str(_BIND_OPT, _check_bind_or_empty), ""),
         "path": (_Str("a URL path", _check_ws_path), "/mqtt"),
+        "max_connections": (_Int(0), 0),
     },
     ("admin",): {
         "bind": (_Str("host:port or [ipv6]:port", _check_bind), "127.0.0.1:9883"),
@@ -455,6 +463,9 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "acl_file": (_Str("a file path or \"\""), ""),
         "clientid_rule": (_Choice([r.value for r in ClientIdRule]), "any"),
         "clientid_pattern": (_Str('a pattern containing "%u"', _check_clientid_pattern), "%u"),
+        "max_concurrent_checks": (_Int(1, 1024), 2),
+        "max_failures": (_Int(1), 15),
+        "failure_window": (_Float(0.0, inclusive=False), 60.0),
     },
     ("log",): {
         "level": (_Choice(LOG_LEVELS), "info"),
@@ -704,6 +715,9 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
             tls_cafile=get("listener", "tls", "cafile") or None,
             ws_bind=get("listener", "ws", "bind") or None,
             ws_path=get("listener", "ws", "path"),
+            tcp_max_connections=get("listener", "tcp", "max_connections"),
+            tls_max_connections=get("listener", "tls", "max_connections"),
+            ws_max_connections=get("listener", "ws", "max_connections"),
         ),
         mqtt=MqttSettings(**{key: values[("mqtt", key)] for key in _SCHEMA[("mqtt",)]}),
         auth=AuthSettings(
@@ -712,6 +726,9 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
             acl_file=acl_file or None,
             clientid_rule=get("auth", "clientid_rule"),
             clientid_pattern=get("auth", "clientid_pattern"),
+            max_concurrent_checks=get("auth", "max_concurrent_checks"),
+            max_failures=get("auth", "max_failures"),
+            failure_window=get("auth", "failure_window"),
         ),
     )
     return NodeConfig(

@@ -72,6 +72,8 @@ _ROUTER_GAUGES = (
     ("lag_messages", "meshmq_lag_messages",
      "Logged messages lagging sessions have still to receive, summed over sessions and devices "
      "(per session: GET /api/v1/lag)."),
+    ("offline_sessions", "meshmq_sessions_offline",
+     "Sessions kept for offline clients (bounded by mqtt.max_offline_sessions)."),
 )
 
 
