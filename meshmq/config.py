@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import ssl
 import tomllib
 import typing
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ from broker.clientid import USERNAME_TOKEN, ClientIdRule
 from broker.logrules import DEFAULT_RULES, LogRule, validate_rule
 from broker.settings import AuthSettings, BrokerSettings, ListenerSettings, MqttSettings
 from commitlog.settings import LogSettings
+from meshmq.admin_auth import TokenFileError, load_tokens
 
 __all__ = ["ConfigError", "NodeConfig", "CommitLogConfig", "ENV_PREFIX", "LOG_LEVELS",
            "LOG_FORMATS", "load_config", "parse_bind"]
@@ -104,6 +106,9 @@ class NodeConfig:
     data_dir: str = DEFAULT_DATA_DIR
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     admin_bind: str = "127.0.0.1:9883"
+    admin_token_file: str | None = None  # bearer tokens for the admin API (admin_auth.py)
+    admin_certfile: str | None = None  # with admin_keyfile: the admin server speaks HTTPS
+    admin_keyfile: str | None = None
     log_level: str = "info"
     log_format: str = "text"
     commitlog: CommitLogConfig = field(default_factory=CommitLogConfig)
@@ -455,6 +460,9 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
     },
     ("admin",): {
         "bind": (_Str("host:port or [ipv6]:port", _check_bind), "127.0.0.1:9883"),
+        "token_file": (_Str("a file path or \"\""), ""),
+        "certfile": (_Str("a file path or \"\""), ""),
+        "keyfile": (_Str("a file path or \"\""), ""),
     },
     ("mqtt",): _mqtt_schema(),
     ("auth",): {
@@ -701,6 +709,8 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
                           "set auth.password_file or allow_anonymous = true",
                           src("auth", "allow_anonymous"))
 
+    _check_admin_files(get, src)
+
     commitlog = _build_commitlog(values, sources, get("node", "data_dir"),
                                  DEFAULT_RULES if rules is None else rules)
 
@@ -736,10 +746,37 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
         data_dir=get("node", "data_dir"),
         broker=broker,
         admin_bind=get("admin", "bind"),
+        admin_token_file=get("admin", "token_file") or None,
+        admin_certfile=get("admin", "certfile") or None,
+        admin_keyfile=get("admin", "keyfile") or None,
         log_level=get("log", "level"),
         log_format=get("log", "format"),
         commitlog=commitlog,
     )
+
+
+def _check_admin_files(get: Callable[..., Any], src: Callable[..., str | None]) -> None:
+    """admin.token_file parses; admin.certfile and admin.keyfile come together and load."""
+    token_file = get("admin", "token_file")
+    if token_file:
+        _readable_file("admin.token_file", token_file, src("admin", "token_file"))
+        try:
+            load_tokens(token_file)
+        except TokenFileError as exc:
+            raise ConfigError("admin.token_file", str(exc), src("admin", "token_file")) from None
+    cert, key = get("admin", "certfile"), get("admin", "keyfile")
+    if bool(cert) != bool(key):
+        missing = "admin.keyfile" if cert else "admin.certfile"
+        raise ConfigError(missing, "admin.certfile and admin.keyfile go together (HTTPS needs "
+                          "both)", src(*missing.split(".")))
+    if cert:
+        for k in ("certfile", "keyfile"):
+            _readable_file(f"admin.{k}", get("admin", k), src("admin", k))
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError("admin.certfile", f"cannot load the certificate and key: {exc}",
+                              src("admin", "certfile")) from None
 
 
 def _build_commitlog(values: Mapping[tuple[str, ...], object],

@@ -67,7 +67,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
@@ -97,6 +97,19 @@ READ_SLICE_BYTES = 256 * 1024
 
 _PARAMS = ("offset", "timestamp_us", "max_records", "max_bytes")
 _STORE_KEY = web.AppKey("meshmq_log_store", LogStore)
+# Whether the request's reader may read a device's log (meshmq/admin_auth.py: the MQTT read ACL);
+# absent when the admin server has no authentication.
+ReadCheck = Callable[[web.Request, str], bool]
+_READ_CHECK_KEY = web.AppKey("meshmq_read_check", ReadCheck)
+
+
+def _may_read(request: web.Request, device: str) -> bool:
+    check = request.app.get(_READ_CHECK_KEY)
+    return check is None or check(request, device)
+
+
+def _denied(device: str) -> web.Response:
+    return _json(403, {"error": f"not authorised to read the log of {device!r}"})
 
 
 class _HttpError(Exception):
@@ -147,6 +160,8 @@ async def _list_logs(request: web.Request) -> web.Response:
     store = request.app[_STORE_KEY]
     logs = []
     for device in sorted(store.keys()):
+        if not _may_read(request, device):
+            continue  # listed only to readers who may read it
         rng = _committed_range(store, device)
         if rng is not None:
             logs.append({"device": device, "start": rng[0], "end": rng[1]})
@@ -156,6 +171,8 @@ async def _list_logs(request: web.Request) -> web.Response:
 async def _log_info(request: web.Request) -> web.Response:
     store = request.app[_STORE_KEY]
     device = request.match_info["device"]
+    if not _may_read(request, device):
+        return _denied(device)
     rng = _committed_range(store, device)
     if rng is None:
         return _json(404, _unknown(device).body)
@@ -165,6 +182,8 @@ async def _log_info(request: web.Request) -> web.Response:
 async def _records(request: web.Request) -> web.Response:
     store = request.app[_STORE_KEY]
     device = request.match_info["device"]
+    if not _may_read(request, device):
+        return _denied(device)
     try:
         return await _serve_records(store, device, request.query)
     except _HttpError as err:
@@ -256,10 +275,15 @@ async def _read_sliced(store: LogStore, device: str, offset: int, max_records: i
     return out
 
 
-def register_fetch_routes(app: web.Application, store: LogStore) -> None:
+def register_fetch_routes(app: web.Application, store: LogStore,
+                          may_read: ReadCheck | None = None) -> None:
     """Add the ``/api/v1/logs`` routes serving ``store`` to ``app`` (before it starts, e.g.
-    ``register_fetch_routes(admin_server.app, store)``). See the module docstring."""
+    ``register_fetch_routes(admin_server.app, store)``). See the module docstring.
+    ``may_read(request, device)``, when given, hides (list) or refuses with 403 (per device)
+    the logs the request's reader may not read."""
     app[_STORE_KEY] = store
+    if may_read is not None:
+        app[_READ_CHECK_KEY] = may_read
     app.router.add_get(LOGS_PATH, _list_logs)
     app.router.add_get(LOGS_PATH + "/{device}", _log_info)
     app.router.add_get(LOGS_PATH + "/{device}/records", _records)
