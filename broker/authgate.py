@@ -33,10 +33,19 @@ log = logging.getLogger("broker.authgate")
 
 #: v5 CONNACK 0x9F Connection rate exceeded: the answer to a locked-out address or username.
 THROTTLED = 0x9F
+THROTTLED_WHY = ("login refused without a password check: too many failed logins from this "
+                 "address or for this user name (auth.max_failures)")
 _FAILED = (0x86, 0x87)  # bad user name or password, not authorised
 _MAX_KEYS = 100_000  # addresses + usernames with recent failures remembered (oldest forgotten)
 
 Done = Callable[[int], None]
+
+
+def refusal_text(code: int) -> str:
+    """The CONNACK reason string for a refused login."""
+    if code == THROTTLED:
+        return "too many failed logins; retry later"
+    return "not authorised" if code == 0x87 else "bad user name or password"
 
 
 class PasswordCheckGate:

@@ -23,7 +23,12 @@ itself may be fine; what is refused is this user's access to someone else's sess
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from enum import StrEnum
+from typing import Any
+
+CLIENT_IDENTIFIER_NOT_VALID = 0x85
+NOT_AUTHORIZED = 0x87
 
 
 class ClientIdRule(StrEnum):
@@ -72,8 +77,18 @@ class ClientIdPolicy:
                 f"(auth.clientid_pattern)")
 
 
-def owner_refusal(owner: str | None, username: str | None) -> str | None:
-    """Why ``username`` may not take over or resume a session owned by ``owner``, or None."""
-    if owner == username:
+    def connect_refusal(self, client_id: str, username: str | None,
+                        sessions: Mapping[str, Any], owners: bool) -> tuple[int, str] | None:
+        """(CONNACK reason, reason string) refusing this CONNECT, or None.
+
+        The rule first (0x85); then, when ``owners`` (passwords are checked, so usernames mean
+        something), an existing session, live or offline, taken only by its own user (0x87).
+        """
+        why = self.refusal(client_id, username)
+        if why is not None:
+            return CLIENT_IDENTIFIER_NOT_VALID, why
+        if owners:
+            session = sessions.get(client_id)
+            if session is not None and session.username != username:
+                return NOT_AUTHORIZED, "the client id's session belongs to another user"
         return None
-    return "the client id's session belongs to another user"

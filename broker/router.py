@@ -20,9 +20,9 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.auth import Authenticator, topic_matches
+from broker.authgate import THROTTLED, THROTTLED_WHY, PasswordCheckGate, refusal_text
 from broker.catchup import LogCatchUp
-from broker.authgate import THROTTLED, PasswordCheckGate
-from broker.clientid import ClientIdPolicy, owner_refusal
+from broker.clientid import ClientIdPolicy
 from broker.connection import Connection
 from broker.devicelogs import DeviceLogs, PendingPublish, offset_request, record_message
 from broker.lograte import RateLimitedLog
@@ -430,21 +430,6 @@ class Router:
             conn.send(Connack(reason_code=v3_connack_code(reason)))
         conn.close()
 
-    def _refuse_clientid(self, conn: Connection, client_id: str, username: str | None) -> bool:
-        """auth.clientid_rule, and with passwords: a session is taken only by its own user."""
-        why = self.clientids.refusal(client_id, username)
-        reason = Reason.CLIENT_IDENTIFIER_NOT_VALID
-        if why is None and self._slow_auth:
-            session = self.sessions.get(client_id)
-            if session is not None:
-                why = owner_refusal(session.username, username)
-                reason = Reason.NOT_AUTHORIZED
-        if why is None:
-            return False
-        self.stats.auth_failures += 1
-        self._refuse(conn, reason, why)
-        return True
-
     def _finish_connect(self, conn: Connection, pkt: Connect, auth_code: int) -> None:
         mqtt = self.mqtt
         v5 = pkt.protocol_level == 5
@@ -452,15 +437,9 @@ class Router:
         if auth_code:
             self.stats.auth_failures += 1
             if auth_code == THROTTLED:
-                self.limits.hit("max_failures", "login refused without a password check: too "
-                                "many failed logins from this address or for this user name",
-                                peer=conn.peer, username=pkt.username)
-                why = "too many failed logins; retry later"
-            elif auth_code == Reason.NOT_AUTHORIZED:
-                why = "not authorised"
-            else:
-                why = "bad user name or password"
-            self._refuse(conn, auth_code, why)
+                self.limits.hit("max_failures", THROTTLED_WHY, peer=conn.peer,
+                                username=pkt.username)
+            self._refuse(conn, auth_code, refusal_text(auth_code))
             return
         if Prop.AUTHENTICATION_METHOD in props:
             self._refuse(conn, Reason.BAD_AUTHENTICATION_METHOD,
@@ -499,16 +478,18 @@ class Router:
             if v5:
                 ack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
         conn.client_id = client_id
-        if self._refuse_clientid(conn, client_id, pkt.username):
-            return
-        acl = self._acl
-        if will is not None and acl is not None \
-                and not acl.can_publish(pkt.username, client_id, will.topic):
+        # auth.clientid_rule; with passwords, a session is taken only by its own user (clientid.py)
+        refused = self.clientids.connect_refusal(client_id, pkt.username, self.sessions,
+                                                 self._slow_auth)
+        if refused is None and will is not None and self._acl is not None \
+                and not self._acl.can_publish(pkt.username, client_id, will.topic):
             # A will is a PUBLISH made on the client's behalf later: authorised now, as Mosquitto
             # does, so a refused will fails the CONNECT instead of vanishing when it is due.
+            refused = (Reason.NOT_AUTHORIZED, f"not authorised to publish the will topic "
+                                              f"{will.topic!r}")
+        if refused is not None:
             self.stats.auth_failures += 1
-            self._refuse(conn, Reason.NOT_AUTHORIZED,
-                         f"not authorised to publish the will topic {will.topic!r}")
+            self._refuse(conn, *refused)
             return
 
         # Session expiry: v5 property (default 0); 3.1.1 clean session 0 means "keep forever".

@@ -49,6 +49,8 @@ def mutated_streams(draw: st.DrawFn, level: int) -> tuple[bytes, list[int]]:
     rest = draw(st.lists(packets(level), max_size=5))
     stream = bytearray(encode(first, level) + b"".join(encode(p, level) for p in rest))
     for _ in range(draw(st.integers(0, 6))):
+        if not stream:
+            break
         i = draw(st.integers(0, len(stream) - 1))
         op = draw(st.sampled_from(["set", "insert", "delete", "truncate", "length"]))
         if op == "set":
