@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 from broker.stats import BrokerStats
 
 if TYPE_CHECKING:
+    from broker.connection import Connection
     from broker.session import Session
-    from broker.settings import ListenerSettings
+    from broker.settings import BrokerSettings, ListenerSettings
 
 log = logging.getLogger("broker.limits")
 
@@ -127,3 +128,59 @@ class OfflineSessions:
         """The session's client is back, or the session ended."""
         if self._order.get(session.client_id) is session:
             del self._order[session.client_id]
+
+
+class RouterLimits(LimitLog):
+    """The router's limit checks, each one call from the router (which stays a router).
+
+    Deep topics (``mqtt.max_topic_levels``) are refused by the router itself with the codes
+    of ``Router._refuse_deep_publish``: v5 QoS 1/2 PUBACK/PUBREC 0x90 (Topic Name invalid, "not
+    malformed, but not accepted by this Server"; the connection stays usable), v5 QoS 0
+    DISCONNECT 0x90 (no ack can carry it; EMQX disconnects with 0x90 for every such PUBLISH),
+    3.1.1 a closed connection (no negative ack exists); wills CONNACK 0x90 (3.1.1: 3, EMQX's
+    mapping); SUBSCRIBE per-filter 0x8F (3.1.1: 0x80).
+    """
+
+    def __init__(self, stats: BrokerStats, settings: BrokerSettings) -> None:
+        super().__init__(stats)
+        self.mqtt = settings.mqtt
+        self._caps = listener_caps(settings.listeners)
+        self.offline = OfflineSessions(settings.mqtt.max_offline_sessions)
+
+    def admit(self, conn: Connection, held: int) -> bool:
+        """mqtt.max_connections / listener.*.max_connections at accept; False = aborted."""
+        lst = conn.listener
+        over = connection_limit(held, self.mqtt.max_connections, lst.connections_current,
+                                self._caps.get(lst.name, 0))
+        if over is None:
+            return True
+        self.hit(over, f"connection from {conn.peer} closed at accept on listener {lst.name} "
+                 f"({held} held)", peer=conn.peer)
+        lst.rejected += 1
+        conn.abort()
+        return False
+
+    def deep_topic(self, conn: Connection, topic: str) -> str:
+        """Count and log a topic over max_topic_levels; returns the reason string."""
+        limit = self.mqtt.max_topic_levels
+        self.hit("max_topic_levels", f"topic with {topic.count('/') + 1} levels refused "
+                 f"(max_topic_levels {limit})", client_id=conn.client_id, peer=conn.peer,
+                 topic=topic[:100])
+        return f"topic has more than max_topic_levels ({limit}) levels"
+
+    def went_offline(self, session: Session) -> list[Session]:
+        """Track an offline session; the sessions max_offline_sessions says to end."""
+        evicted = self.offline.went_offline(session)
+        for old in evicted:
+            self.hit("max_offline_sessions", "ended the session offline the longest",
+                     client_id=old.client_id)
+        return evicted
+
+    def packet_overdue(self, conn: Connection, now: float) -> bool:
+        """mqtt.packet_timeout: True (counted, logged) when conn's unfinished packet is late."""
+        since = conn.partial_since
+        if since is None or now - since <= self.mqtt.packet_timeout:
+            return False
+        self.hit("packet_timeout", f"a packet started {now - since:.0f} s ago is still "
+                 f"unfinished; closing", client_id=conn.client_id, peer=conn.peer)
+        return True

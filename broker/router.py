@@ -25,14 +25,8 @@ from broker.catchup import LogCatchUp
 from broker.clientid import ClientIdPolicy
 from broker.connection import Connection
 from broker.devicelogs import DeviceLogs, PendingPublish, offset_request, record_message
+from broker.limits import RouterLimits, too_many_levels
 from broker.lograte import RateLimitedLog
-from broker.limits import (
-    LimitLog,
-    OfflineSessions,
-    connection_limit,
-    listener_caps,
-    too_many_levels,
-)
 from broker.logrules import LogRules
 from broker.message import Delivery, Message, aliased_parts
 from broker.protocol.errors import ProtocolError, UnsupportedProtocolVersion
@@ -128,7 +122,7 @@ class Router:
         self.clientids = ClientIdPolicy(settings.auth.clientid_rule,
                                         settings.auth.clientid_pattern)
         self.loop = loop or asyncio.get_event_loop()
-        self.limits = LimitLog(stats)
+        self.limits = RouterLimits(stats, settings)
         self._gate: PasswordCheckGate | None = None
         if authenticator is not None and self._slow_auth:
             a = settings.auth
@@ -136,8 +130,6 @@ class Router:
                                            max_concurrent=a.max_concurrent_checks,
                                            max_failures=a.max_failures,
                                            failure_window=a.failure_window)
-        self._listener_caps = listener_caps(settings.listeners)
-        self._offline = OfflineSessions(settings.mqtt.max_offline_sessions)
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.trie = SubscriptionTrie()
@@ -205,7 +197,7 @@ class Router:
             "inflight_messages": sum(len(s.inflight) for s in self.sessions.values()),
             "retained_bytes": self.retained.payload_bytes(),
             **self._lag_gauges(),
-            "offline_sessions": len(self._offline),
+            "offline_sessions": len(self.limits.offline),
         }
 
     def _lag_gauges(self) -> dict[str, int]:
@@ -220,16 +212,8 @@ class Router:
         if not self.accepting:
             conn.abort()
             return
-        lst = conn.listener
-        over = connection_limit(len(self.connections), self.mqtt.max_connections,
-                                lst.connections_current, self._listener_caps.get(lst.name, 0))
-        if over is not None:
-            self.limits.hit(over, f"connection from {conn.peer} closed at accept on listener "
-                            f"{lst.name} ({len(self.connections)} held)", peer=conn.peer)
-            lst.rejected += 1
-            conn.abort()
-            return
-        self.connections.add(conn)
+        if self.limits.admit(conn, len(self.connections)):
+            self.connections.add(conn)
 
     def protocol_error(self, conn: Connection, err: ProtocolError) -> None:
         self.stats.protocol_errors += 1
@@ -456,11 +440,8 @@ class Router:
             self._refuse(conn, Reason.RETAIN_NOT_SUPPORTED, "retained wills are not available")
             return
         if will is not None and too_many_levels(will.topic, mqtt.max_topic_levels):
-            self._topic_too_deep(conn, will.topic)
-            # EMQX's code; 3.1.1 has none closer than 3 "server unavailable" (EMQX maps it so)
             self._refuse(conn, Reason.TOPIC_NAME_INVALID,
-                         f"will topic has more than max_topic_levels "
-                         f"({mqtt.max_topic_levels}) levels")
+                         "will " + self.limits.deep_topic(conn, will.topic))
             return
         client_id = pkt.client_id
         ack_props: dict[int, Any] = {}
@@ -558,7 +539,7 @@ class Router:
         if self._connected > self.stats.clients_connected_max:
             self.stats.clients_connected_max = self._connected
         conn.ack_offsets = v5 and _wants_ack_offsets(props, mqtt.ack_offsets)
-        self._offline.back(session)
+        self.limits.offline.back(session)
 
         if v5:
             ack_props[Prop.RECEIVE_MAXIMUM] = mqtt.receive_maximum
@@ -651,23 +632,10 @@ class Router:
         self.route(msg)
         self._ack_publish(conn, pkt.qos, pkt.packet_id, 0)
 
-    def _topic_too_deep(self, conn: Connection, topic: str) -> None:
-        self.limits.hit("max_topic_levels",
-                        f"topic with {topic.count('/') + 1} levels refused "
-                        f"(max_topic_levels {self.mqtt.max_topic_levels})",
-                        client_id=conn.client_id, peer=conn.peer, topic=topic[:100])
-
     def _refuse_deep_publish(self, conn: Connection, pkt: Publish) -> None:
-        """A PUBLISH deeper than max_topic_levels: nothing stored, nothing routed.
-
-        v5 QoS 1/2 get PUBACK/PUBREC 0x90 (Topic Name invalid: "not malformed, but not accepted
-        by this Server", and the connection stays usable); QoS 0 has no ack to carry it, so the
-        client is disconnected with 0x90 as EMQX does for every such PUBLISH; 3.1.1 has no
-        negative ack, so the connection is closed (the client learns it was refused).
-        """
-        self._topic_too_deep(conn, pkt.topic)
+        """Over max_topic_levels: nothing stored or routed (codes: broker/limits.py)."""
+        why = self.limits.deep_topic(conn, pkt.topic)
         self.stats.dropped(DropReason.TOPIC_LEVELS)
-        why = f"topic has more than max_topic_levels ({self.mqtt.max_topic_levels}) levels"
         if conn.level == 5 and pkt.qos:
             self._ack_publish(conn, pkt.qos, pkt.packet_id, Reason.TOPIC_NAME_INVALID,
                               {Prop.REASON_STRING: why})
@@ -1087,9 +1055,7 @@ class Router:
                                                         "no local on a shared subscription"))
                 return
             if too_many_levels(real, mqtt.max_topic_levels):
-                self._topic_too_deep(conn, real)
-                reasons.append(f"filter has more than max_topic_levels "
-                               f"({mqtt.max_topic_levels}) levels")
+                reasons.append("filter: " + self.limits.deep_topic(conn, real))
                 codes.append(Reason.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V3)
                 continue
             if group is not None and not mqtt.shared_subscriptions:
@@ -1260,9 +1226,7 @@ class Router:
         if session.expiry_interval == 0:
             self._end_session(session)
             return
-        for old in self._offline.went_offline(session):
-            self.limits.hit("max_offline_sessions", "ended the session offline the longest",
-                            client_id=old.client_id)
+        for old in self.limits.went_offline(session):
             self._end_session(old)
         if session.conn is not None or self.sessions.get(session.client_id) is not session:
             return  # ended just now (max_offline_sessions = 0)
@@ -1276,7 +1240,7 @@ class Router:
         self._replaying.discard(session)
         if self.catchup is not None:
             self.catchup.forget(session)
-        self._offline.back(session)
+        self.limits.offline.back(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         for sub in session.subscriptions.values():
@@ -1338,7 +1302,6 @@ class Router:
         """Keepalive, connect timeout, delayed wills and session expiry, twice a second."""
         now = time.monotonic()
         connect_timeout = self.mqtt.connect_timeout
-        packet_timeout = self.mqtt.packet_timeout
         for conn in list(self.connections):
             if conn.closing:
                 continue
@@ -1352,11 +1315,7 @@ class Router:
                 # [MQTT-3.1.2-24]: 1.5 × keepalive without a packet → disconnect (will is sent)
                 conn.close_reason = f"keepalive timeout (nothing for 1.5 x {conn.keepalive} s)"
                 conn.close(Reason.KEEP_ALIVE_TIMEOUT)
-            elif conn.partial_since is not None and now - conn.partial_since > packet_timeout \
-                    and conn not in self._paused_publishers:
-                self.limits.hit("packet_timeout", f"a packet started {now - conn.partial_since:.0f}"
-                                f" s ago is still unfinished; closing", client_id=conn.client_id,
-                                peer=conn.peer)
+            elif conn not in self._paused_publishers and self.limits.packet_overdue(conn, now):
                 conn.abort()  # mid-packet: nothing we write could be read as a packet anyway
         self._log_no_connect.tick()
         timers = self._timers
