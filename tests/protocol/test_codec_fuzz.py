@@ -13,8 +13,8 @@ exception but its own ``ProtocolError``; this keeps it that way, at two levels:
   counted no client error (an exception other than a protocol error while handling a packet)
   and logged no traceback.
 
-The CI run is short (100 examples per level in-process, 100 connections). ``TEST_SOAK=1`` runs the long one
-(~25k in-process examples per protocol level and 3,000 connections).
+The CI run is short (100 examples per level in-process, 100 connections). ``TEST_SOAK=1`` runs
+the long one (~25k in-process examples per protocol level and 3,000 connections).
 """
 
 from __future__ import annotations
