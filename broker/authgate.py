@@ -66,6 +66,15 @@ class PasswordCheckGate:
             deque()
         self._failures: dict[str, deque[float]] = {}
 
+    @classmethod
+    def for_logins(cls, loop: asyncio.AbstractEventLoop, authenticator: Any,
+                   settings: Any) -> PasswordCheckGate | None:
+        """The MQTT login gate from ``AuthSettings``; None without a password file."""
+        if authenticator is None or not settings.password_file:
+            return None
+        return cls(loop, authenticator.authenticate, max_concurrent=settings.max_concurrent_checks,
+                   max_failures=settings.max_failures, failure_window=settings.failure_window)
+
     @property
     def waiting(self) -> int:
         return len(self._waiting)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.protocol.connection import ServerProtocol
@@ -110,7 +111,7 @@ class Connection(asyncio.Protocol):
             self._received(data)
         except Exception as exc:  # noqa: BLE001 - never let one client's bytes escape to uvloop
             # ("Fatal error on transport" and a torn-down socket with no log of which client)
-            self.router.client_failed(self, exc)
+            fail_client(self.stats, self, exc)
 
     def _received(self, data: bytes) -> None:
         try:
@@ -202,3 +203,26 @@ class Connection(asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"<Connection {self.client_id!r} {self.peer}>"
+
+
+def fail_client(stats: BrokerStats, conn: Connection | None, exc: BaseException) -> None:
+    """Handling this client's input raised: log it at ERROR with the client id and traceback,
+    count it, and close that client only (issue 11). The exception must not leave through
+    ``data_received`` (uvloop then reports "Fatal error on transport" with no client named) or
+    through another client's callback or the rest of a durable batch. A ``try`` costs nothing
+    until it raises, so the boundaries sit on the per-read and per-batch paths for free."""
+    stats.client_errors += 1
+    log.error("closing client: handling its packet raised %s: %s", type(exc).__name__, exc,
+              exc_info=exc, extra={"client_id": conn.client_id if conn else None,
+                                   "peer": conn.peer if conn else None})
+    if conn is not None and not conn.closing:
+        conn.close(0x80)  # v5 DISCONNECT Unspecified error
+
+
+def guarded(stats: BrokerStats, conn: Connection, fn: Callable[..., None], *args: Any) -> None:
+    """Call ``fn(*args)`` for ``conn`` as a callback (e.g. a password check's result) behind the
+    same boundary as ``data_received``: an exception closes ``conn`` only (fail_client)."""
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - isolation boundary, logged with traceback
+        fail_client(stats, conn, exc)

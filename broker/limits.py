@@ -184,3 +184,18 @@ class RouterLimits(LimitLog):
         self.hit("packet_timeout", f"a packet started {now - since:.0f} s ago is still "
                  f"unfinished; closing", client_id=conn.client_id, peer=conn.peer)
         return True
+
+    def first_packet_refused(self, conn: Connection, err: Exception) -> None:
+        """Count a CONNECT refused by mqtt.max_connect_packet_size (0x95 before CONNECT)."""
+        if getattr(err, "reason_code", None) == 0x95 and conn.proto.protocol_level is None:
+            self.hit("max_connect_packet_size", f"first packet refused: {err}", peer=conn.peer)
+
+    def queue_bytes_full(self, session: Session, size: int) -> bool:
+        """Whether queueing ``size`` more bytes breaks mqtt.max_queued_bytes (counted, logged)."""
+        queued = session.queue.nbytes
+        if queued + size <= self.mqtt.max_queued_bytes:
+            return False
+        self.hit("max_queued_bytes", f"session queue holds {queued} bytes; "
+                 f"{self.mqtt.queue_full_policy.value} (max_queued_bytes "
+                 f"{self.mqtt.max_queued_bytes})", client_id=session.client_id)
+        return True

@@ -23,7 +23,7 @@ from broker.auth import Authenticator, topic_matches
 from broker.authgate import THROTTLED, THROTTLED_WHY, PasswordCheckGate, refusal_text
 from broker.catchup import LogCatchUp
 from broker.clientid import ClientIdPolicy
-from broker.connection import Connection
+from broker.connection import Connection, fail_client, guarded
 from broker.devicelogs import DeviceLogs, PendingPublish, offset_request, record_message
 from broker.limits import RouterLimits, too_many_levels
 from broker.lograte import RateLimitedLog
@@ -123,13 +123,7 @@ class Router:
                                         settings.auth.clientid_pattern)
         self.loop = loop or asyncio.get_event_loop()
         self.limits = RouterLimits(stats, settings)
-        self._gate: PasswordCheckGate | None = None
-        if authenticator is not None and self._slow_auth:
-            a = settings.auth
-            self._gate = PasswordCheckGate(self.loop, authenticator.authenticate,
-                                           max_concurrent=a.max_concurrent_checks,
-                                           max_failures=a.max_failures,
-                                           failure_window=a.failure_window)
+        self._gate = PasswordCheckGate.for_logins(self.loop, authenticator, settings.auth)
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.trie = SubscriptionTrie()
@@ -224,9 +218,7 @@ class Router:
         )
         if conn.session is None:
             conn.listener.rejected += 1
-            if err.reason_code == Reason.PACKET_TOO_LARGE and conn.proto.protocol_level is None:
-                self.limits.hit("max_connect_packet_size", f"first packet refused: {err.message}",
-                                peer=conn.peer)
+            self.limits.first_packet_refused(conn, err)
             if isinstance(err, UnsupportedProtocolVersion):
                 # [MQTT-3.1.2-2]: answer CONNACK 0x01 (0x84 for v5 framing), then close.
                 conn.write(err.connack)
@@ -283,22 +275,10 @@ class Router:
 
     # -- packet dispatch ----------------------------------------------------------------------
     def handle_packets(self, conn: Connection, packets: list[Packet]) -> None:
-        # One client's packet that raises closes that client only (issue 11): the exception
-        # must not leave through data_received (uvloop then reports a fatal transport error)
-        # or through another client's callback. A try block costs nothing until it raises.
-        try:
+        try:  # one client's packet that raises closes that client only (fail_client)
             self._handle_packets(conn, packets)
         except Exception as exc:  # noqa: BLE001 - isolation boundary, logged with traceback
-            self.client_failed(conn, exc)
-
-    def client_failed(self, conn: Connection | None, exc: BaseException) -> None:
-        """Handling this client's input raised: log it with the client id, close that client."""
-        self.stats.client_errors += 1
-        log.error("closing client: handling its packet raised %s: %s", type(exc).__name__, exc,
-                  exc_info=exc, extra={"client_id": conn.client_id if conn else None,
-                                       "peer": conn.peer if conn else None})
-        if conn is not None and not conn.closing:
-            conn.close(Reason.UNSPECIFIED_ERROR)
+            fail_client(self.stats, conn, exc)
 
     def _handle_packets(self, conn: Connection, packets: list[Packet]) -> None:
         packets_in = self.stats.packets_in
@@ -370,12 +350,12 @@ class Router:
             return
         gate = self._gate
         if gate is not None and pkt.password is not None:
-            # scrypt is deliberately slow (~50 ms): off the event loop, through the gate that
-            # bounds concurrency and locks out repeated failures (broker/authgate.py).
+            # scrypt (~50 ms) off the loop, through the gate (bounded, lockouts: authgate.py)
             conn.pending = list(rest)
             conn.transport.pause_reading()
             code = gate.submit(conn.peer_host, pkt.username, pkt.password,
-                               lambda c: self._connect_authenticated(conn, pkt, c),
+                               lambda c: guarded(self.stats, conn, self._connect_authenticated,
+                                                 conn, pkt, c),
                                lambda: not conn.closing)
             if code is not None:  # locked out: refused without a password check
                 conn.pending = None
@@ -387,12 +367,6 @@ class Router:
             self.handle_packets(conn, rest)
 
     def _connect_authenticated(self, conn: Connection, pkt: Connect, code: int) -> None:
-        try:
-            self._connect_authenticated_(conn, pkt, code)
-        except Exception as exc:  # noqa: BLE001 - isolation boundary (see handle_packets)
-            self.client_failed(conn, exc)
-
-    def _connect_authenticated_(self, conn: Connection, pkt: Connect, code: int) -> None:
         if conn.closing:
             return
         pending, conn.pending = conn.pending or [], None
@@ -672,15 +646,12 @@ class Router:
                 if msg.retain:
                     self._retain(msg)
                 self.route(msg)
-                if msg.qos and conn is not None and not conn.closing \
-                        and conn.session is not None:
+                if msg.qos and conn is not None and not conn.closing and conn.session is not None:
                     ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.ack_offsets
                                  else None)
                     self._ack_publish(conn, msg.qos, packet_id, 0, ack_props)
-            except Exception as err:  # noqa: BLE001 - one publish must not abandon the batch
-                # The record is stored; its publisher gets no ack and is closed (it resends
-                # after reconnecting). The rest of the batch is routed and acked as usual.
-                self.client_failed(conn, err)
+            except Exception as err:  # noqa: BLE001 - stored; its publisher closed, unacked,
+                fail_client(self.stats, conn, err)  # resends; the rest of the batch goes on
         for conn in settled:  # their held SUBSCRIBE/UNSUBSCRIBE, now after the acks above
             self._release_held(conn)
         if self._paused_publishers and self.logs is not None \
@@ -874,21 +845,13 @@ class Router:
         queue = session.queue
         mqtt = self.mqtt
         size = delivery_bytes(delivery)
-        over_bytes = queue.nbytes + size > mqtt.max_queued_bytes
+        over_bytes = self.limits.queue_bytes_full(session, size)
         if len(queue) >= mqtt.max_queued_messages or over_bytes:
             policy = mqtt.queue_full_policy
             self.stats.dropped(DropReason.QUEUE_FULL)
-            if over_bytes:
-                self.limits.hit("max_queued_bytes", f"session queue holds {queue.nbytes} bytes; "
-                                f"{policy.value} (max_queued_bytes {mqtt.max_queued_bytes})",
-                                client_id=session.client_id)
             if policy is QueueFullPolicy.DROP_OLDEST:
-                if size > mqtt.max_queued_bytes:
+                if not queue.make_room(size, mqtt.max_queued_bytes, self.stats):
                     return  # larger than the whole bound: only the new one can go
-                queue.popleft()
-                while queue and queue.nbytes + size > mqtt.max_queued_bytes:
-                    queue.popleft()
-                    self.stats.dropped(DropReason.QUEUE_FULL)
             elif policy is QueueFullPolicy.DROP_NEW:
                 return
             else:
@@ -1286,9 +1249,7 @@ class Router:
         if logs is not None:
             key = logs.rules.key_for(will.topic)
             if key is not None:
-                # Like any publish on a logged topic: stored first, routed (and retained) by
-                # _on_durable once its batch is durable, so a subscriber never sees a will that
-                # is not in the device log (nobody waits for an ack: no connection).
+                # stored first, like any logged publish: _on_durable routes it once durable
                 try:
                     logs.append(key, msg, None, None, interval)
                 except LogWriteError as err:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.devicelogs import ReplayCursor
 from broker.message import Delivery
 from broker.protocol.packets import Will
+from broker.stats import DropReason
 
 if TYPE_CHECKING:
     from broker.catchup import LagCursor
@@ -70,6 +71,19 @@ class DeliveryQueue(deque):
     def clear(self) -> None:
         super().clear()
         self.nbytes = 0
+
+    def make_room(self, size: int, limit: int, stats: Any) -> bool:
+        """drop_oldest for a delivery of ``size`` bytes: drop the oldest (one for the message
+        bound, more while the byte bound needs it, each counted); False when ``size`` alone is
+        over ``limit`` (then only the new one can go)."""
+        if size > limit:
+            return False
+        if self:
+            self.popleft()
+        while self and self.nbytes + size > limit:
+            self.popleft()
+            stats.dropped(DropReason.QUEUE_FULL)
+        return True
 
 
 class Subscription:

@@ -39,7 +39,7 @@ def test_max_connections_total(start_broker, raw):
     assert not [p for p in got if p.type == R.CONNACK], got
     assert hits(b, "max_connections") >= 1
     held.pop().disconnect()
-    wait_for(lambda: metric_sum(b.metrics(), "meshmq_connections") <= 9, timeout=20,
+    wait_for(lambda: metric_sum(b.metrics(), "meshmq_listener_sockets") <= 9, timeout=20,
              message="the broker to notice the disconnect")
     raw(b, version=5).connect(unique("again"))
 
