@@ -72,11 +72,13 @@ class LogCatchUp:
     """Falls sessions behind onto their device logs and feeds them back from there."""
 
     def __init__(self, store: LogStore, stats: BrokerStats, deliver: Deliver,
-                 max_queued: int, max_devices: int, call_soon: Callable) -> None:
+                 max_queued: tuple[int, int], max_devices: int, call_soon: Callable) -> None:
         self.store = store
         self.stats = stats
         self._deliver = deliver
-        self._max_queued = max_queued
+        # the queue's bounds (mqtt.max_queued_messages, mqtt.max_queued_bytes): full by
+        # either, a session falls behind instead of dropping
+        self._max_queued, self._max_queued_bytes = max_queued
         self._max_devices = max_devices
         self._call_soon = call_soon
         self.lagging: set[Session] = set()  # sessions with at least one cursor behind
@@ -103,8 +105,10 @@ class LogCatchUp:
         """A live logged QoS>0 delivery that would be queued: does it go to the log instead?
         (Not asked in lag mode: ``divert`` already tried, and only a full
         ``max_lagging_devices`` sends the delivery on to the queue.)"""
+        queue = session.queue
         return not session.lag_behind and (
-            session.conn is None or len(session.queue) >= self._max_queued)
+            session.conn is None or len(queue) >= self._max_queued
+            or queue.nbytes >= self._max_queued_bytes)
 
     def fall_behind(self, session: Session, msg: Message) -> bool:
         """Record that ``session`` is behind on ``msg``'s device from ``msg``; False if the
@@ -184,6 +188,11 @@ class LogCatchUp:
         session.lag.clear()
         session.lag_behind = 0
         self.lagging.discard(session)
+
+    def gauges(self) -> dict[str, int]:
+        """meshmq_sessions_lagging and meshmq_lag_messages (computed at scrape time)."""
+        total = sum(sum(self.lag_of(s).values()) for s in self.lagging)
+        return {"sessions_lagging": len(self.lagging), "lag_messages": total}
 
     def lag_of(self, session: Session) -> dict[str, int]:
         """Messages behind the log end, per device the session is behind on."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.protocol.connection import ServerProtocol
@@ -37,10 +38,14 @@ class Connection(asyncio.Protocol):
         self.router = router
         self.listener = listener
         self.stats = stats
-        self.proto = ServerProtocol(settings.max_packet_size, settings.topic_alias_maximum)
+        self.proto = ServerProtocol(settings.max_packet_size, settings.topic_alias_maximum,
+                                    settings.max_connect_packet_size)
         self.write_limit = settings.write_buffer_limit
         self.transport: asyncio.BaseTransport | Any = None
         self.peer = "?"
+        self.peer_host = "?"  # the address alone: failed-login lockout is per address
+        # when the unfinished packet the parser holds was started (mqtt.packet_timeout), or None
+        self.partial_since: float | None = None
         self.session: Session | None = None
         self.client_id: str | None = None
         self.username: str | None = None
@@ -77,6 +82,7 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.peer = f"{peer[0]}:{peer[1]}"
+            self.peer_host = str(peer[0])
         set_limits = getattr(transport, "set_write_buffer_limits", None)
         if set_limits is not None:
             set_limits(high=self.write_limit)
@@ -102,6 +108,13 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         try:
+            self._received(data)
+        except Exception as exc:  # noqa: BLE001 - never let one client's bytes escape to uvloop
+            # ("Fatal error on transport" and a torn-down socket with no log of which client)
+            fail_client(self.stats, self, exc)
+
+    def _received(self, data: bytes) -> None:
+        try:
             packets = self.proto.receive_data(data)
         except ProtocolError as err:
             # Valid packets that arrived ahead of the bad bytes are still handled: a QoS 1
@@ -110,6 +123,13 @@ class Connection(asyncio.Protocol):
                 self.router.handle_packets(self, err.packets)
             self.router.protocol_error(self, err)
             return
+        if self.proto.buffered:
+            # a packet is unfinished: its deadline runs from the read that started it (a read
+            # that completed packets started a new one; a read that did not continues it)
+            if packets or self.partial_since is None:
+                self.partial_since = self.last_rx
+        else:
+            self.partial_since = None
         if not packets:
             return
         if self.pending is not None:
@@ -183,3 +203,26 @@ class Connection(asyncio.Protocol):
 
     def __repr__(self) -> str:
         return f"<Connection {self.client_id!r} {self.peer}>"
+
+
+def fail_client(stats: BrokerStats, conn: Connection | None, exc: BaseException) -> None:
+    """Handling this client's input raised: log it at ERROR with the client id and traceback,
+    count it, and close that client only (issue 11). The exception must not leave through
+    ``data_received`` (uvloop then reports "Fatal error on transport" with no client named) or
+    through another client's callback or the rest of a durable batch. A ``try`` costs nothing
+    until it raises, so the boundaries sit on the per-read and per-batch paths for free."""
+    stats.client_errors += 1
+    log.error("closing client: handling its packet raised %s: %s", type(exc).__name__, exc,
+              exc_info=exc, extra={"client_id": conn.client_id if conn else None,
+                                   "peer": conn.peer if conn else None})
+    if conn is not None and not conn.closing:
+        conn.close(0x80)  # v5 DISCONNECT Unspecified error
+
+
+def guarded(stats: BrokerStats, conn: Connection, fn: Callable[..., None], *args: Any) -> None:
+    """Call ``fn(*args)`` for ``conn`` as a callback (e.g. a password check's result) behind the
+    same boundary as ``data_received``: an exception closes ``conn`` only (fail_client)."""
+    try:
+        fn(*args)
+    except Exception as exc:  # noqa: BLE001 - isolation boundary, logged with traceback
+        fail_client(stats, conn, exc)

@@ -105,6 +105,15 @@ PendingPublish = tuple["Connection | None", "int | None", "Message"]
 DurableHandler = Callable[[list[PendingPublish], BaseException | None], None]
 
 
+def wants_ack_offsets(props: dict, default: bool) -> bool:
+    """The CONNECT user property ``ack-offsets`` (true/false), else the configured default:
+    ``device``/``offset`` on PUBACK/PUBREC are opt-in, a 4-byte ack is what clients expect."""
+    for name, value in props.get(Prop.USER_PROPERTY, ()):
+        if name == "ack-offsets":
+            return value.strip().lower() in ("true", "1", "yes", "on")
+    return default
+
+
 def offset_request(props: dict | None) -> tuple[str | None, str]:
     """The SUBSCRIBE user properties ``offset`` and ``offset-reset`` (see README)."""
     offset, reset = None, "error"

@@ -96,6 +96,15 @@ class LogRules:
                 return levels[0]
         return None
 
+    def filters_for(self, device: str) -> list[str]:
+        """The subscription filters whose topics can be stored in ``device``'s log: each logged
+        rule with ``{device}`` filled in, and ``device/#`` (the first-level topic group). The
+        admin fetch API checks a reader's MQTT read ACL against these."""
+        out = [r.filter.replace(DEVICE, device) for r, p in self._rules
+               if r.log and DEVICE in p]
+        out.append(device + "/#")
+        return out
+
     def _rule_claims_prefix(self, first: str) -> list[bool]:
         return [p[0] == first or p[0] in ("+", "#", DEVICE) for _, p in self._rules]
 

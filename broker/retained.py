@@ -78,8 +78,7 @@ class RetainedStore:
 
     def match(self, flt: str) -> list[Any]:
         now = time.monotonic()
-        found: list[tuple[str, Any]] = []
-        self._walk(self._root, flt.split("/"), 0, [], found)
+        found = self._walk(flt.split("/"))
         out = []
         for topic, msg in found:
             if self._expired(msg, now):
@@ -88,37 +87,63 @@ class RetainedStore:
                 out.append(msg)
         return out
 
-    def _walk(
-        self, node: _Node, levels: list[str], i: int, path: list[str], out: list[tuple[str, Any]]
-    ) -> None:
-        if i == len(levels):
-            if node.message is not None:
-                out.append(("/".join(path), node.message))
-            return
-        level = levels[i]
-        if level == "#":
-            # '#' matches the parent level too ("a/#" gets "a") [MQTT-4.7.1-2]
-            if node.message is not None and i > 0:
-                out.append(("/".join(path), node.message))
-            self._collect_all(node, path, out, top=i == 0)
-            return
-        if level == "+":
-            for name, child in node.children.items():
-                if i == 0 and name.startswith("$"):
-                    continue  # [MQTT-4.7.2-1]
-                self._walk(child, levels, i + 1, [*path, name], out)
-            return
-        child = node.children.get(level)
-        if child is not None:
-            self._walk(child, levels, i + 1, [*path, level], out)
+    def _walk(self, levels: list[str]) -> list[tuple[str, Any]]:
+        """Every retained (topic, message) the filter ``levels`` matches.
 
-    def _collect_all(
-        self, node: _Node, path: list[str], out: list[tuple[str, Any]], top: bool
-    ) -> None:
-        for name, child in node.children.items():
-            if top and name.startswith("$"):
+        Iterative with an explicit stack: a retained message on a ~1,000-level topic made the
+        recursive walk raise RecursionError for every later ``#`` subscriber, whose SUBSCRIBE
+        then got no SUBACK (issue 11). The path is kept as a parent-linked chain and joined only
+        for a hit, so a deep branch costs O(depth), not O(depth²) list copies.
+        """
+        out: list[tuple[str, Any]] = []
+        n = len(levels)
+        # (node, level index in the filter, path chain); a chain is (name, parent chain) | None
+        stack: list[tuple[_Node, int, Any]] = [(self._root, 0, None)]
+        while stack:
+            node, i, path = stack.pop()
+            if i == n:
+                if node.message is not None:
+                    out.append((_join(path), node.message))
                 continue
-            sub_path = [*path, name]
-            if child.message is not None:
-                out.append(("/".join(sub_path), child.message))
-            self._collect_all(child, sub_path, out, top=False)
+            level = levels[i]
+            if level == "#":
+                # '#' matches the parent level too ("a/#" gets "a") [MQTT-4.7.1-2]
+                if node.message is not None and i > 0:
+                    out.append((_join(path), node.message))
+                self._collect_all(node, path, out, top=i == 0)
+                continue
+            if level == "+":
+                for name, child in node.children.items():
+                    if i == 0 and name.startswith("$"):
+                        continue  # [MQTT-4.7.2-1]
+                    stack.append((child, i + 1, (name, path)))
+                continue
+            child = node.children.get(level)
+            if child is not None:
+                stack.append((child, i + 1, (level, path)))
+        return out
+
+    @staticmethod
+    def _collect_all(node: _Node, path: Any, out: list[tuple[str, Any]], top: bool) -> None:
+        """Everything below ``node`` (a ``#`` filter); iterative for the same reason as _walk."""
+        stack: list[tuple[_Node, Any, bool]] = [(node, path, top)]
+        while stack:
+            parent, chain, first = stack.pop()
+            for name, child in parent.children.items():
+                if first and name.startswith("$"):
+                    continue
+                sub_path = (name, chain)
+                if child.message is not None:
+                    out.append((_join(sub_path), child.message))
+                if child.children:
+                    stack.append((child, sub_path, False))
+
+
+def _join(chain: Any) -> str:
+    """The topic of a parent-linked path chain ``(name, (parent, (...)))``."""
+    names: list[str] = []
+    while chain is not None:
+        names.append(chain[0])
+        chain = chain[1]
+    names.reverse()
+    return "/".join(names)

@@ -20,9 +20,18 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.auth import Authenticator, topic_matches
+from broker.authgate import THROTTLED, THROTTLED_WHY, PasswordCheckGate, refusal_text
 from broker.catchup import LogCatchUp
-from broker.connection import Connection
-from broker.devicelogs import DeviceLogs, PendingPublish, offset_request, record_message
+from broker.clientid import ClientIdPolicy
+from broker.connection import Connection, fail_client, guarded
+from broker.devicelogs import (
+    DeviceLogs,
+    PendingPublish,
+    offset_request,
+    record_message,
+    wants_ack_offsets,
+)
+from broker.limits import RouterLimits, too_many_levels
 from broker.lograte import RateLimitedLog
 from broker.logrules import LogRules
 from broker.message import Delivery, Message, aliased_parts
@@ -49,7 +58,7 @@ from broker.protocol.properties import Prop
 from broker.protocol.reasons import SUBACK_FAILURE_V3, Reason, v3_connack_code
 from broker.protocol.topics import has_wildcards, is_valid_topic_filter, parse_shared
 from broker.retained import RetainedStore
-from broker.session import NEVER, Session, Subscription
+from broker.session import NEVER, Session, Subscription, delivery_bytes
 from broker.settings import BrokerSettings, QueueFullPolicy
 from broker.stats import BrokerStats, DropReason
 from broker.trie import SharedGroup, SubscriptionTrie
@@ -84,15 +93,6 @@ _REPLAY_STEP = 5_000  # records replayed per loop turn before yielding to other 
 _NOT_STORED = "message not stored: the commit log cannot write (disk full or failing?)"
 
 
-def _wants_ack_offsets(props: dict, default: bool) -> bool:
-    """The CONNECT user property ``ack-offsets`` (true/false), else the configured default:
-    ``device``/``offset`` on PUBACK/PUBREC are opt-in, a 4-byte ack is what clients expect."""
-    for name, value in props.get(Prop.USER_PROPERTY, ()):
-        if name == "ack-offsets":
-            return value.strip().lower() in ("true", "1", "yes", "on")
-    return default
-
-
 def _forwarded_properties(props: dict | None) -> dict | None:
     if not props:
         return None
@@ -116,7 +116,11 @@ class Router:
         self.auth = authenticator
         self._acl = authenticator if settings.auth.acl_file else None
         self._slow_auth = bool(settings.auth.password_file)
+        self.clientids = ClientIdPolicy(settings.auth.clientid_rule,
+                                        settings.auth.clientid_pattern)
         self.loop = loop or asyncio.get_event_loop()
+        self.limits = RouterLimits(stats, settings)
+        self._gate = PasswordCheckGate.for_logins(self.loop, authenticator, settings.auth)
         self.sessions: dict[str, Session] = {}
         self.connections: set[Connection] = set()
         self.trie = SubscriptionTrie()
@@ -137,7 +141,8 @@ class Router:
         if committer is not None:
             self.logs = DeviceLogs(committer, log_rules or LogRules(), self._on_durable, self.loop)
             self.catchup = LogCatchUp(committer.store, stats, self._deliver_from_log,
-                                      self.mqtt.max_queued_messages,
+                                      (self.mqtt.max_queued_messages,
+                                       self.mqtt.max_queued_bytes),
                                       self.mqtt.max_lagging_devices, self.loop.call_soon)
         self._paused_publishers: set[Connection] = set()
         self._log_no_connect = RateLimitedLog(log, logging.INFO,
@@ -168,6 +173,8 @@ class Router:
         self.accepting = False
         if self._sweep_handle is not None:
             self._sweep_handle.cancel()
+        if self._gate is not None:
+            self._gate.close()
         for conn in list(self.connections):
             conn.close(Reason.SERVER_SHUTTING_DOWN)
         deadline = time.monotonic() + timeout
@@ -185,22 +192,17 @@ class Router:
             "queued_messages": sum(len(s.queue) for s in self.sessions.values()),
             "inflight_messages": sum(len(s.inflight) for s in self.sessions.values()),
             "retained_bytes": self.retained.payload_bytes(),
-            **self._lag_gauges(),
+            **(self.catchup.gauges() if self.catchup is not None else {}),
+            "offline_sessions": len(self.limits.offline),
         }
-
-    def _lag_gauges(self) -> dict[str, int]:
-        catchup = self.catchup
-        if catchup is None:
-            return {}
-        total = sum(sum(catchup.lag_of(s).values()) for s in catchup.lagging)
-        return {"sessions_lagging": len(catchup.lagging), "lag_messages": total}
 
     # -- connection events ----------------------------------------------------------------------
     def connection_made(self, conn: Connection) -> None:
         if not self.accepting:
             conn.abort()
             return
-        self.connections.add(conn)
+        if self.limits.admit(conn, len(self.connections)):
+            self.connections.add(conn)
 
     def protocol_error(self, conn: Connection, err: ProtocolError) -> None:
         self.stats.protocol_errors += 1
@@ -211,6 +213,7 @@ class Router:
         )
         if conn.session is None:
             conn.listener.rejected += 1
+            self.limits.first_packet_refused(conn, err)
             if isinstance(err, UnsupportedProtocolVersion):
                 # [MQTT-3.1.2-2]: answer CONNACK 0x01 (0x84 for v5 framing), then close.
                 conn.write(err.connack)
@@ -267,6 +270,12 @@ class Router:
 
     # -- packet dispatch ----------------------------------------------------------------------
     def handle_packets(self, conn: Connection, packets: list[Packet]) -> None:
+        try:  # one client's packet that raises closes that client only (fail_client)
+            self._handle_packets(conn, packets)
+        except Exception as exc:  # noqa: BLE001 - isolation boundary, logged with traceback
+            fail_client(self.stats, conn, exc)
+
+    def _handle_packets(self, conn: Connection, packets: list[Packet]) -> None:
         packets_in = self.stats.packets_in
         handlers = self._handlers
         flush_at = 0.0
@@ -334,28 +343,27 @@ class Router:
         if not self.accepting:
             self._refuse(conn, Reason.SERVER_UNAVAILABLE, "server is shutting down")
             return
-        if self.auth is not None and self._slow_auth and pkt.password is not None:
-            # scrypt is deliberately slow (~50 ms): keep it off the event loop.
+        gate = self._gate
+        if gate is not None and pkt.password is not None:
+            # scrypt (~50 ms) off the loop, through the gate (bounded, lockouts: authgate.py)
             conn.pending = list(rest)
             conn.transport.pause_reading()
-            fut = self.loop.run_in_executor(
-                None, self.auth.authenticate, pkt.username, pkt.password
-            )
-            fut.add_done_callback(lambda f: self._connect_authenticated(conn, pkt, f))
+            code = gate.submit(conn.peer_host, pkt.username, pkt.password,
+                               lambda c: guarded(self.stats, conn, self._connect_authenticated,
+                                                 conn, pkt, c),
+                               lambda: not conn.closing)
+            if code is not None:  # locked out: refused without a password check
+                conn.pending = None
+                self._finish_connect(conn, pkt, code)
             return
         code = self.auth.authenticate(pkt.username, pkt.password) if self.auth else 0
         self._finish_connect(conn, pkt, code)
         if rest and conn.session is not None:
             self.handle_packets(conn, rest)
 
-    def _connect_authenticated(self, conn: Connection, pkt: Connect, fut: asyncio.Future) -> None:
+    def _connect_authenticated(self, conn: Connection, pkt: Connect, code: int) -> None:
         if conn.closing:
             return
-        try:
-            code = fut.result()
-        except Exception:  # noqa: BLE001 - an auth backend failure must refuse, not crash
-            log.exception("authentication failed with an error", extra={"peer": conn.peer})
-            code = Reason.SERVER_UNAVAILABLE
         pending, conn.pending = conn.pending or [], None
         self._finish_connect(conn, pkt, code)
         if conn.session is not None and not conn.closing:
@@ -381,8 +389,10 @@ class Router:
         props = pkt.properties or {}
         if auth_code:
             self.stats.auth_failures += 1
-            self._refuse(conn, auth_code, "not authorised" if auth_code == Reason.NOT_AUTHORIZED
-                         else "bad user name or password")
+            if auth_code == THROTTLED:
+                self.limits.hit("max_failures", THROTTLED_WHY, peer=conn.peer,
+                                username=pkt.username)
+            self._refuse(conn, auth_code, refusal_text(auth_code))
             return
         if Prop.AUTHENTICATION_METHOD in props:
             self._refuse(conn, Reason.BAD_AUTHENTICATION_METHOD,
@@ -398,8 +408,16 @@ class Router:
             # [MQTT-3.2.2-13]
             self._refuse(conn, Reason.RETAIN_NOT_SUPPORTED, "retained wills are not available")
             return
+        if will is not None and too_many_levels(will.topic, mqtt.max_topic_levels):
+            self._refuse(conn, Reason.TOPIC_NAME_INVALID,
+                         "will " + self.limits.deep_topic(conn, will.topic))
+            return
         client_id = pkt.client_id
         ack_props: dict[int, Any] = {}
+        if not client_id and (named := self.clientids.default_id(pkt.username)):
+            client_id = named
+            if v5:
+                ack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
         if not client_id:
             if not mqtt.allow_zero_length_client_id or (not v5 and not pkt.clean_start):
                 # [MQTT-3.1.3-8]: 3.1.1 empty id with clean session 0 → return code 2
@@ -410,6 +428,19 @@ class Router:
             if v5:
                 ack_props[Prop.ASSIGNED_CLIENT_IDENTIFIER] = client_id
         conn.client_id = client_id
+        # auth.clientid_rule; with passwords, a session is taken only by its own user (clientid.py)
+        refused = self.clientids.connect_refusal(client_id, pkt.username, self.sessions,
+                                                 self._slow_auth)
+        if refused is None and will is not None and self._acl is not None \
+                and not self._acl.can_publish(pkt.username, client_id, will.topic):
+            # A will is a PUBLISH made on the client's behalf later: authorised now, as Mosquitto
+            # does, so a refused will fails the CONNECT instead of vanishing when it is due.
+            refused = (Reason.NOT_AUTHORIZED, f"not authorised to publish the will topic "
+                                              f"{will.topic!r}")
+        if refused is not None:
+            self.stats.auth_failures += 1
+            self._refuse(conn, *refused)
+            return
 
         # Session expiry: v5 property (default 0); 3.1.1 clean session 0 means "keep forever".
         if v5:
@@ -476,7 +507,8 @@ class Router:
         self._connected += 1
         if self._connected > self.stats.clients_connected_max:
             self.stats.clients_connected_max = self._connected
-        conn.ack_offsets = v5 and _wants_ack_offsets(props, mqtt.ack_offsets)
+        conn.ack_offsets = v5 and wants_ack_offsets(props, mqtt.ack_offsets)
+        self.limits.offline.back(session)
 
         if v5:
             ack_props[Prop.RECEIVE_MAXIMUM] = mqtt.receive_maximum
@@ -536,6 +568,9 @@ class Router:
                 self.protocol_error(conn, ProtocolError(Reason.RECEIVE_MAXIMUM_EXCEEDED,
                                                         "receive maximum exceeded"))
                 return
+        if too_many_levels(pkt.topic, mqtt.max_topic_levels):
+            self._refuse_deep_publish(conn, pkt)
+            return
         acl = self._acl
         if acl is not None and not self._allowed(
                 "publish", acl.can_publish(conn.username, conn.client_id, pkt.topic)):
@@ -566,6 +601,16 @@ class Router:
         self.route(msg)
         self._ack_publish(conn, pkt.qos, pkt.packet_id, 0)
 
+    def _refuse_deep_publish(self, conn: Connection, pkt: Publish) -> None:
+        """Over max_topic_levels: nothing stored or routed (codes: broker/limits.py)."""
+        why = self.limits.deep_topic(conn, pkt.topic)
+        self.stats.dropped(DropReason.TOPIC_LEVELS)
+        if conn.level == 5 and pkt.qos:
+            self._ack_publish(conn, pkt.qos, pkt.packet_id, Reason.TOPIC_NAME_INVALID,
+                              {Prop.REASON_STRING: why})
+            return
+        self.protocol_error(conn, ProtocolError(Reason.TOPIC_NAME_INVALID, why))
+
     def _append(self, logs: DeviceLogs, key: str, msg: Message, conn: Connection,
                 pkt: Publish, expiry: int | None) -> None:
         """Store, and hold routing and the ack until the batch is durable (see devicelogs)."""
@@ -589,22 +634,26 @@ class Router:
                 conn.unsettled -= 1
                 if not conn.unsettled and conn.pending is not None:
                     settled.append(conn)
-            if exc is not None:
-                self._not_stored(conn, packet_id, msg.qos, exc)
-                continue
-            if msg.retain:
-                self._retain(msg)
-            self.route(msg)
-            if msg.qos and conn is not None and not conn.closing and conn.session is not None:
-                ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.ack_offsets
-                             else None)
-                self._ack_publish(conn, msg.qos, packet_id, 0, ack_props)
+            try:
+                if exc is not None:
+                    self._not_stored(conn, packet_id, msg.qos, exc)
+                    continue
+                if msg.retain:
+                    self._retain(msg)
+                self.route(msg)
+                if msg.qos and conn is not None and not conn.closing and conn.session is not None:
+                    ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.ack_offsets
+                                 else None)
+                    self._ack_publish(conn, msg.qos, packet_id, 0, ack_props)
+            except Exception as err:  # noqa: BLE001 - stored; its publisher closed, unacked,
+                fail_client(self.stats, conn, err)  # resends; the rest of the batch goes on
         for conn in settled:  # their held SUBSCRIBE/UNSUBSCRIBE, now after the acks above
             self._release_held(conn)
         if self._paused_publishers and self.logs is not None \
                 and self.logs.held <= _HELD_LIMIT // 2:
             for paused in self._paused_publishers:
                 if not paused.closing:
+                    paused.partial_since = None  # packet_timeout counts from the resume
                     paused.transport.resume_reading()
             self._paused_publishers.clear()
 
@@ -790,11 +839,15 @@ class Router:
 
     def _enqueue(self, session: Session, delivery: Delivery) -> None:
         queue = session.queue
-        if len(queue) >= self.mqtt.max_queued_messages:
-            policy = self.mqtt.queue_full_policy
+        mqtt = self.mqtt
+        size = delivery_bytes(delivery)
+        over_bytes = self.limits.queue_bytes_full(session, size)
+        if len(queue) >= mqtt.max_queued_messages or over_bytes:
+            policy = mqtt.queue_full_policy
             self.stats.dropped(DropReason.QUEUE_FULL)
             if policy is QueueFullPolicy.DROP_OLDEST:
-                queue.popleft()
+                if not queue.make_room(size, mqtt.max_queued_bytes, self.stats):
+                    return  # larger than the whole bound: only the new one can go
             elif policy is QueueFullPolicy.DROP_NEW:
                 return
             else:
@@ -961,6 +1014,10 @@ class Router:
                 self.protocol_error(conn, ProtocolError(Reason.PROTOCOL_ERROR,
                                                         "no local on a shared subscription"))
                 return
+            if too_many_levels(real, mqtt.max_topic_levels):
+                reasons.append("filter: " + self.limits.deep_topic(conn, real))
+                codes.append(Reason.TOPIC_FILTER_INVALID if v5 else SUBACK_FAILURE_V3)
+                continue
             if group is not None and not mqtt.shared_subscriptions:
                 codes.append(Reason.SHARED_SUBSCRIPTIONS_NOT_SUPPORTED if v5 else SUBACK_FAILURE_V3)
                 continue
@@ -1131,6 +1188,10 @@ class Router:
         if session.expiry_interval == 0:
             self._end_session(session)
             return
+        for old in self.limits.went_offline(session):
+            self._end_session(old)
+        if session.conn is not None or self.sessions.get(session.client_id) is not session:
+            return  # ended just now (max_offline_sessions = 0)
         # a shared subscriber going offline: its unacked shares go to members still online
         self._redispatch_shared(session)
         if session.expiry_interval != NEVER:
@@ -1141,6 +1202,7 @@ class Router:
         self._replaying.discard(session)
         if self.catchup is not None:
             self.catchup.forget(session)
+        self.limits.offline.back(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         for sub in session.subscriptions.values():
@@ -1182,6 +1244,16 @@ class Router:
         expiry_at = time.monotonic() + interval if interval is not None else None
         msg = Message(will.topic, will.payload, will.qos, will.retain,
                       _forwarded_properties(props), expiry_at, None)
+        logs = self.logs
+        if logs is not None:
+            key = logs.rules.key_for(will.topic)
+            if key is not None:
+                # stored first, like any logged publish: _on_durable routes it once durable
+                try:
+                    logs.append(key, msg, None, None, interval)
+                except LogWriteError as err:
+                    self._not_stored(None, None, will.qos, err)
+                return
         if will.retain:
             self._retain(msg)
         self.route(msg)
@@ -1203,6 +1275,8 @@ class Router:
                 # [MQTT-3.1.2-24]: 1.5 × keepalive without a packet → disconnect (will is sent)
                 conn.close_reason = f"keepalive timeout (nothing for 1.5 x {conn.keepalive} s)"
                 conn.close(Reason.KEEP_ALIVE_TIMEOUT)
+            elif conn not in self._paused_publishers and self.limits.packet_overdue(conn, now):
+                conn.abort()  # mid-packet: nothing we write could be read as a packet anyway
         self._log_no_connect.tick()
         self._log_not_stored.tick()
         timers = self._timers

@@ -10,17 +10,80 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from broker.devicelogs import ReplayCursor
 from broker.message import Delivery
 from broker.protocol.packets import Will
+from broker.stats import DropReason
 
 if TYPE_CHECKING:
     from broker.catchup import LagCursor
     from broker.connection import Connection
 
 NEVER = 0xFFFFFFFF  # v5 session expiry interval meaning "does not expire"
+
+
+def delivery_bytes(d: Delivery) -> int:
+    """What a queued delivery costs, for ``mqtt.max_queued_bytes``: its topic and payload."""
+    msg = d.msg
+    return len(msg.topic) + len(msg.payload)
+
+
+class DeliveryQueue(deque):
+    """A session's queue that knows how many bytes it holds (``mqtt.max_queued_bytes``).
+
+    A deque subclass so every way the router adds and removes deliveries keeps the count right
+    without the router doing bookkeeping at each site. The queue is only used while a
+    subscriber's window is full or it is offline, never on the direct delivery path, so the
+    Python-level append/popleft cost lands on the slow-consumer path only.
+    """
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nbytes = 0
+
+    def append(self, d: Delivery) -> None:
+        self.nbytes += delivery_bytes(d)
+        super().append(d)
+
+    def appendleft(self, d: Delivery) -> None:
+        self.nbytes += delivery_bytes(d)
+        super().appendleft(d)
+
+    def extend(self, items: Iterable[Delivery]) -> None:
+        for d in items:
+            self.append(d)
+
+    def popleft(self) -> Delivery:
+        d = super().popleft()
+        self.nbytes -= delivery_bytes(d)
+        return d
+
+    def pop(self) -> Delivery:  # type: ignore[override]
+        d = super().pop()
+        self.nbytes -= delivery_bytes(d)
+        return d
+
+    def clear(self) -> None:
+        super().clear()
+        self.nbytes = 0
+
+    def make_room(self, size: int, limit: int, stats: Any) -> bool:
+        """drop_oldest for a delivery of ``size`` bytes: drop the oldest (one for the message
+        bound, more while the byte bound needs it, each counted); False when ``size`` alone is
+        over ``limit`` (then only the new one can go)."""
+        if size > limit:
+            return False
+        if self:
+            self.popleft()
+        while self and self.nbytes + size > limit:
+            self.popleft()
+            stats.dropped(DropReason.QUEUE_FULL)
+        return True
 
 
 class Subscription:
@@ -65,7 +128,7 @@ class Session:
         # key: the filter as subscribed (including "$share/g/" prefix) -> Subscription
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight: dict[int, Delivery] = {}  # packet id -> delivery, oldest first
-        self.queue: deque[Delivery] = deque()
+        self.queue: DeliveryQueue = DeliveryQueue()
         self.next_pid = 1
         # PUBLISH QoS 2 received and PUBREL not yet: packet id -> PUBREC sent (False while the
         # message waits for the commit log, so a resend then is not acknowledged early)

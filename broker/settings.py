@@ -28,6 +28,11 @@ class ListenerSettings:
     tls_cafile: str | None = None  # when set, clients must present a certificate signed by it
     ws_bind: str | None = None
     ws_path: str = "/mqtt"
+    # Connections one listener holds at once, 0 = only mqtt.max_connections applies (Mosquitto's
+    # per-listener max_connections, EMQX's listeners.*.max_connections).
+    tcp_max_connections: int = 0
+    tls_max_connections: int = 0
+    ws_max_connections: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,19 @@ class MqttSettings:
     write_buffer_limit: int = 1_048_576
     allow_zero_length_client_id: bool = True
     connect_timeout: float = 10.0  # seconds to wait for CONNECT after accept (and for TLS)
+    # Topic levels a PUBLISH topic, a will topic or a SUBSCRIBE filter may have (EMQX
+    # max_topic_levels 128). Deeper ones are refused with v5 0x90/0x8F (EMQX's codes).
+    max_topic_levels: int = 128
+    # Connections the node holds at once, all listeners together; one more is closed at accept.
+    max_connections: int = 10_000
+    # Largest first packet (the CONNECT, sent before anyone is authenticated), bytes.
+    max_connect_packet_size: int = 65_536
+    # Seconds a started packet may take to arrive in full; then the connection is closed.
+    packet_timeout: float = 30.0
+    # Sessions kept for clients that are offline; beyond it the longest-offline one is ended.
+    max_offline_sessions: int = 10_000
+    # Bytes (topic + payload) a session may queue; beyond it queue_full_policy applies.
+    max_queued_bytes: int = 16_777_216
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +93,15 @@ class AuthSettings:
     allow_anonymous: bool = True
     password_file: str | None = None
     acl_file: str | None = None
+    # Which client ids a user may take (see broker/clientid.py): "any", "username", "pattern".
+    clientid_rule: str = "any"
+    clientid_pattern: str = "%u"  # for "pattern": %u = the username, * = any characters
+    # Password checks (scrypt) running at once; the rest wait in arrival order (authgate.py).
+    max_concurrent_checks: int = 2
+    # Failed logins from one address or for one username within failure_window seconds after
+    # which further attempts are refused at once (EMQX flapping detection: 15 in 1 min).
+    max_failures: int = 15
+    failure_window: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ class DropReason:
     TOO_LARGE = "too_large"  # bigger than the client's Maximum Packet Size
     NOT_AUTHORIZED = "not_authorized"  # ACL denied the publish or its delivery
     NOT_STORED = "not_stored"  # the commit log failed to write it: refused, never acknowledged
+    TOPIC_LEVELS = "topic_levels"  # topic deeper than mqtt.max_topic_levels: refused (v5 0x90)
 
 
 # Why a TLS listener's handshake failed (the label of meshmq_tls_handshake_failures_total).
@@ -65,6 +66,12 @@ class BrokerStats:
     # Sessions behind on mqtt.max_lagging_devices logs that had a logged message queued in memory
     # instead (broker/catchup.py): the queue's policy then applies to them.
     lag_limit_hits: int = 0
+    # Connections closed because handling their packet raised (a broker bug or an input the
+    # broker did not foresee): the client is closed, every other flow goes on.
+    client_errors: int = 0
+    # Times a configured resource limit refused or closed something, by limit (the config key's
+    # name: "max_topic_levels", "max_connections", ...); see broker/limits.py.
+    limit_hits: dict[str, int] = field(default_factory=dict)
     listeners: dict[str, ListenerStats] = field(default_factory=dict)
 
     def acl(self, action: str, allowed: bool) -> None:
@@ -73,6 +80,9 @@ class BrokerStats:
 
     def dropped(self, reason: str, n: int = 1) -> None:
         self.messages_dropped[reason] = self.messages_dropped.get(reason, 0) + n
+
+    def limit_hit(self, limit: str) -> None:
+        self.limit_hits[limit] = self.limit_hits.get(limit, 0) + 1
 
     def listener(self, name: str) -> ListenerStats:
         stats = self.listeners.get(name)

@@ -123,31 +123,43 @@ class SubscriptionTrie:
         if cached is not None:
             return cached
         result = Match()
-        levels = topic.split("/")
-        # [MQTT-4.7.2-1]: wildcards at the first level must not match topics starting with '$'.
-        self._walk(self._root, levels, 0, result, topic.startswith("$"))
+        self._walk(topic.split("/"), result, topic.startswith("$"))
         if len(self._cache) >= _CACHE_LIMIT:
             self._cache.clear()
         self._cache[topic] = result
         return result
 
-    def _walk(self, node: _Node, levels: list[str], i: int, out: Match, dollar: bool) -> None:
-        children = node.children
-        if not dollar or i > 0:
-            hash_node = children.get("#")
-            if hash_node is not None:
-                # '#' also matches the parent level ("a/#" matches "a") [MQTT-4.7.1-2]
-                _collect(hash_node, out)
-        if i == len(levels):
-            _collect(node, out)
-            return
-        child = children.get(levels[i])
-        if child is not None:
-            self._walk(child, levels, i + 1, out, dollar)
-        if not dollar or i > 0:
-            plus = children.get("+")
-            if plus is not None:
-                self._walk(plus, levels, i + 1, out, dollar)
+    def _walk(self, levels: list[str], out: Match, dollar: bool) -> None:
+        """Visit the exact, ``+`` and ``#`` branches for each level of the topic.
+
+        An explicit stack, not recursion: the depth is the number of levels in a client's topic,
+        and a ~1,000-level topic (2 KB) used to raise RecursionError here mid-batch (issue 11).
+        The broker refuses topics deeper than ``mqtt.max_topic_levels`` (EMQX's 128), but a walk
+        that cannot overflow is what keeps one client's input from reaching another's flow.
+        Order: exact branch before ``+``, as the recursive walk visited them.
+        """
+        n = len(levels)
+        stack: list[tuple[_Node, int]] = [(self._root, 0)]
+        pop = stack.pop
+        push = stack.append
+        while stack:
+            node, i = pop()
+            children = node.children
+            if not dollar or i > 0:
+                hash_node = children.get("#")
+                if hash_node is not None:
+                    # '#' also matches the parent level ("a/#" matches "a") [MQTT-4.7.1-2]
+                    _collect(hash_node, out)
+            if i == n:
+                _collect(node, out)
+                continue
+            if not dollar or i > 0:
+                plus = children.get("+")
+                if plus is not None:
+                    push((plus, i + 1))
+            child = children.get(levels[i])
+            if child is not None:
+                push((child, i + 1))
 
     def filters(self) -> Iterator[tuple[str, str, str | None, Any]]:
         """Every (filter, client_id, group, subscription): for diagnostics and route sync."""

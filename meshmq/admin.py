@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+import ssl
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -56,12 +58,15 @@ class AdminServer:
     """
 
     def __init__(self, bind: str, registry: MetricsRegistry | CollectorRegistry,
-                 ready: Callable[[], bool], reason: Callable[[], str] | None = None) -> None:
+                 ready: Callable[[], bool], reason: Callable[[], str] | None = None, *,
+                 middlewares: Iterable[Any] = (),
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.host, self._port = parse_bind(bind)
         self.registry = registry.registry if isinstance(registry, MetricsRegistry) else registry
         self._ready = ready
         self._reason = reason
-        self.app = web.Application()
+        self._ssl = ssl_context  # admin.certfile/keyfile: HTTPS on the admin bind
+        self.app = web.Application(middlewares=list(middlewares))
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
@@ -85,13 +90,15 @@ class AdminServer:
                                handle_signals=False)
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self._port, reuse_address=True)
+            site = web.TCPSite(runner, self.host, self._port, reuse_address=True,
+                               ssl_context=self._ssl)
             await site.start()
         except BaseException:
             await runner.cleanup()
             raise
         self._runner = runner
-        log.info("admin server listening", extra={"bind": f"{self.host}:{self.port}"})
+        log.info("admin server listening", extra={"bind": f"{self.host}:{self.port}",
+                                                  "tls": self._ssl is not None})
 
     async def stop(self) -> None:
         """Stop listening and close open admin connections."""

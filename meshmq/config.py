@@ -31,6 +31,7 @@ import json
 import math
 import os
 import re
+import ssl
 import tomllib
 import typing
 from collections.abc import Callable, Mapping
@@ -39,9 +40,11 @@ from enum import Enum
 from typing import Any
 
 from broker.auth import AuthFileError, load_acl, load_passwords
+from broker.clientid import USERNAME_TOKEN, ClientIdRule
 from broker.logrules import DEFAULT_RULES, LogRule, validate_rule
 from broker.settings import AuthSettings, BrokerSettings, ListenerSettings, MqttSettings
 from commitlog.settings import LogSettings
+from meshmq.admin_auth import TokenFileError, load_tokens
 
 __all__ = ["ConfigError", "NodeConfig", "CommitLogConfig", "ENV_PREFIX", "LOG_LEVELS",
            "LOG_FORMATS", "load_config", "parse_bind"]
@@ -103,6 +106,9 @@ class NodeConfig:
     data_dir: str = DEFAULT_DATA_DIR
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     admin_bind: str = "127.0.0.1:9883"
+    admin_token_file: str | None = None  # bearer tokens for the admin API (admin_auth.py)
+    admin_certfile: str | None = None  # with admin_keyfile: the admin server speaks HTTPS
+    admin_keyfile: str | None = None
     log_level: str = "info"
     log_format: str = "text"
     commitlog: CommitLogConfig = field(default_factory=CommitLogConfig)
@@ -332,6 +338,11 @@ def _check_ws_path(s: str) -> None:
         raise ValueError("must start with / and contain no spaces")
 
 
+def _check_clientid_pattern(s: str) -> None:
+    if USERNAME_TOKEN not in s:
+        raise ValueError('must contain "%u" (the username), or the id is bound to nobody')
+
+
 _BIND_OPT = "host:port, [ipv6]:port, or \"\" to disable"
 
 # Known ranges for MqttSettings fields. A field missing here still works: ints default to >= 0,
@@ -349,6 +360,12 @@ _MQTT_KINDS: dict[str, _Kind] = {
     "max_qos": _Int(0, 2),
     "write_buffer_limit": _Int(1),
     "connect_timeout": _Float(0.0, inclusive=False),
+    "max_topic_levels": _Int(1, _U16),
+    "max_connections": _Int(1),
+    "max_connect_packet_size": _Int(16, MAX_MQTT_PACKET),
+    "packet_timeout": _Float(0.0, inclusive=False),
+    "max_offline_sessions": _Int(0),
+    "max_queued_bytes": _Int(1),
 }
 
 
@@ -427,25 +444,36 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
     },
     ("listener", "tcp"): {
         "bind": (_Str(_BIND_OPT, _check_bind_or_empty), "0.0.0.0:1883"),
+        "max_connections": (_Int(0), 0),
     },
     ("listener", "tls"): {
         "bind": (_Str(_BIND_OPT, _check_bind_or_empty), ""),
         "certfile": (_Str("a file path or \"\""), ""),
         "keyfile": (_Str("a file path or \"\""), ""),
         "cafile": (_Str("a file path or \"\""), ""),
+        "max_connections": (_Int(0), 0),
     },
     ("listener", "ws"): {
         "bind": (_Str(_BIND_OPT, _check_bind_or_empty), ""),
         "path": (_Str("a URL path", _check_ws_path), "/mqtt"),
+        "max_connections": (_Int(0), 0),
     },
     ("admin",): {
         "bind": (_Str("host:port or [ipv6]:port", _check_bind), "127.0.0.1:9883"),
+        "token_file": (_Str("a file path or \"\""), ""),
+        "certfile": (_Str("a file path or \"\""), ""),
+        "keyfile": (_Str("a file path or \"\""), ""),
     },
     ("mqtt",): _mqtt_schema(),
     ("auth",): {
         "allow_anonymous": (_Bool(), True),
         "password_file": (_Str("a file path or \"\""), ""),
         "acl_file": (_Str("a file path or \"\""), ""),
+        "clientid_rule": (_Choice([r.value for r in ClientIdRule]), "any"),
+        "clientid_pattern": (_Str('a pattern containing "%u"', _check_clientid_pattern), "%u"),
+        "max_concurrent_checks": (_Int(1, 1024), 2),
+        "max_failures": (_Int(1), 15),
+        "failure_window": (_Float(0.0, inclusive=False), 60.0),
     },
     ("log",): {
         "level": (_Choice(LOG_LEVELS), "info"),
@@ -681,6 +709,8 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
                           "set auth.password_file or allow_anonymous = true",
                           src("auth", "allow_anonymous"))
 
+    _check_admin_files(get, src)
+
     commitlog = _build_commitlog(values, sources, get("node", "data_dir"),
                                  DEFAULT_RULES if rules is None else rules)
 
@@ -695,12 +725,20 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
             tls_cafile=get("listener", "tls", "cafile") or None,
             ws_bind=get("listener", "ws", "bind") or None,
             ws_path=get("listener", "ws", "path"),
+            tcp_max_connections=get("listener", "tcp", "max_connections"),
+            tls_max_connections=get("listener", "tls", "max_connections"),
+            ws_max_connections=get("listener", "ws", "max_connections"),
         ),
         mqtt=MqttSettings(**{key: values[("mqtt", key)] for key in _SCHEMA[("mqtt",)]}),
         auth=AuthSettings(
             allow_anonymous=get("auth", "allow_anonymous"),
             password_file=password_file or None,
             acl_file=acl_file or None,
+            clientid_rule=get("auth", "clientid_rule"),
+            clientid_pattern=get("auth", "clientid_pattern"),
+            max_concurrent_checks=get("auth", "max_concurrent_checks"),
+            max_failures=get("auth", "max_failures"),
+            failure_window=get("auth", "failure_window"),
         ),
     )
     return NodeConfig(
@@ -708,10 +746,37 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
         data_dir=get("node", "data_dir"),
         broker=broker,
         admin_bind=get("admin", "bind"),
+        admin_token_file=get("admin", "token_file") or None,
+        admin_certfile=get("admin", "certfile") or None,
+        admin_keyfile=get("admin", "keyfile") or None,
         log_level=get("log", "level"),
         log_format=get("log", "format"),
         commitlog=commitlog,
     )
+
+
+def _check_admin_files(get: Callable[..., Any], src: Callable[..., str | None]) -> None:
+    """admin.token_file parses; admin.certfile and admin.keyfile come together and load."""
+    token_file = get("admin", "token_file")
+    if token_file:
+        _readable_file("admin.token_file", token_file, src("admin", "token_file"))
+        try:
+            load_tokens(token_file)
+        except TokenFileError as exc:
+            raise ConfigError("admin.token_file", str(exc), src("admin", "token_file")) from None
+    cert, key = get("admin", "certfile"), get("admin", "keyfile")
+    if bool(cert) != bool(key):
+        missing = "admin.keyfile" if cert else "admin.certfile"
+        raise ConfigError(missing, "admin.certfile and admin.keyfile go together (HTTPS needs "
+                          "both)", src(*missing.split(".")))
+    if cert:
+        for k in ("certfile", "keyfile"):
+            _readable_file(f"admin.{k}", get("admin", k), src("admin", k))
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError("admin.certfile", f"cannot load the certificate and key: {exc}",
+                              src("admin", "certfile")) from None
 
 
 def _build_commitlog(values: Mapping[tuple[str, ...], object],

@@ -100,7 +100,7 @@ import asyncio
 import bisect
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
@@ -143,6 +143,19 @@ MAX_PAGE = 10_000
 # Devices read between two yields to the loop in a many-device fetch.
 FETCH_SLICE_DEVICES = 64
 _STORE_KEY = web.AppKey("meshmq_log_store", LogStore)
+# Whether the request's reader may read a device's log (meshmq/admin_auth.py: the MQTT read ACL);
+# absent when the admin server has no authentication.
+ReadCheck = Callable[[web.Request, str], bool]
+_READ_CHECK_KEY = web.AppKey("meshmq_read_check", ReadCheck)
+
+
+def _may_read(request: web.Request, device: str) -> bool:
+    check = request.app.get(_READ_CHECK_KEY)
+    return check is None or check(request, device)
+
+
+def _denied(device: str) -> web.Response:
+    return _json(403, {"error": f"not authorised to read the log of {device!r}"})
 
 
 class _HttpError(Exception):
@@ -207,6 +220,8 @@ async def _list_logs(request: web.Request) -> web.Response:
     while i < len(keys) and len(logs) < limit:
         device = keys[i]
         i += 1
+        if not _may_read(request, device):
+            continue  # listed only to readers who may read it
         rng = _committed_range(store, device)
         if rng is not None:
             logs.append({"device": device, "start": rng[0], "end": rng[1]})
@@ -233,6 +248,8 @@ def _sorted_keys(app: web.Application, store: LogStore) -> list[str]:
 async def _log_info(request: web.Request) -> web.Response:
     store = request.app[_STORE_KEY]
     device = request.match_info["device"]
+    if not _may_read(request, device):
+        return _denied(device)
     rng = _committed_range(store, device)
     if rng is None:
         return _json(404, _unknown(device).body)
@@ -242,6 +259,8 @@ async def _log_info(request: web.Request) -> web.Response:
 async def _records(request: web.Request) -> web.Response:
     store = request.app[_STORE_KEY]
     device = request.match_info["device"]
+    if not _may_read(request, device):
+        return _denied(device)
     try:
         return await _serve_records(store, device, request.query)
     except _HttpError as err:
@@ -335,13 +354,18 @@ async def _read_sliced(store: LogStore, device: str, offset: int, max_records: i
     return out
 
 
-def register_fetch_routes(app: web.Application, store: LogStore) -> None:
+def register_fetch_routes(app: web.Application, store: LogStore,
+                          may_read: ReadCheck | None = None) -> None:
     """Add the ``/api/v1/logs`` routes serving ``store`` to ``app`` (before it starts, e.g.
-    ``register_fetch_routes(admin_server.app, store)``). See the module docstring."""
+    ``register_fetch_routes(admin_server.app, store)``). See the module docstring.
+    ``may_read(request, device)``, when given, hides (list) or refuses with 403 (per device)
+    the logs the request's reader may not read."""
     app[_STORE_KEY] = store
     app[_SORTED_KEY] = {}
     app[_POLLS_KEY] = [0]
     app.router.add_post(FETCH_PATH, _fetch_many)
+    if may_read is not None:
+        app[_READ_CHECK_KEY] = may_read
     app.router.add_get(LOGS_PATH, _list_logs)
     app.router.add_get(LOGS_PATH + "/{device}", _log_info)
     app.router.add_get(LOGS_PATH + "/{device}/records", _records)
@@ -407,6 +431,9 @@ async def _fetch_many(request: web.Request) -> web.Response:
         except (ValueError, UnicodeDecodeError):
             raise _HttpError(400, "the body is not valid JSON", parameter="body") from None
         devices, max_records, max_bytes, per_dev, wait_ms = _parse_fetch(body)
+        denied = next((d for d, _ in devices if not _may_read(request, d)), None)
+        if denied is not None:  # the same read ACL as the per-device routes
+            return _denied(denied)
         sections, found = await _read_many(store, devices, max_records, max_bytes, per_dev)
         if not found and wait_ms:
             polls = request.app[_POLLS_KEY]

@@ -56,9 +56,12 @@ def add_log_parser(sub: Any) -> None:
                            "node's admin API; inspect verifies a store directory offline.")
     log_sub = log_p.add_subparsers(dest="log_command", metavar="LOG_COMMAND")
     admin_help = f"admin API of the node, HOST:PORT or a URL (default {DEFAULT_ADMIN})"
+    token_help = ("bearer token for a node with admin authentication: a file holding the "
+                  "token, or a name:token line as in admin.token_file (the first one is used)")
 
     lst = log_sub.add_parser("list", help="devices with a log and their offset ranges")
     lst.add_argument("--admin", default=DEFAULT_ADMIN, metavar="HOST:PORT", help=admin_help)
+    lst.add_argument("--token-file", metavar="PATH", help=token_help)
     lst.add_argument("--format", choices=("text", "json"), default="text")
 
     tail = log_sub.add_parser(
@@ -71,6 +74,7 @@ def add_log_parser(sub: Any) -> None:
     tail.add_argument("--follow", "-f", action="store_true",
                       help=f"keep polling for new records every {POLL_INTERVAL_S} s until Ctrl-C")
     tail.add_argument("--admin", default=DEFAULT_ADMIN, metavar="HOST:PORT", help=admin_help)
+    tail.add_argument("--token-file", metavar="PATH", help=token_help)
     tail.add_argument("--format", choices=("text", "json"), default="text")
 
     insp = log_sub.add_parser(
@@ -137,9 +141,11 @@ def admin_url(admin: str) -> str:
 class _Http:
     """GETs against one admin API, turning every failure into a one-line LogCliError."""
 
-    def __init__(self, admin: str) -> None:
+    def __init__(self, admin: str, token_file: str | None = None) -> None:
         self.admin = admin
         self.base = admin_url(admin)
+        self.headers = {"Authorization": "Bearer " + _read_token(token_file)} if token_file \
+            else {}
 
     def get(self, path: str, query: dict[str, int] | None = None) -> tuple[int, dict[str, str],
                                                                            bytes]:
@@ -148,7 +154,8 @@ class _Http:
         if query:
             url += "?" + urllib.parse.urlencode(query)
         try:
-            with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT_S) as resp:
+            req = urllib.request.Request(url, headers=self.headers)
+            with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
                 return resp.status, dict(resp.headers.items()), resp.read()
         except urllib.error.HTTPError as exc:
             body = exc.read()
@@ -173,6 +180,17 @@ class _Http:
         return status, data
 
 
+def _read_token(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = [ln.strip() for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
+    except OSError as exc:
+        raise LogCliError(f"--token-file {path!r}: {exc.strerror}") from None
+    if not lines:
+        raise LogCliError(f"--token-file {path!r}: no token in the file")
+    return lines[0].rpartition(":")[2]
+
+
 def _error_text(body: bytes) -> str:
     try:
         data = json.loads(body)
@@ -191,7 +209,7 @@ def _device_path(device: str) -> str:
 
 
 def _list(args: argparse.Namespace, out: TextIO) -> int:
-    http = _Http(args.admin)
+    http = _Http(args.admin, args.token_file)
     logs: list[dict[str, Any]] = []
     after: str | None = None
     while True:  # the listing is paged (a node may hold 100k devices)
@@ -269,7 +287,7 @@ def _parse_from(text: str) -> int | str:
 def _tail(args: argparse.Namespace, out: TextIO, err: TextIO,
           sleep: Callable[[float], None] = time.sleep) -> int:
     start_at = _parse_from(args.start)
-    http = _Http(args.admin)
+    http = _Http(args.admin, args.token_file)
     path = _device_path(args.device)
     offset: int | None = start_at if isinstance(start_at, int) else None
     if offset is None:

@@ -34,6 +34,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from broker.limits import LIMIT_NAMES
 from broker.protocol import codec
 from broker.stats import PACKET_NAMES, TLS_HANDSHAKE_FAILURES, BrokerStats, DropReason
 from commitlog import record
@@ -71,6 +72,8 @@ _ROUTER_GAUGES = (
     ("lag_messages", "meshmq_lag_messages",
      "Logged messages lagging sessions have still to receive, summed over sessions and devices "
      "(per session: GET /api/v1/lag)."),
+    ("offline_sessions", "meshmq_sessions_offline",
+     "Sessions kept for offline clients (bounded by mqtt.max_offline_sessions)."),
 )
 
 
@@ -175,9 +178,20 @@ class _BrokerCollector(Collector):
         for action in ("publish", "subscribe", "deliver"):
             for result in ("allow", "deny"):
                 acl.add_metric([action, result], s.acl_decisions.get((action, result), 0))
+        client_errors = CounterMetricFamily(
+            "meshmq_client_errors_total",
+            "Connections closed because handling one of their packets raised (logged at ERROR "
+            "with the client id and a traceback); other clients are not affected.",
+            value=s.client_errors)
+        limits = CounterMetricFamily(
+            "meshmq_limit_hits_total",
+            "Times a configured resource limit refused or closed something, by limit (named "
+            "after its config key).", labels=["limit"])
+        for limit in sorted(set(LIMIT_NAMES) | set(s.limit_hits)):
+            limits.add_metric([limit], s.limit_hits.get(limit, 0))
         families: list[Metric] = [conns, conns_total, rejected, bytes_in, bytes_out, pk_in, pk_out,
                                   msg_in, msg_out, qos_in, qos_out, acl, peak, dropped, proto,
-                                  auth, tls_failed, long_reads, lag_limit]
+                                  auth, tls_failed, long_reads, lag_limit, client_errors, limits]
         gauges = [(key, GaugeMetricFamily(name, doc)) for key, name, doc in _ROUTER_GAUGES]
         families.extend(g for _, g in gauges)
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
+import ipaddress
 import logging
 import signal
+import ssl
 
 import uvloop
 
@@ -26,7 +28,8 @@ from commitlog.groupcommit import GroupCommitter
 from commitlog.store import LogStore, LogStoreError
 from meshmq import __version__
 from meshmq.admin import AdminServer
-from meshmq.config import NodeConfig
+from meshmq.admin_auth import AdminAuth
+from meshmq.config import NodeConfig, parse_bind
 from meshmq.metrics import GcPauseMonitor, LoopLagMonitor, MetricsRegistry, fast_paths
 from meshmq.preflight import StartupError, check_startup
 
@@ -47,8 +50,8 @@ class Node:
         self.metrics = MetricsRegistry()
         self.lag = LoopLagMonitor(self.metrics)
         self.gc_pauses = GcPauseMonitor(self.metrics)
-        self.admin = AdminServer(config.admin_bind, self.metrics.registry, self.ready,
-                                 self.not_ready_reason)
+        self.admin_auth: AdminAuth | None = None
+        self.admin = self._admin_server(config)
         self.store: LogStore | None = None
         self.committer: GroupCommitter | None = None
         self._ready = False
@@ -67,6 +70,29 @@ class Node:
                     f"accepts writes again (free disk space there)")
         return "starting" if self.router is None else "not ready (starting or draining)"
 
+    def _admin_server(self, config: NodeConfig) -> AdminServer:
+        """The admin HTTP server, with credentials and the read ACL on the fetch API when the
+        node authenticates (password file) or has admin tokens; see meshmq/admin_auth.py."""
+        auth = config.broker.auth
+        if auth.password_file or config.admin_token_file:
+            self.admin_auth = AdminAuth(
+                asyncio.get_event_loop(), self.auth if auth.password_file else None,
+                config.admin_token_file, LogRules(config.commitlog.rules),
+                max_failures=auth.max_failures, failure_window=auth.failure_window)
+        ctx = None
+        if config.admin_certfile and config.admin_keyfile:
+            ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ctx.load_cert_chain(config.admin_certfile, config.admin_keyfile)
+        host = parse_bind(config.admin_bind)[0]
+        if self.admin_auth is None and not _is_loopback(host):
+            log.warning("the admin server binds %s without authentication: anyone who can reach "
+                        "it reads every device log; set auth.password_file or admin.token_file, "
+                        "or bind it to loopback", config.admin_bind,
+                        extra={"admin": config.admin_bind})
+        middlewares = [self.admin_auth.middleware] if self.admin_auth else ()
+        return AdminServer(config.admin_bind, self.metrics.registry, self.ready,
+                           self.not_ready_reason, middlewares=middlewares, ssl_context=ctx)
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         log_config = self.config.commitlog
@@ -80,7 +106,8 @@ class Node:
             self.metrics.add_commitlog(self.store.stats, self.store)
             from meshmq.fetch_api import register_fetch_routes
 
-            register_fetch_routes(self.admin.app, self.store)
+            register_fetch_routes(self.admin.app, self.store,
+                                  self.admin_auth.may_read if self.admin_auth else None)
             log.info("commit log open", extra={"dir": log_config.directory,
                                                "devices": len(self.store.keys())})
         self.router = Router(self.config.broker, self.stats, self.auth, loop,
@@ -138,6 +165,8 @@ class Node:
         if self.sys_topics is not None:
             self.sys_topics.stop()
         await self.admin.stop()
+        if self.admin_auth is not None:
+            self.admin_auth.close()
         log.info("meshmq node stopped")
 
     def request_stop(self) -> None:
@@ -145,6 +174,8 @@ class Node:
 
     def reload(self) -> None:
         tls = self.listeners.reload_tls() if self.listeners is not None else None
+        if self.admin_auth is not None:
+            self.admin_auth.reload()
         if self.auth is not None:
             log.info("SIGHUP: reloading password and ACL files")
             self.auth.reload()
@@ -177,6 +208,15 @@ class Node:
         await self._stop.wait()
         await self.stop()
         return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: assume it may resolve beyond loopback
 
 
 def run_node(config: NodeConfig) -> int:

@@ -387,9 +387,13 @@ class PacketParser:
     Maximum Packet Size does (3.1.2.11.4); a bigger packet is refused with 0x95 as soon as its fixed
     header is read, before any of its body is buffered. After a :class:`ProtocolError` the parser is
     unusable: the connection must be closed.
+
+    ``max_connect_size`` (server role) bounds the packet that must be a CONNECT, which arrives
+    before anyone is authenticated: 300 unauthenticated sockets each sending 1 MB of a CONNECT
+    held 300 MB (issue 11). Once the CONNECT is decoded, ``max_packet_size`` applies.
     """
 
-    __slots__ = ("max_packet_size", "protocol_level", "_buf", "_need")
+    __slots__ = ("max_packet_size", "max_connect_size", "protocol_level", "_buf", "_need")
 
     def __init__(
         self, max_packet_size: int = MAX_PACKET_SIZE, protocol_level: int | None = None
@@ -397,6 +401,7 @@ class PacketParser:
         if protocol_level not in (None, 3, 4, 5):
             raise ValueError(f"unknown protocol level {protocol_level}")
         self.max_packet_size = max_packet_size
+        self.max_connect_size = max_packet_size
         self.protocol_level = protocol_level
         self._buf = bytearray()
         self._need = 0  # total bytes needed before the buffered packet can be decoded
@@ -421,7 +426,7 @@ class PacketParser:
         need = 0
         out: list[Packet] = []
         level = self.protocol_level
-        maxsize = self.max_packet_size
+        maxsize = self.max_packet_size if level is not None else self.max_connect_size
         decoders = _DECODERS
         c_run = c_parse_run
         try:
@@ -520,6 +525,7 @@ class PacketParser:
                     pkt = dec(data, body, end, level)
                     if level is None:  # the CONNECT just decoded fixes the level
                         level = self.protocol_level = pkt.protocol_level  # type: ignore[union-attr]
+                        maxsize = self.max_packet_size
                     out.append(pkt)
                 pos = end
         except UnicodeDecodeError:

@@ -52,9 +52,13 @@ class ServerProtocol:
     )
 
     def __init__(
-        self, max_packet_size: int = MAX_PACKET_SIZE, topic_alias_maximum: int = 0
+        self, max_packet_size: int = MAX_PACKET_SIZE, topic_alias_maximum: int = 0,
+        max_connect_size: int | None = None,
     ) -> None:
         self._parser = PacketParser(max_packet_size)
+        if max_connect_size is not None:
+            # the first packet (the CONNECT) is refused with 0x95 above this size
+            self._parser.max_connect_size = min(max_connect_size, max_packet_size)
         self._aliases: dict[int, str] = {}
         self.state = AWAIT_CONNECT
         #: the Topic Alias Maximum this server announces in CONNACK (3.2.2.3.8)
@@ -72,6 +76,11 @@ class ServerProtocol:
     @property
     def max_packet_size(self) -> int:
         return self._parser.max_packet_size
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of a started, unfinished packet held by the parser."""
+        return self._parser.buffered
 
     def fits(self, n_bytes: int) -> bool:
         """Whether a packet of ``n_bytes`` may be sent to this client [MQTT-3.1.2-24]."""

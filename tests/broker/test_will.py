@@ -81,6 +81,13 @@ def test_will_retain(broker, clients, raw):
             late.disconnect()
             if time.monotonic() >= deadline:
                 pytest.fail("retained will never appeared")
+    assert m.payload == b"retained-will"
+    # On a logged topic the will is retained once stored; a subscriber that came in while it
+    # was being stored got it live (RETAIN 0, [MQTT-3.3.1-9]). Once it has arrived, it is
+    # retained: a new subscriber gets it from the retained store with RETAIN 1.
+    later = clients.connected(broker, protocol=V311)
+    later.subscribe(topic, 1)
+    m = later.expect_message(10)
     assert (m.payload, m.retain) == (b"retained-will", True)
 
 
