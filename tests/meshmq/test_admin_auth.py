@@ -186,3 +186,26 @@ def test_log_cli_uses_a_token_file(node, tmp_path):
     refused = subprocess.run(base, capture_output=True, text=True, timeout=60,
                              cwd=str(REPO_ROOT))
     assert refused.returncode != 0 and "HTTP 401" in refused.stderr, refused
+
+
+def _post_fetch(broker, devices: list[str], auth: str) -> int:
+    body = json.dumps({"devices": [{"device": d, "offset": 0} for d in devices]}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{broker.admin_port}/api/v1/fetch",
+                                 data=body, method="POST",
+                                 headers={"Authorization": auth,
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_many_device_fetch_applies_the_read_acl(node):
+    """POST /api/v1/fetch (many devices in one request) is held to the same read ACL as the
+    per-device routes: a request naming a log its reader may not read is refused with 403."""
+    alice = basic("alice", USERS["alice"])
+    assert _post_fetch(node, ["alicedev"], alice) == 200
+    assert _post_fetch(node, ["alicedev", "bobdev"], alice) == 403
+    assert _post_fetch(node, ["alicedev", "bobdev"], f"Bearer {TOKEN}") == 200
+    assert _post_fetch(node, ["alicedev"], basic("alice", "wrong")) == 401
