@@ -10,6 +10,7 @@ import time
 import pytest
 from helpers import raw as R
 from helpers.broker import wait_for
+from helpers.certs import self_signed
 from helpers.clients import V5, V311, unique
 
 pytestmark = pytest.mark.timeout(60)
@@ -17,16 +18,7 @@ pytestmark = pytest.mark.timeout(60)
 
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tls")
-    key, crt = d / "key.pem", d / "cert.pem"
-    res = subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(crt), "-days", "2", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        capture_output=True, text=True, timeout=60,
-    )
-    assert res.returncode == 0, f"openssl failed: {res.stderr}"
-    return str(crt), str(key)
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture(scope="module")

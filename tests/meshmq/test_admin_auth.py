@@ -20,6 +20,7 @@ import pytest
 from helpers import raw as R
 from helpers.authfiles import auth_overrides
 from helpers.broker import REPO_ROOT, free_port, wait_for
+from helpers.certs import self_signed
 from helpers.clients import unique
 
 from meshmq.config import ConfigError, load_config
@@ -107,15 +108,7 @@ def test_bearer_token_reads_what_its_name_may_read(node):
 
 @pytest.fixture(scope="module")
 def cert(tmp_path_factory):
-    d = tmp_path_factory.mktemp("admintls")
-    key, crt = d / "key.pem", d / "cert.pem"
-    res = subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-         "-out", str(crt), "-days", "2", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-        capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, f"openssl failed: {res.stderr}"
-    return str(crt), str(key)
+    return self_signed(tmp_path_factory.mktemp("admintls"))
 
 
 def test_admin_over_tls(start_broker, cert):

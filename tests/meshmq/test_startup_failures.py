@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 from helpers.broker import BrokerProc
+from helpers.certs import self_signed
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,16 +64,7 @@ def test_data_dir_without_write_permission(tmp_path):
 @pytest.fixture(scope="module")
 def pems(tmp_path_factory):
     d = tmp_path_factory.mktemp("pems")
-    out = {}
-    for name in ("a", "b"):
-        key, crt = d / f"{name}.key", d / f"{name}.crt"
-        res = subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-             "-out", str(crt), "-days", "2", "-subj", "/CN=localhost"],
-            capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0, res.stderr
-        out[name] = (str(crt), str(key))
-    return out
+    return {name: self_signed(d, name) for name in ("a", "b")}
 
 
 def _tls(crt: str, key: str) -> dict:
