@@ -128,9 +128,12 @@ class LogCatchUp:
         self._behind(session, device, msg.offset)
         if first:
             self.lagging.add(session)
-            log.info("session fell behind; delivering from the device logs",
-                     extra={"client_id": session.client_id, "device": device,
-                            "offset": msg.offset, "online": session.conn is not None})
+            # INFO for a connected subscriber too slow for its stream (an operator's concern);
+            # DEBUG for an offline session, which every persistent session is now and then.
+            log.log(logging.INFO if session.conn is not None else logging.DEBUG,
+                    "session fell behind; delivering from the device logs",
+                    extra={"client_id": session.client_id, "device": device,
+                           "offset": msg.offset, "online": session.conn is not None})
             self._compact_queue(session)
         return True
 
