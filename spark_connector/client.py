@@ -25,6 +25,9 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
+# Devices per page of GET /api/v1/logs (the server's maximum page).
+LIST_PAGE = 10_000
+
 __all__ = ["LogClient", "LogRange", "FetchResult", "ServerUnavailable", "OffsetOutOfRange",
            "UnknownDevice"]
 
@@ -84,12 +87,24 @@ class LogClient:
 
     # -- requests ---------------------------------------------------------------------------
     def list_logs(self) -> dict[str, LogRange]:
-        """Every device with a committed record: {device: LogRange}."""
-        status, _, body = self._get(LOGS_PATH)
-        if status != 200:
-            raise ServerUnavailable(f"GET {LOGS_PATH} answered HTTP {status}: {body[:200]!r}")
-        return {e["device"]: LogRange(int(e["start"]), int(e["end"]))
-                for e in json.loads(body)["logs"]}
+        """Every device with a committed record: {device: LogRange}. The listing is paged
+        (``next_after`` while more pages follow): every page is read, or devices past the
+        first page would silently never be read."""
+        out: dict[str, LogRange] = {}
+        after: str | None = None
+        while True:
+            path = f"{LOGS_PATH}?limit={LIST_PAGE}"
+            if after is not None:
+                path += "&after=" + quote(after, safe="")
+            status, _, body = self._get(path)
+            if status != 200:
+                raise ServerUnavailable(f"GET {path} answered HTTP {status}: {body[:200]!r}")
+            page = json.loads(body)
+            for e in page["logs"]:
+                out[e["device"]] = LogRange(int(e["start"]), int(e["end"]))
+            after = page.get("next_after")
+            if after is None:
+                return out
 
     def fetch(self, device: str, offset: int, max_records: int, max_bytes: int) -> FetchResult:
         """Committed records of ``device`` from ``offset``: a fetch response body
