@@ -235,8 +235,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "auth-failure-not-counted",
         "broker/router.py _finish_connect: a refused login not counted in auth_failures",
         "broker/router.py",
-        "            self.stats.auth_failures += 1\n",
-        "            pass\n",
+        "        if auth_code:\n            self.stats.auth_failures += 1\n",
+        "        if auth_code:\n            pass\n",
         ("tests/broker/test_auth_acl.py::test_auth_failures_counted_and_logged",),
     ),
     Mutation(
