@@ -43,6 +43,7 @@ from broker.auth import AuthFileError, load_acl, load_passwords
 from broker.clientid import USERNAME_TOKEN, ClientIdRule
 from broker.logrules import DEFAULT_RULES, LogRule, validate_rule
 from broker.settings import AuthSettings, BrokerSettings, ListenerSettings, MqttSettings
+from cluster.settings import ClusterSettings
 from commitlog.settings import LogSettings
 from meshmq.admin_auth import TokenFileError, load_tokens
 
@@ -112,6 +113,8 @@ class NodeConfig:
     log_level: str = "info"
     log_format: str = "text"
     commitlog: CommitLogConfig = field(default_factory=CommitLogConfig)
+    # [cluster]; None = a plain single node (no mesh, no supervisor): today's broker unchanged
+    cluster: ClusterSettings | None = None
 
 
 # --------------------------------------------------------------------------------------------

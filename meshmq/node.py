@@ -37,8 +37,12 @@ log = logging.getLogger("meshmq.node")
 
 
 class Node:
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, router_index: int = 0) -> None:
         self.config = config
+        # Which router of this node this process is (0 for a single node); with [cluster] set,
+        # the supervisor starts one process per index (cluster/supervisor.py).
+        self.router_index = router_index
+        self.mesh = None  # cluster.mesh.Mesh when [cluster] is set (meshmq/cluster_wiring.py)
         self.stats = BrokerStats()
         auth_settings = config.broker.auth
         needs_auth = (not auth_settings.allow_anonymous or auth_settings.password_file
@@ -117,6 +121,10 @@ class Node:
             from meshmq.lag_api import register_lag_routes
 
             register_lag_routes(self.admin.app, self.router.catchup)
+        if self.config.cluster is not None:
+            from meshmq.cluster_wiring import attach_mesh
+
+            self.mesh = await attach_mesh(self)
         self.listeners = Listeners(self.router, self.config.broker.listeners, self.stats)
         self.sys_topics = SysTopics(self.router, self.stats, self.config.broker.mqtt.sys_interval,
                                     __version__, loop)
@@ -156,6 +164,8 @@ class Node:
             self.listeners.stop_accepting()
         if self.router is not None:
             await self.router.drain()
+        if self.mesh is not None:
+            await self.mesh.close()  # after the drain: wills and last acks still cross links
         if self.listeners is not None:
             await self.listeners.close()
         if self.committer is not None:

@@ -1,0 +1,79 @@
+"""What a router needs to know about the cluster: who is in it, where, and the link limits.
+
+Parsed and validated once by ``meshmq/config.py`` (the ``[cluster]`` section and its
+``[[cluster.nodes]]`` tables); this module only holds the typed result and the naming rules every
+part of the mesh shares, so the supervisor, the links and the ownership hash cannot disagree on
+what a router is called.
+
+A router's id is ``"<node id>/<r>"``: node ids cannot contain ``/`` (config checks that), so the
+id is unambiguous and sorts by node, then index. Router *r* of a node listens for mesh links on
+the node's base port + *r* (the issue's rule: nothing else to configure per router).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    """One ``[[cluster.nodes]]`` entry: a node's id and its mesh base address."""
+
+    id: str
+    host: str
+    port: int  # router r of this node accepts mesh links on port + r
+
+
+def router_id(node_id: str, index: int) -> str:
+    return f"{node_id}/{index}"
+
+
+def split_router_id(rid: str) -> tuple[str, int]:
+    node, _, index = rid.rpartition("/")
+    return node, int(index)
+
+
+def router_sort_key(rid: str) -> tuple[str, int]:
+    """The order that decides who dials (the lower id) and breaks duplicate-link ties."""
+    return split_router_id(rid)
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """The ``[cluster]`` section, validated. ``None`` in NodeConfig means a plain single node."""
+
+    name: str
+    node_id: str  # this node ([node] id), one of ``nodes``
+    routers: int  # routers per node (every node of a cluster runs the same number)
+    nodes: tuple[NodeAddress, ...]
+    secret: bytes  # HMAC key for the link handshake (cluster.secret or cluster.secret_file)
+    # Forwarded publishes a link may have sent and not had acknowledged: the send window
+    # (credits). Past it, publishes wait in the link's queue.
+    link_window: int = 1024
+    # Bytes a link may queue while its window is shut or its peer is down. Past it, QoS 0
+    # publishes are dropped and QoS 1/2 ones refused (see cluster/link.py), each counted in
+    # meshmq_link_dropped_total and logged.
+    link_max_queued_bytes: int = 64 * 1024 * 1024
+    # Reconnect backoff bounds in seconds (full jitter between them, forever: NATS's explicit
+    # routes retry forever too).
+    reconnect_min: float = 0.05
+    reconnect_max: float = 2.0
+    # A link with no frame for this long is declared dead (pings go every third of it).
+    link_timeout: float = 6.0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def router_ids(self) -> list[str]:
+        """Every configured router of the cluster, in router order."""
+        return sorted((router_id(n.id, r) for n in self.nodes for r in range(self.routers)),
+                      key=router_sort_key)
+
+    def node(self, node_id: str) -> NodeAddress:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    def address_of(self, rid: str) -> tuple[str, int]:
+        node_id, index = split_router_id(rid)
+        n = self.node(node_id)
+        return n.host, n.port + index
