@@ -28,9 +28,8 @@ class Ownership:
         best = -1
         owner = self.routers[0]
         for rid, seed in zip(self.routers, self._seeds, strict=True):
-            # blake2b is in hashlib (C), keyed per router; 8 bytes of weight is plenty.
-            weight = int.from_bytes(hashlib.blake2b(key, digest_size=8, key=seed[:64]).digest(),
-                                    "big")
+            # blake2b is in hashlib (C); router id, NUL, device: 8 bytes of weight is plenty.
+            weight = int.from_bytes(hashlib.blake2b(seed + key, digest_size=8).digest(), "big")
             if weight > best:
                 best, owner = weight, rid
         return owner
