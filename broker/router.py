@@ -31,6 +31,7 @@ from broker.devicelogs import (
     record_message,
     wants_ack_offsets,
 )
+from broker.forwarding import Forwarder, RemotePublishes
 from broker.limits import RouterLimits, too_many_levels
 from broker.lograte import RateLimitedLog
 from broker.logrules import LogRules
@@ -145,6 +146,8 @@ class Router:
                                        self.mqtt.max_queued_bytes),
                                       self.mqtt.max_lagging_devices, self.loop.call_soon)
         self._paused_publishers: set[Connection] = set()
+        self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
+        self.remote = RemotePublishes(self)
         self._log_no_connect = RateLimitedLog(log, logging.INFO,
                                               "connections closed for sending no CONNECT",
                                               burst=10, window=5.0)
@@ -594,6 +597,11 @@ class Router:
         if logs is not None:
             key = logs.rules.key_for(pkt.topic)
             if key is not None:
+                owner = self.forwarder.owner_of(key) if self.forwarder is not None else None
+                if owner is not None:
+                    self.remote.append_at_owner(owner, key, msg, conn, pkt.packet_id,
+                                                interval if expiry_at else None)
+                    return
                 self._append(logs, key, msg, conn, pkt, interval if expiry_at else None)
                 return
         if pkt.retain:
@@ -630,6 +638,9 @@ class Router:
         """A batch is on disk (or failed): route it and answer its publishers, in log order."""
         settled: list[Connection] = []
         for conn, packet_id, msg in batch:
+            if conn is None and packet_id is not None:  # stored for a peer router
+                self.remote.stored(packet_id, msg, exc)
+                continue
             if conn is not None:
                 conn.unsettled -= 1
                 if not conn.unsettled and conn.pending is not None:
@@ -714,14 +725,14 @@ class Router:
         self.route(msg)
 
     def _retain(self, msg: Message) -> None:
-        if not msg.payload:
-            self.retained.delete(msg.topic)
-        else:
-            self.retained.set(msg.topic, msg)
+        self.remote.retain_from_peer(msg)
+        if self.forwarder is not None:
+            self.forwarder.retained(msg)
 
     # -- routing ------------------------------------------------------------------------------
-    def route(self, msg: Message) -> None:
-        """Deliver to every matching session: one copy per session, at the best granted QoS."""
+    def route(self, msg: Message, forward: bool = True) -> None:
+        """Deliver to every matching session: one copy per session, at the best granted QoS;
+        then to peer routers (``forward``: False for a message that came from one)."""
         match = self.trie.match(msg.topic)
         subs = match.subs
         sessions = self.sessions
@@ -757,6 +768,8 @@ class Router:
                               position=position, live=True)
         for group in match.groups:
             self._deliver_shared(group, msg)
+        if forward and self.forwarder is not None:
+            self.forwarder.forward(msg)
 
     def _deliver_shared(self, group: SharedGroup, msg: Message, exclude: str | None = None) -> bool:
         """Round-robin to one member, preferring connected, uncongested ones."""
@@ -1247,6 +1260,10 @@ class Router:
         logs = self.logs
         if logs is not None:
             key = logs.rules.key_for(will.topic)
+            owner = self.forwarder.owner_of(key) if self.forwarder and key else None
+            if owner is not None:
+                self.remote.append_at_owner(owner, key, msg, None, None, interval)
+                return
             if key is not None:
                 # stored first, like any logged publish: _on_durable routes it once durable
                 try:
