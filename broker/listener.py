@@ -161,6 +161,7 @@ class _TlsListener:
         self._socks: list[socket.socket] = []
         self._handshakes: set[asyncio.Task] = set()
         self._loop = asyncio.get_running_loop()
+        self.reuse_port = listeners.settings.reuse_port  # a cluster node's routers share it
 
     def listen(self, host: str, port: int) -> None:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
@@ -173,6 +174,8 @@ class _TlsListener:
             sock = socket.socket(family, type_, proto)
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if self.reuse_port:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
                 if family == socket.AF_INET6:  # as create_server: v4 gets its own socket
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
                 sock.bind(addr)
@@ -320,7 +323,7 @@ class Listeners:
         if ctx is None:
             server = await loop.create_server(
                 lambda: Connection(self.router, lstats, self.stats), host, port, backlog=4096,
-                reuse_address=True)
+                reuse_address=True, reuse_port=self.settings.reuse_port or None)
         else:
             server = _TlsListener(self, ctx, lstats)
             server.listen(host, port)
@@ -371,7 +374,8 @@ class Listeners:
         app.router.add_get(path, handler)
         self._ws_runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._ws_runner.setup()
-        site = web.TCPSite(self._ws_runner, host, port, reuse_address=True)
+        site = web.TCPSite(self._ws_runner, host, port, reuse_address=True,
+                           reuse_port=self.settings.reuse_port or None)
         await site.start()
         server = getattr(site, "_server", None)
         self.bound["ws"] = _bound(bind, server.sockets if server is not None else ())

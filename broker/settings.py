@@ -33,6 +33,11 @@ class ListenerSettings:
     tcp_max_connections: int = 0
     tls_max_connections: int = 0
     ws_max_connections: int = 0
+    # SO_REUSEPORT on every listening socket: set only for the routers of a cluster node
+    # (meshmq/config.py), which share the node's MQTT ports and let the kernel spread new
+    # connections across them. Off on a single node, so a second broker started by mistake on
+    # the same port fails with EADDRINUSE instead of silently taking half the clients.
+    reuse_port: bool = False
 
 
 @dataclass(frozen=True, slots=True)

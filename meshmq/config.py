@@ -43,7 +43,7 @@ from broker.auth import AuthFileError, load_acl, load_passwords
 from broker.clientid import USERNAME_TOKEN, ClientIdRule
 from broker.logrules import DEFAULT_RULES, LogRule, validate_rule
 from broker.settings import AuthSettings, BrokerSettings, ListenerSettings, MqttSettings
-from cluster.settings import ClusterSettings
+from cluster.settings import ClusterSettings, NodeAddress
 from commitlog.settings import LogSettings
 from meshmq.admin_auth import TokenFileError, load_tokens
 
@@ -57,11 +57,18 @@ COMMITLOG_SECTION = "commitlog"
 DEFAULT_DATA_DIR = "./meshmq-data"
 # Sub-directory of node.data_dir holding the commit-log store when commitlog.dir is "".
 COMMITLOG_SUBDIR = "log"
+CLUSTER_SECTION = "cluster"
+# Mesh base port when [cluster] has no [[cluster.nodes]] list: router r links on 7883 + r
+# (1883's sibling, as the admin port 9883 is; free of MQTT 1883, TLS 8883, WS 8083).
+DEFAULT_MESH_PORT = 7883
+MAX_ROUTERS = 64  # a router is a process per core; more than 64 per host is a typo
+MIN_SECRET_BYTES = 16
 
 # MQTT "Remaining Length" is at most 4 bytes of 7 bits: 268,435,455 bytes (MQTT-2.2.3).
 MAX_MQTT_PACKET = 268_435_455
 _U16 = 65_535
 _U32 = 4_294_967_295
+_CLUSTER_DEFAULTS = ClusterSettings(name="", node_id="", routers=1, nodes=(), secret=b"")
 
 
 class ConfigError(ValueError):
@@ -331,6 +338,12 @@ def _check_node_id(s: str) -> None:
         raise ValueError("1-64 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit")
 
 
+def _check_cluster_name(s: str) -> None:
+    # Sent in every link handshake and shown in logs: the node-id alphabet, or "" (no cluster).
+    if s:
+        _check_node_id(s)
+
+
 def _check_nonempty(s: str) -> None:
     if not s:
         raise ValueError("must not be empty")
@@ -436,6 +449,11 @@ def _commitlog_schema() -> dict[str, tuple[_Kind, object]]:
 # [[commitlog.rules]] is an array of tables, parsed by _parse_rules (file only, no env).
 _RULES_KEY = "rules"
 _RULE_KEYS = ("filter", "log")
+# [[cluster.nodes]] likewise (_parse_nodes): a list of addresses does not fit one variable.
+_NODES_KEY = "nodes"
+_NODE_KEYS = ("id", "host", "port")
+_ARRAY_KEYS: dict[tuple[str, ...], list[str]] = {(COMMITLOG_SECTION,): [_RULES_KEY],
+                                                 (CLUSTER_SECTION,): [_NODES_KEY]}
 
 _SectionSchema = dict[str, tuple[_Kind, object]]
 
@@ -483,6 +501,20 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "format": (_Choice(LOG_FORMATS), "text"),
     },
     (COMMITLOG_SECTION,): _commitlog_schema(),
+    (CLUSTER_SECTION,): {
+        # "" = no cluster (today's single node); any other value turns the supervisor on.
+        "name": (_Str('a cluster name, or "" for a single node', _check_cluster_name), ""),
+        "routers": (_Int(1, MAX_ROUTERS), 1),
+        "secret": (_Str('a shared secret of at least 16 bytes, or ""'), ""),
+        "secret_file": (_Str('a file path or ""'), ""),
+        # Mesh base port of this node when [[cluster.nodes]] is absent (the one-host shorthand).
+        "port": (_Int(1, _U16), DEFAULT_MESH_PORT),
+        "link_window": (_Int(1), _CLUSTER_DEFAULTS.link_window),
+        "link_max_queued_bytes": (_Int(1024), _CLUSTER_DEFAULTS.link_max_queued_bytes),
+        "reconnect_min": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.reconnect_min),
+        "reconnect_max": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.reconnect_max),
+        "link_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.link_timeout),
+    },
 }
 # Tables that only hold other tables ([listener] holds [listener.tcp] ...).
 _PARENTS = {path[:i] for path in _SCHEMA for i in range(1, len(path))}
@@ -524,14 +556,17 @@ def _read_toml(path: str) -> dict[str, Any]:
 
 
 def _merge_file(data: Mapping[str, Any], path: str,
-                values: dict[tuple[str, ...], object]) -> tuple[LogRule, ...] | None:
+                values: dict[tuple[str, ...], object]
+                ) -> tuple[tuple[LogRule, ...] | None, tuple[NodeAddress, ...] | None]:
     """Check every table and key of the file against the schema and store the parsed values.
 
-    Returns the ``[[commitlog.rules]]`` list when the file has one (None: keep the defaults)."""
+    Returns the ``[[commitlog.rules]]`` list when the file has one (None: keep the defaults) and
+    the ``[[cluster.nodes]]`` list when it has one (None: the one-host shorthand, if any)."""
     rules: tuple[LogRule, ...] | None = None
+    nodes: tuple[NodeAddress, ...] | None = None
 
     def walk(table: Mapping[str, Any], prefix: tuple[str, ...]) -> None:
-        nonlocal rules
+        nonlocal rules, nodes
         for name, value in table.items():
             here = prefix + (name,)
             if here in _SCHEMA:
@@ -544,9 +579,11 @@ def _merge_file(data: Mapping[str, Any], path: str,
                     if here == (COMMITLOG_SECTION,) and key == _RULES_KEY:
                         rules = _parse_rules(item, path)
                         continue
+                    if here == (CLUSTER_SECTION,) and key == _NODES_KEY:
+                        nodes = _parse_nodes(item, path)
+                        continue
                     if key not in schema:
-                        allowed = list(schema) + ([_RULES_KEY] if here == (COMMITLOG_SECTION,)
-                                                  else [])
+                        allowed = list(schema) + _ARRAY_KEYS.get(here, [])
                         raise ConfigError(
                             _dotted(full),
                             "unknown key; allowed: " + ", ".join(allowed) + _suggest(key, allowed),
@@ -575,7 +612,7 @@ def _merge_file(data: Mapping[str, Any], path: str,
                                   + _suggest(name, allowed), path)
 
     walk(data, ())
-    return rules
+    return rules, nodes
 
 
 def _parse_rules(value: object, path: str) -> tuple[LogRule, ...]:
@@ -614,6 +651,189 @@ def _parse_rules(value: object, path: str) -> tuple[LogRule, ...]:
     return tuple(out)
 
 
+def _parse_nodes(value: object, path: str) -> tuple[NodeAddress, ...]:
+    """``[[cluster.nodes]]`` -> NodeAddresses, each entry checked on its own (cross-entry and
+    cross-section checks are in ``_build_cluster``), errors naming ``cluster.nodes[i].key``."""
+    base = f"{CLUSTER_SECTION}.{_NODES_KEY}"
+    if not isinstance(value, list):
+        raise ConfigError(base, "expected an array of tables ([[cluster.nodes]] with id, host "
+                                "and port keys)", path)
+    out: list[NodeAddress] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(value):
+        here = f"{base}[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError(here, "expected a table with id, host and port keys "
+                                    "([[cluster.nodes]])", path)
+        for key in item:
+            if key not in _NODE_KEYS:
+                raise ConfigError(f"{here}.{key}", "unknown key; allowed: " + ", ".join(_NODE_KEYS)
+                                  + _suggest(key, _NODE_KEYS), path)
+        for key in _NODE_KEYS:
+            if key not in item:
+                raise ConfigError(f"{here}.{key}", "required (every node needs id, host and "
+                                                   "port)", path)
+        node_id, host, port = item["id"], item["host"], item["port"]
+        if isinstance(node_id, str) and "/" in node_id:
+            raise ConfigError(f"{here}.id", "must not contain \"/\" (router ids are "
+                                            f"<node id>/<index>), got {_show(node_id)}", path)
+        try:
+            if not isinstance(node_id, str):
+                raise ValueError("not a string")
+            _check_node_id(node_id)
+        except ValueError as exc:
+            raise ConfigError(f"{here}.id", f"expected a node id ({exc}), got {_show(node_id)}",
+                              path) from None
+        if node_id in seen:
+            raise ConfigError(f"{here}.id", f"duplicate node id {_show(node_id)} (also "
+                                            f"{base}[{seen[node_id]}]); ids must be unique",
+                              path)
+        seen[node_id] = i
+        if isinstance(host, str) and host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        try:
+            if not isinstance(host, str) or not host:
+                raise ValueError("empty")
+            parse_bind(f"[{host}]:1" if ":" in host else f"{host}:1")
+        except ValueError as exc:
+            raise ConfigError(f"{here}.host", f"expected a host name or IP address the other "
+                                              f"nodes can reach ({exc}), got {_show(host)}",
+                              path) from None
+        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= _U16:
+            raise ConfigError(f"{here}.port", f"expected an integer between 1 and {_U16}, got "
+                                              f"{_show(port)}", path)
+        out.append(NodeAddress(node_id, host, port))
+    if not out:
+        raise ConfigError(base, "empty: list every node of the cluster, this one included "
+                                "(or leave [[cluster.nodes]] out for one node on loopback)", path)
+    return tuple(out)
+
+
+def _same_host(a: str, b: str) -> bool:
+    """Whether two mesh hosts are one machine as far as we can tell without resolving names."""
+    def norm(h: str) -> str:
+        h = h.lower()
+        return "127.0.0.1" if h in ("localhost", "::1") or h.startswith("127.") else h
+    return norm(a) == norm(b)
+
+
+def _build_cluster(values: Mapping[tuple[str, ...], object],
+                   sources: Mapping[tuple[str, ...], str],
+                   nodes: tuple[NodeAddress, ...] | None,
+                   path: str | None) -> ClusterSettings | None:
+    """``[cluster]`` -> ClusterSettings, or None for a plain single node.
+
+    A node is a cluster member when ``cluster.name`` is set (EMQX names its cluster too, and a
+    name is what two clusters on one network are told apart by in the link handshake). Without
+    ``[[cluster.nodes]]`` it is the one-host shorthand: this node alone, its ``routers`` meshing
+    on loopback from ``cluster.port``. Checked here, each naming the key to change: this node
+    in the list, mesh port ranges inside 1-65535, not overlapping on one host nor with this
+    node's MQTT/admin ports, and a secret whenever there is a link to authenticate."""
+    def get(key: str) -> Any:
+        return values[(CLUSTER_SECTION, key)]
+
+    def src(key: str) -> str | None:
+        return sources.get((CLUSTER_SECTION, key))
+
+    name = get("name")
+    if not name:
+        # A key set to its default (the example file sets them all) asks for nothing.
+        schema = _SCHEMA[(CLUSTER_SECTION,)]
+        stray = sorted(k[1] for k in sources
+                       if k[0] == CLUSTER_SECTION and values[k] != schema[k[1]][1])
+        if nodes is not None or stray:
+            what = "[[cluster.nodes]]" if nodes is not None else f"cluster.{stray[0]}"
+            raise ConfigError("cluster.name", f"required: {what} is set, but a node is a "
+                              "cluster member only with a cluster name (the same on every "
+                              "node)", path if nodes is not None else src(stray[0]))
+        return None
+    node_id = values[("node", "id")]
+    node_src = sources.get(("node", "id"))
+    routers = get("routers")
+    assert isinstance(node_id, str) and isinstance(routers, int)
+    if nodes is None:
+        nodes = (NodeAddress(node_id, "127.0.0.1", int(get("port"))),)
+        port_keys = ["cluster.port"]
+        port_src: list[str | None] = [src("port")]
+    else:
+        if src("port") is not None:
+            raise ConfigError("cluster.port", "only for one node without [[cluster.nodes]]; "
+                              "with a nodes list, each node's mesh port is its entry's port",
+                              src("port"))
+        port_keys = [f"cluster.nodes[{i}].port" for i in range(len(nodes))]
+        port_src = [path] * len(nodes)
+    ids = [n.id for n in nodes]
+    if node_id not in ids:
+        raise ConfigError("node.id", f"own address not in the list: this node's id "
+                          f"{_show(node_id)} is none of the cluster.nodes ids ("
+                          + ", ".join(ids) + "); set node.id (MESHMQ_NODE__ID) to this node's "
+                          "entry or add it to [[cluster.nodes]]", node_src or path)
+    for i, n in enumerate(nodes):
+        last = n.port + routers - 1
+        if last > _U16:
+            raise ConfigError(port_keys[i], f"node {_show(n.id)}'s {routers} routers need mesh "
+                              f"ports {n.port}-{last}, beyond 65535 (router r listens on "
+                              "port + r)", port_src[i])
+    for j, b in enumerate(nodes):
+        for a in nodes[:j]:
+            if _same_host(a.host, b.host) and a.port <= b.port + routers - 1 \
+                    and b.port <= a.port + routers - 1:
+                raise ConfigError(port_keys[j], f"node {_show(b.id)}'s mesh ports {b.port}-"
+                                  f"{b.port + routers - 1} overlap node {_show(a.id)}'s "
+                                  f"{a.port}-{a.port + routers - 1} on host {a.host} (router r "
+                                  f"listens on port + r: space nodes on one host at least "
+                                  f"routers = {routers} apart)", port_src[j])
+    own_index = ids.index(node_id)
+    own = nodes[own_index]
+    for key in (("listener", "tcp", "bind"), ("listener", "tls", "bind"),
+                ("listener", "ws", "bind"), ("admin", "bind")):
+        text = values[key]
+        if not isinstance(text, str) or not text:
+            continue
+        port = parse_bind(text)[1]
+        if port and own.port <= port <= own.port + routers - 1:
+            raise ConfigError(port_keys[own_index], f"this node's mesh ports {own.port}-"
+                              f"{own.port + routers - 1} include port {port} of "
+                              f"{_dotted(key)}; move one of them", port_src[own_index])
+    if float(get("reconnect_min")) > float(get("reconnect_max")):
+        raise ConfigError("cluster.reconnect_min", "must not exceed cluster.reconnect_max",
+                          src("reconnect_min"))
+    secret = _cluster_secret(get("secret"), get("secret_file"), src)
+    total = len(nodes) * routers
+    if total > 1 and not secret:
+        raise ConfigError("cluster.secret", f"required: the cluster has {total} routers and "
+                          "every link between them is authenticated with it; set "
+                          "cluster.secret_file (a file only meshmq can read, e.g. from "
+                          "`head -c 32 /dev/urandom | base64`) or cluster.secret "
+                          "(MESHMQ_CLUSTER__SECRET), the same on every node", path)
+    return ClusterSettings(
+        name=name, node_id=node_id, routers=routers, nodes=nodes, secret=secret,
+        link_window=get("link_window"), link_max_queued_bytes=get("link_max_queued_bytes"),
+        reconnect_min=float(get("reconnect_min")), reconnect_max=float(get("reconnect_max")),
+        link_timeout=float(get("link_timeout")))
+
+
+def _cluster_secret(secret: str, secret_file: str,
+                    src: Callable[[str], str | None]) -> bytes:
+    """The link handshake key from cluster.secret or cluster.secret_file (never both: which one
+    wins would be a guess). The file's trailing newline is not part of it (``echo`` adds one)."""
+    if secret and secret_file:
+        raise ConfigError("cluster.secret_file", "set cluster.secret or cluster.secret_file, "
+                          "not both", src("secret_file") or src("secret"))
+    key, where = "cluster.secret", src("secret")
+    if secret_file:
+        key, where = "cluster.secret_file", src("secret_file")
+        _readable_file(key, secret_file, where)
+        with open(secret_file, "rb") as fh:
+            data = fh.read().rstrip(b"\r\n")
+    else:
+        data = secret.encode()
+    if data and len(data) < MIN_SECRET_BYTES:
+        raise ConfigError(key, f"too short ({len(data)} bytes): at least {MIN_SECRET_BYTES} "
+                          "bytes, e.g. `head -c 32 /dev/urandom | base64`", where)
+    return data
+
+
 def _merge_env(environ: Mapping[str, str], values: dict[tuple[str, ...], object],
                sources: dict[tuple[str, ...], str]) -> None:
     known = {_env_name(k): k for k in _all_keys()}
@@ -628,6 +848,10 @@ def _merge_env(environ: Mapping[str, str], values: dict[tuple[str, ...], object]
             if parts[:2] == [COMMITLOG_SECTION, _RULES_KEY]:
                 raise ConfigError(name, "commitlog.rules can only be set in the config file "
                                         "([[commitlog.rules]] tables)", "environment")
+            if parts[:2] == [CLUSTER_SECTION, _NODES_KEY]:
+                raise ConfigError(name, "cluster.nodes can only be set in the config file "
+                                        "([[cluster.nodes]] tables); MESHMQ_NODE__ID picks "
+                                        "this node among them", "environment")
             if section in _SCHEMA or section in _PARENTS:
                 problem = "names a section, not a key"
             else:
@@ -667,9 +891,10 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
     }
     sources: dict[tuple[str, ...], str] = {}
     rules: tuple[LogRule, ...] | None = None
+    nodes: tuple[NodeAddress, ...] | None = None
     if path is not None:
         data = _read_toml(path)
-        rules = _merge_file(data, path, values)
+        rules, nodes = _merge_file(data, path, values)
         sources.update({k: path for k in values if _was_set(data, k)})
     _merge_env(environ, values, sources)
 
@@ -693,6 +918,7 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
                                src("listener", "tls", k))
 
     _check_port_clash(values, sources)
+    cluster = _build_cluster(values, sources, nodes, path)
 
     password_file = get("auth", "password_file")
     acl_file = get("auth", "acl_file")
@@ -731,6 +957,8 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
             tcp_max_connections=get("listener", "tcp", "max_connections"),
             tls_max_connections=get("listener", "tls", "max_connections"),
             ws_max_connections=get("listener", "ws", "max_connections"),
+            # A cluster node's routers share the MQTT ports (the kernel spreads connections).
+            reuse_port=cluster is not None,
         ),
         mqtt=MqttSettings(**{key: values[("mqtt", key)] for key in _SCHEMA[("mqtt",)]}),
         auth=AuthSettings(
@@ -755,6 +983,7 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
         log_level=get("log", "level"),
         log_format=get("log", "format"),
         commitlog=commitlog,
+        cluster=cluster,
     )
 
 

@@ -1,0 +1,162 @@
+"""``[cluster]`` configuration: what a cluster member loads, and every misconfiguration the issue
+lists stopping ``meshmq serve`` with exit 2 and one line naming the key to change.
+
+The exit-2 cases run the real CLI: systemd's ``RestartPreventExitStatus=2`` relies on the code,
+and the operator reads the line in ``journalctl``, so both are the contract, not ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.broker import REPO_ROOT
+
+from cluster.settings import NodeAddress
+from meshmq.config import load_config
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = "0123456789abcdef-secret"
+THREE_NODES = """
+[[cluster.nodes]]
+id = "n0"
+host = "10.0.0.10"
+port = 7883
+[[cluster.nodes]]
+id = "n1"
+host = "10.0.0.11"
+port = 7883
+[[cluster.nodes]]
+id = "n2"
+host = "10.0.0.12"
+port = 7883
+"""
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "meshmq.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def _config(node_id: str = "n0", cluster: str = "", nodes: str = THREE_NODES,
+            extra: str = "") -> str:
+    return (f'[node]\nid = "{node_id}"\n{extra}\n[cluster]\nname = "c1"\nsecret = "{SECRET}"\n'
+            f"{cluster}\n{nodes}")
+
+
+def test_three_node_cluster_loads(tmp_path):
+    cfg = load_config(_write(tmp_path, _config(cluster="routers = 2\nlink_window = 64")), {})
+    c = cfg.cluster
+    assert c is not None
+    assert (c.name, c.node_id, c.routers, c.link_window) == ("c1", "n0", 2, 64)
+    assert c.nodes == (NodeAddress("n0", "10.0.0.10", 7883), NodeAddress("n1", "10.0.0.11", 7883),
+                       NodeAddress("n2", "10.0.0.12", 7883))
+    assert c.secret == SECRET.encode()
+    assert c.router_ids() == ["n0/0", "n0/1", "n1/0", "n1/1", "n2/0", "n2/1"]
+    assert cfg.broker.listeners.reuse_port is True
+
+
+def test_single_node_has_no_cluster_and_no_reuse_port():
+    cfg = load_config(None, {})
+    assert cfg.cluster is None
+    assert cfg.broker.listeners.reuse_port is False
+
+
+def test_shorthand_one_node_n_routers_on_loopback(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET + "\n")
+    cfg = load_config(None, {"MESHMQ_NODE__ID": "solo", "MESHMQ_CLUSTER__NAME": "c1",
+                             "MESHMQ_CLUSTER__ROUTERS": "4", "MESHMQ_CLUSTER__PORT": "17000",
+                             "MESHMQ_CLUSTER__SECRET_FILE": str(secret)})
+    c = cfg.cluster
+    assert c is not None
+    assert c.nodes == (NodeAddress("solo", "127.0.0.1", 17000),)
+    assert c.secret == SECRET.encode()  # the file's newline is not part of the key
+    assert c.address_of("solo/3") == ("127.0.0.1", 17003)
+
+
+def test_one_router_needs_no_secret(tmp_path):
+    cfg = load_config(_write(tmp_path, '[cluster]\nname = "c1"\n'), {})
+    assert cfg.cluster is not None and cfg.cluster.secret == b""
+
+
+def _secret_file(tmp_path: Path) -> Path:
+    path = tmp_path / "short.secret"
+    path.write_text("short\n")
+    return path
+
+
+# (case id, config text, environment, key that the one line must name, words it must say)
+CASES = [
+    ("duplicate-id", _config(nodes=THREE_NODES.replace('"n2"', '"n1"')), {},
+     "cluster.nodes[2].id", "duplicate node id"),
+    ("own-id-not-listed", _config(node_id="n9"), {}, "node.id", "own address not in the list"),
+    ("own-id-from-env-not-listed", _config(), {"MESHMQ_NODE__ID": "x7"}, "node.id",
+     "own address not in the list"),
+    ("slash-in-id", _config(nodes=THREE_NODES.replace('"n2"', '"n/2"')), {},
+     "cluster.nodes[2].id", 'must not contain "/"'),
+    ("routers-zero", _config(cluster="routers = 0"), {}, "cluster.routers",
+     "between 1 and 64"),
+    ("port-out-of-range", _config(nodes=THREE_NODES.replace("port = 7883", "port = 70000", 1)),
+     {}, "cluster.nodes[0].port", "between 1 and 65535"),
+    ("ports-beyond-65535", _config(cluster="routers = 4",
+                                   nodes=THREE_NODES.replace("port = 7883", "port = 65534", 1)),
+     {}, "cluster.nodes[0].port", "beyond 65535"),
+    ("ranges-overlap-on-one-host",
+     _config(cluster="routers = 3", nodes=THREE_NODES.replace("10.0.0.1", "127.0.0.1")
+             .replace("port = 7883", "port = 7000", 1).replace("port = 7883", "port = 7002", 1)),
+     {}, "cluster.nodes[1].port", "overlap"),
+    ("clash-with-mqtt-port", _config(cluster="routers = 2",
+                                     extra='[listener.tcp]\nbind = "0.0.0.0:7884"'),
+     {}, "cluster.nodes[0].port", "listener.tcp.bind"),
+    ("clash-with-admin-port", _config(extra='[admin]\nbind = "127.0.0.1:7883"'), {},
+     "cluster.nodes[0].port", "admin.bind"),
+    ("no-secret", _config().replace(f'secret = "{SECRET}"', ""), {}, "cluster.secret",
+     "required"),
+    ("short-secret", _config().replace(SECRET, "short"), {}, "cluster.secret", "too short"),
+    ("secret-and-file", _config(cluster='secret_file = "/etc/hostname"'), {},
+     "cluster.secret_file", "not both"),
+    ("unknown-node-key", _config(nodes=THREE_NODES.replace('host = "10.0.0.12"',
+                                                           'hots = "10.0.0.12"')),
+     {}, "cluster.nodes[2].hots", "unknown key"),
+    ("missing-node-port", _config(nodes=THREE_NODES.replace("port = 7883\n[[", "\n[[", 1)),
+     {}, "cluster.nodes[0].port", "required"),
+    ("nodes-without-name", '[node]\nid = "n0"\n' + THREE_NODES, {}, "cluster.name",
+     "required"),
+    ("port-with-nodes-list", _config(cluster="port = 9000"), {}, "cluster.port",
+     "only for one node"),
+    ("nodes-from-env", _config(), {"MESHMQ_CLUSTER__NODES": "n0"}, "MESHMQ_CLUSTER__NODES",
+     "config file"),
+    ("reconnect-min-above-max", _config(cluster="reconnect_min = 5.0\nreconnect_max = 1.0"), {},
+     "cluster.reconnect_min", "must not exceed"),
+]
+
+
+@pytest.mark.parametrize(("text", "env", "key", "words"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_misconfiguration_exits_2_naming_the_key(tmp_path, text, env, key, words):
+    path = _write(tmp_path, text)
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("MESHMQ_")}
+    child_env.update(env)
+    child_env["PYTHONPATH"] = str(REPO_ROOT)
+    proc = subprocess.run([sys.executable, "-m", "meshmq", "serve", "-c", path],
+                          capture_output=True, text=True, timeout=30, env=child_env,
+                          cwd=str(tmp_path))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"config error: {key}: "), lines[0]
+    assert words in lines[0], lines[0]
+    assert SECRET not in lines[0]  # a secret never reaches a log line
+
+
+def test_short_secret_file_names_the_file_key(tmp_path):
+    text = _config(cluster=f'secret_file = "{_secret_file(tmp_path)}"').replace(
+        f'secret = "{SECRET}"', "")
+    with pytest.raises(Exception, match=r"cluster\.secret_file: too short"):
+        load_config(_write(tmp_path, text), {})
