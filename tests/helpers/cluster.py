@@ -1,0 +1,165 @@
+"""Start a real meshmq cluster on loopback for the cluster tests: one ``meshmq serve`` per node.
+
+Each node is a ``BrokerProc`` (its own config file, data directory, MQTT and admin ports) whose
+config has a ``[cluster]`` section listing every node with a mesh base port picked free for
+``routers`` consecutive ports. ``addresses`` lets a test put a TCP proxy between two nodes: node
+i's list may give node j's address as the proxy's (each node's own entry stays its real port).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster.ownership import Ownership
+from cluster.settings import router_sort_key
+from helpers.broker import _HANDED_OUT, BrokerProc, deep_merge, wait_for
+
+SECRET = "test-cluster-secret-0123456789"
+
+
+def free_port_range(n: int) -> int:
+    """A port p with p .. p+n-1 all free now (router r of a node listens on base + r)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65535 or any(p in _HANDED_OUT for p in range(base, base + n)):
+            continue
+        ok = True
+        for p in range(base + 1, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            _HANDED_OUT.update(range(base, base + n))
+            return base
+    raise RuntimeError("no free port range")
+
+
+class Cluster:
+    """N nodes of one cluster; ``nodes[i]`` is a BrokerProc (stopped by PID at teardown)."""
+
+    def __init__(self, base: Path, n: int = 3, routers: int = 1, name: str = "testmesh",
+                 overrides: dict[str, Any] | None = None,
+                 per_node: dict[int, dict[str, Any]] | None = None,
+                 addresses: dict[tuple[int, int], int] | None = None) -> None:
+        self.routers = routers
+        self.mesh_ports = [free_port_range(routers) for _ in range(n)]
+        self.nodes: list[BrokerProc] = []
+        for i in range(n):
+            entries = []
+            for j in range(n):
+                port = (addresses or {}).get((i, j), self.mesh_ports[j])
+                entries.append({"id": f"n{j}", "host": "127.0.0.1", "port": port})
+            config = {
+                "node": {"id": f"n{i}"},
+                "cluster": {"name": name, "routers": routers, "secret": SECRET,
+                            "reconnect_max": 0.5, "link_timeout": 3.0, "nodes": entries},
+                "log": {"level": "info"},
+            }
+            config = deep_merge(config, overrides or {})
+            config = deep_merge(config, (per_node or {}).get(i, {}))
+            self.nodes.append(BrokerProc(base / f"n{i}", config, ws=False))
+
+    def start(self, wait_links: bool = True) -> Cluster:
+        for node in self.nodes:
+            node.start(wait=False)
+        for node in self.nodes:
+            node.wait_ready()
+        if wait_links:
+            self.wait_links_up()
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            try:
+                node.stop(timeout=10)
+            except Exception:  # noqa: BLE001 - reach every process
+                node.kill()
+
+    # -- observation ------------------------------------------------------------------------
+    def status(self, i: int, device: str | None = None) -> dict[str, Any]:
+        path = "/api/v1/cluster" + (f"?device={device}" if device else "")
+        code, body = self.nodes[i].http_get(path)
+        assert code == 200, f"{path} on n{i}: HTTP {code} {body[:300]}"
+        return json.loads(body)
+
+    def links(self, i: int) -> list[dict[str, Any]]:
+        """Every link of every router of node i (the status may nest routers)."""
+        out: list[dict[str, Any]] = []
+
+        def walk(obj: Any) -> None:
+            if isinstance(obj, dict):
+                if isinstance(obj.get("links"), list):
+                    out.extend(obj["links"])
+                for v in obj.values():
+                    if isinstance(v, dict | list):
+                        walk(v)
+            elif isinstance(obj, list):
+                for v in obj:
+                    walk(v)
+
+        walk(self.status(i))
+        return out
+
+    def link(self, i: int, peer_node: int) -> dict[str, Any]:
+        """Node i's link to router 0 of node peer_node (routers = 1 clusters)."""
+        for link in self.links(i):
+            if link["peer"] == f"n{peer_node}/0":
+                return link
+        raise AssertionError(f"n{i} has no link to n{peer_node}/0")
+
+    def wait_links_up(self, timeout: float = 20.0) -> None:
+        want = len(self.nodes) * self.routers - 1
+
+        def all_up() -> bool:
+            for i, node in enumerate(self.nodes):
+                if not node.alive:
+                    return False
+                ups = [lk for lk in self.links(i) if lk["state"] == "up"]
+                if len(ups) < want * self.routers:  # every router of node i: want links
+                    return False
+            return True
+
+        wait_for(all_up, timeout, message="every mesh link up")
+
+    def wait_routes(self, filters_at: int, count: int = 1, timeout: float = 10.0) -> None:
+        """Until every other node's links to node ``filters_at`` carry ``count`` routes."""
+        def known() -> bool:
+            for i in range(len(self.nodes)):
+                if i == filters_at:
+                    continue
+                for link in self.links(i):
+                    if link["peer"].startswith(f"n{filters_at}/") and link["routes_in"] < count:
+                        return False
+            return True
+
+        wait_for(known, timeout, message=f"routes of n{filters_at} known to every node")
+
+    def owner(self, device: str) -> str:
+        """The owner router of a device log, as node 0's admin API reports it."""
+        return self.status(0, device)["owner"]["router"]
+
+    def device_owned_by(self, node: int, prefix: str = "dev", router: int = 0) -> str:
+        """A device key whose log router ``router`` of ``node`` owns (the same rendezvous hash
+        the routers use; the admin API confirms it)."""
+        rids = [f"n{i}/{r}" for i in range(len(self.nodes)) for r in range(self.routers)]
+        ownership = Ownership(sorted(rids, key=router_sort_key))
+        want = f"n{node}/{router}"
+        for k in range(100_000):
+            device = f"{prefix}{k}"
+            if ownership.owner_of(device) == want:
+                assert self.owner(device) == want
+                return device
+        raise AssertionError("no device found")
+
+
+def sleep_until(deadline: float) -> None:
+    time.sleep(max(0.0, deadline - time.monotonic()))
