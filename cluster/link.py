@@ -211,21 +211,24 @@ class MeshLink:
         self._backoff = self.mesh.settings.reconnect_min
         self._acked(est.resume_from)
         resend: deque[Out] = deque()
+        unacked = 0
         for out in self.inflight:
             if out.qos == 0 and out.kind == frames.DELIVER:
                 self.stats["dropped_reconnect"] += 1
                 self.queued_bytes -= out.size
                 continue
             resend.append(out)
-            self.stats["resent"] += 1
+            unacked += 1
+        self.stats["resent"] += unacked
         self.inflight = deque()
         resend.extend(self.unsent)
         self.unsent = resend
         self.acked_out = 0  # the new connection has not heard our ACK yet
         self.routes_dirty = []
         conn.write(frames.encode_routes(True, self.mesh.local_routes()))
-        log.info("mesh link up", extra={"peer": self.peer, "resent": len(resend),
-                                        "resume_from": est.resume_from})
+        log.info("mesh link up", extra={"peer": self.peer, "resend": unacked,
+                                        "queued": len(resend) - unacked,
+                                        "peer_processed": est.resume_from})
         self.mesh.link_up(self)
         self.flush()
 
@@ -234,7 +237,8 @@ class MeshLink:
             return
         self.conn = None
         if self.state == "up":
-            log.warning("mesh link down: %s", why, extra={"peer": self.peer})
+            log.log(logging.INFO if self._closed else logging.WARNING, "mesh link down: %s",
+                    why, extra={"peer": self.peer})
         self.state = "down"
         self.since = time.time()
         self.mesh.link_down(self)

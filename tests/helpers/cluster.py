@@ -2,8 +2,8 @@
 
 Each node is a ``BrokerProc`` (its own config file, data directory, MQTT and admin ports) whose
 config has a ``[cluster]`` section listing every node with a mesh base port picked free for
-``routers`` consecutive ports. ``addresses`` lets a test put a TCP proxy between two nodes: node
-i's list may give node j's address as the proxy's (each node's own entry stays its real port).
+``routers`` consecutive ports. ``dial_via`` puts a TCP proxy between two nodes: node i's list then
+gives node j's address as the proxy's (node j's own entry stays its real port).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from cluster.ownership import Ownership
 from cluster.settings import router_sort_key
-from helpers.broker import _HANDED_OUT, BrokerProc, deep_merge, wait_for
+from helpers.broker import _HANDED_OUT, BrokerProc, deep_merge, to_toml, wait_for
 
 SECRET = "test-cluster-secret-0123456789"
 
@@ -48,16 +48,14 @@ class Cluster:
 
     def __init__(self, base: Path, n: int = 3, routers: int = 1, name: str = "testmesh",
                  overrides: dict[str, Any] | None = None,
-                 per_node: dict[int, dict[str, Any]] | None = None,
-                 addresses: dict[tuple[int, int], int] | None = None) -> None:
+                 per_node: dict[int, dict[str, Any]] | None = None) -> None:
         self.routers = routers
         self.mesh_ports = [free_port_range(routers) for _ in range(n)]
         self.nodes: list[BrokerProc] = []
         for i in range(n):
             entries = []
             for j in range(n):
-                port = (addresses or {}).get((i, j), self.mesh_ports[j])
-                entries.append({"id": f"n{j}", "host": "127.0.0.1", "port": port})
+                entries.append({"id": f"n{j}", "host": "127.0.0.1", "port": self.mesh_ports[j]})
             config = {
                 "node": {"id": f"n{i}"},
                 "cluster": {"name": name, "routers": routers, "secret": SECRET,
@@ -67,6 +65,15 @@ class Cluster:
             config = deep_merge(config, overrides or {})
             config = deep_merge(config, (per_node or {}).get(i, {}))
             self.nodes.append(BrokerProc(base / f"n{i}", config, ws=False))
+
+    def dial_via(self, i: int, j: int, port: int) -> None:
+        """Node i reaches node j at ``port`` (a TcpProxy in front of j's mesh port); before
+        start. Node j's own entry keeps its real port."""
+        node = self.nodes[i]
+        for entry in node.config["cluster"]["nodes"]:
+            if entry["id"] == f"n{j}":
+                entry["port"] = port
+        node.config_path.write_text(to_toml(node.config))
 
     def start(self, wait_links: bool = True) -> Cluster:
         for node in self.nodes:
