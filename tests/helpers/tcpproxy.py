@@ -11,7 +11,8 @@ from helpers.broker import free_port
 
 class TcpProxy:
     """Forwards 127.0.0.1:port to a target. ``cut()`` closes every connection and refuses new
-    ones (closed at accept) until ``heal()``: to both ends it is a network that dropped them."""
+    ones (closed at accept) until ``heal()``: to both ends it is a network that dropped them.
+    ``blackhole()`` first loses whatever is in flight."""
 
     def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
@@ -23,6 +24,7 @@ class TcpProxy:
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._lock = threading.Lock()
         self._cut = False
+        self._blackhole = False
         self._stop = False
         self.accepted = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -40,9 +42,15 @@ class TcpProxy:
                     pass
                 s.close()
 
+    def blackhole(self) -> None:
+        """Keep the connections open but drop every byte from now on, both ways (a network
+        that silently loses packets: what was sent in this state never arrives)."""
+        self._blackhole = True
+
     def heal(self) -> None:
         with self._lock:
             self._cut = False
+            self._blackhole = False
 
     def close(self) -> None:
         self._stop = True
@@ -89,7 +97,8 @@ class TcpProxy:
         try:
             data = s.recv(65536)
             if data:
-                other.sendall(data)
+                if not self._blackhole:
+                    other.sendall(data)
                 return
         except OSError:
             pass
