@@ -75,6 +75,53 @@ class Out:
         self.size = len(body) + 64
 
 
+class InboundSequence:
+    """What this router processed of one peer incarnation's entries (sans-I/O).
+
+    ``fresh`` drops an entry at or below what was processed (a resend after a reconnect);
+    ``ack_point`` is the cumulative ACK: every entry up to it is processed, and for an APPEND
+    that means durable, so an APPEND appended but not yet fsynced holds the ACK back (``hold``
+    / ``release``). After a reconnect the peer resends everything above the ACK point, which
+    may include APPENDs already appended and waiting for their fsync: ``fresh`` is what keeps
+    them from being stored twice.
+    """
+
+    def __init__(self) -> None:
+        self.incarnation = b""
+        self.received = 0
+        self._held: deque[list] = deque()  # [seq, released] in seq order
+
+    def reset(self, incarnation: bytes) -> None:
+        """A new incarnation of the peer: its seqs start again from 1."""
+        self.incarnation = incarnation
+        self.received = 0
+        self._held.clear()
+
+    def fresh(self, seq: int) -> bool:
+        if seq <= self.received:
+            return False
+        self.received = seq
+        return True
+
+    def hold(self, seq: int) -> list:
+        slot = [seq, False]
+        self._held.append(slot)
+        return slot
+
+    def release(self, slot: list) -> None:
+        slot[1] = True
+
+    def ack_point(self) -> int:
+        held = self._held
+        while held and held[0][1]:
+            held.popleft()
+        return held[0][0] - 1 if held else self.received
+
+    def resume_point(self, incarnation: bytes) -> int:
+        """For the handshake: what we processed of this incarnation (0 for another one)."""
+        return self.ack_point() if incarnation == self.incarnation else 0
+
+
 class MeshLink:
     def __init__(self, mesh: Mesh, peer: str, dial: bool, address: tuple[str, int]) -> None:
         self.mesh = mesh
@@ -95,10 +142,8 @@ class MeshLink:
         self.unsent: deque[Out] = deque()
         self.queued_bytes = 0
         # receive side: what we processed of the peer's current incarnation
-        self.peer_incarnation = b""
-        self.received = 0
+        self.inbound = InboundSequence()
         self.acked_out = 0  # the last ACK we sent
-        self.appends: deque[list] = deque()  # [seq, finished] for APPENDs not yet durable
         self.failed: dict[int, tuple[int, str]] = {}  # seq -> (status, why) of failed APPENDs
         self.results: list[tuple[int, int, int, str]] = []
         self.routes_dirty: list[tuple[int, str, str | None]] = []
@@ -164,7 +209,7 @@ class MeshLink:
                 size = 0
         if batch:
             parts.append(frames.encode_entries(batch))
-        ack = self._ack_point()
+        ack = self.inbound.ack_point()
         if ack > self.acked_out:
             parts.append(frames.encode_seq(frames.ACK, ack))
             self.acked_out = ack
@@ -175,19 +220,13 @@ class MeshLink:
             self.stats["frames_out"] += len(parts)
             conn.write(data)
 
-    def _ack_point(self) -> int:
-        """Everything up to here is processed (APPENDs: durable): the cumulative ACK."""
-        appends = self.appends
-        while appends and appends[0][1]:
-            appends.popleft()
-        return appends[0][0] - 1 if appends else self.received
-
     # -- the connection ---------------------------------------------------------------------
     def resume_point(self, incarnation: bytes) -> int:
-        """What we processed of this peer incarnation's entries (0 for a new incarnation)."""
-        if incarnation != self.peer_incarnation:
-            return 0
-        return self._ack_point()
+        return self.inbound.resume_point(incarnation)
+
+    @property
+    def peer_incarnation(self) -> bytes:
+        return self.inbound.incarnation
 
     def established(self, conn: LinkConnection, est: Established) -> None:
         old = self.conn
@@ -196,13 +235,10 @@ class MeshLink:
             # old one die; keeping the old one would leave both sides disagreeing)
             old.detach()
             old.close()
-        if est.peer_incarnation != self.peer_incarnation:
+        if est.peer_incarnation != self.inbound.incarnation:
             # a restarted peer: its seqs start again; our pending APPENDs of its old
             # incarnation still complete, but their acks mean nothing to the new one
-            self.peer_incarnation = est.peer_incarnation
-            self.received = 0
-            self.acked_out = 0
-            self.appends.clear()
+            self.inbound.reset(est.peer_incarnation)
             self.failed.clear()
             self.results = []
         self.conn = conn
@@ -304,12 +340,11 @@ class MeshLink:
     def _on_entries(self, entries: list[frames.Entry]) -> None:
         fresh = []
         for entry in entries:
-            if entry.seq <= self.received:
+            if not self.inbound.fresh(entry.seq):
                 failed = self.failed.get(entry.seq)
                 if failed is not None:  # its failure result may have died with a connection
                     self.results.append((entry.seq, failed[0], -1, failed[1]))
                 continue
-            self.received = entry.seq
             fresh.append(entry)
         self.stats["msgs_in"] += len(fresh)
         if fresh:
@@ -317,15 +352,13 @@ class MeshLink:
         self.mesh.want_flush(self)
 
     def append_pending(self, seq: int) -> list:
-        slot = [seq, False]
-        self.appends.append(slot)
-        return slot
+        return self.inbound.hold(seq)
 
     def append_done(self, slot: list, incarnation: bytes, exc: BaseException | None,
                     offset: int) -> None:
-        if incarnation != self.peer_incarnation:
+        if incarnation != self.inbound.incarnation:
             return  # for a previous incarnation of the peer, which is gone
-        slot[1] = True
+        self.inbound.release(slot)
         seq = slot[0]
         if exc is None:
             self.results.append((seq, 0, offset, ""))
