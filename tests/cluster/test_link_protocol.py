@@ -149,3 +149,14 @@ def test_inbound_sequence_holds_the_ack_for_appends_and_drops_their_resends() ->
     assert seq.resume_point(b"inc-2") == 0  # another incarnation processed nothing of ours
     seq.reset(b"inc-2")
     assert seq.fresh(1)
+
+
+def test_an_acceptor_refuses_a_dialer_that_cannot_prove_the_secret() -> None:
+    """A dialer without the secret (it cannot compute the proof) never gets READY."""
+    d, a = _pair()
+    hello = frames.FrameReader().feed(d.start())[0]
+    a.on_frame(*hello)
+    [(ftype, body)] = frames.FrameReader().feed(frames.encode_auth(b"\x00" * 32, 0))
+    with pytest.raises(HandshakeRefused) as err:
+        a.on_frame(ftype, body)
+    assert "failed the secret check" in err.value.why
