@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", choices=FORMATS, help="override log.format")
     serve.add_argument("--log-level", choices=tuple(LEVELS), type=str.lower,
                        help="override log.level")
+    # Internal: the cluster supervisor starts router R of this node with it (router_proc.py).
+    serve.add_argument("--router", type=int, metavar="R", help=argparse.SUPPRESS)
 
     passwd = sub.add_parser(
         "passwd", help="add, change or delete a user in a password file",
@@ -109,6 +111,26 @@ def _serve(args: argparse.Namespace) -> int:
     if overrides:
         config = dataclasses.replace(config, **overrides)
     setup_logging(config.log_level, config.log_format)
+    if args.router is not None:
+        if config.cluster is None or not 0 <= args.router < config.cluster.routers:
+            print("meshmq serve: --router is internal to a cluster node's supervisor (index "
+                  "below cluster.routers, with [cluster] set)", file=sys.stderr)
+            return EXIT_USAGE
+        from meshmq.router_proc import run_router
+
+        return run_router(config, args.router)
+    if config.cluster is not None:
+        from meshmq.cluster_node import run_supervisor
+
+        passed = []  # the routers get the same overrides the supervisor got
+        if args.log_format:
+            passed += ["--log-format", args.log_format]
+        if args.log_level:
+            passed += ["--log-level", args.log_level]
+        try:
+            return run_supervisor(config, args.config, passed)
+        except KeyboardInterrupt:
+            return 130
 
     # Imported here: the node pulls in every room, which `passwd` and `version` do not need.
     from meshmq.node import run_node
