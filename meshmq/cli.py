@@ -1,9 +1,12 @@
-"""The ``meshmq`` command line: ``serve``, ``passwd``, ``log``, ``version``.
+"""The ``meshmq`` command line: ``serve``, ``passwd``, ``log``, ``cluster``, ``dev-cluster``,
+``version``.
 
 Why argparse subcommands: one binary for the daemon and its operator tools, like
 ``mosquitto``/``mosquitto_passwd`` folded together. ``log list|tail|inspect`` lives in
-``meshmq.logcli``; ``cluster ...`` (membership) will be added by that feature; nothing here
-pretends to do it yet.
+``meshmq.logcli``; ``cluster status`` in ``meshmq.clustercli``; ``dev-cluster`` (a loopback
+cluster for trying it out) in ``meshmq.devcluster``. With ``[cluster]`` in the config, ``serve``
+runs the node's supervisor (``meshmq.cluster_node``), which starts each router as ``serve
+--router R`` (an internal flag, hidden from ``--help``).
 
 Exit codes: 0 ok, 1 the operation failed (e.g. unknown user), 2 bad usage or bad configuration
 (argparse's convention; systemd's ``RestartPreventExitStatus=2`` can then avoid restart loops on
@@ -70,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     passwd.add_argument("--delete", action="store_true", help="remove USER instead")
 
     add_log_parser(sub)
+    from meshmq.clustercli import add_cluster_parser
+    from meshmq.devcluster import add_dev_cluster_parser
+
+    add_cluster_parser(sub)
+    add_dev_cluster_parser(sub)
 
     sub.add_parser("version", help="print the version")
     return parser
@@ -85,6 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _passwd(args)
     if args.command == "log":
         return run_log(args)
+    if args.command == "cluster":
+        from meshmq.clustercli import run_cluster
+
+        return run_cluster(args)
+    if args.command == "dev-cluster":
+        from meshmq.devcluster import run_dev_cluster
+
+        return run_dev_cluster(args)
     if args.command == "version":
         print(f"meshmq {_version()}")
         return EXIT_OK
