@@ -160,3 +160,45 @@ def test_short_secret_file_names_the_file_key(tmp_path):
         f'secret = "{SECRET}"', "")
     with pytest.raises(Exception, match=r"cluster\.secret_file: too short"):
         load_config(_write(tmp_path, text), {})
+
+
+# ---------------------------------------------------------------------------- deploy/ files
+
+
+def test_compose_cluster_config_loads_for_every_service(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((REPO_ROOT / "deploy" / "docker-compose.yml").read_text())
+    config = str(REPO_ROOT / "deploy" / "cluster" / "meshmq.toml")
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    services = compose["services"]
+    for name, service in services.items():
+        env = {**service["environment"], "MESHMQ_CLUSTER__SECRET_FILE": str(secret),
+               "MESHMQ_NODE__DATA_DIR": str(tmp_path)}
+        cluster = load_config(config, env).cluster
+        assert cluster is not None and cluster.node_id == name == service["hostname"]
+        assert sorted(n.id for n in cluster.nodes) == sorted(services)
+
+
+def test_kubernetes_statefulset_matches_its_config(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    docs = {d["kind"] + "/" + d["metadata"]["name"]: d for d in yaml.safe_load_all(
+        (REPO_ROOT / "deploy" / "kubernetes" / "meshmq-cluster.yaml").read_text())}
+    sts = docs["StatefulSet/meshmq"]
+    config = tmp_path / "meshmq.toml"
+    config.write_text(docs["ConfigMap/meshmq"]["data"]["meshmq.toml"])
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    headless = docs["Service/" + sts["spec"]["serviceName"]]
+    assert headless["spec"]["clusterIP"] == "None"
+    mesh_ports = {p["port"] for p in headless["spec"]["ports"] if p["name"].startswith("mesh")}
+    for ordinal in range(sts["spec"]["replicas"]):
+        pod = f"{sts['metadata']['name']}-{ordinal}"  # what metadata.name gives MESHMQ_NODE__ID
+        cluster = load_config(str(config), {"MESHMQ_NODE__ID": pod,
+                                            "MESHMQ_CLUSTER__SECRET_FILE": str(secret),
+                                            "MESHMQ_NODE__DATA_DIR": str(tmp_path)}).cluster
+        assert cluster is not None
+        own = cluster.node(pod)
+        assert own.host == f"{pod}.{headless['metadata']['name']}"
+        assert {own.port + r for r in range(cluster.routers)} == mesh_ports
+    assert len(cluster.nodes) == sts["spec"]["replicas"]
