@@ -112,3 +112,21 @@ def mqtt_connect(port: int, client_id: str, timeout: float = 5.0) -> socket.sock
         sock.close()
         raise AssertionError(f"no CONNACK 0 for {client_id}: {data!r}")
     return sock
+
+
+def mqtt_publish_qos1(sock: socket.socket, topic: str, payload: bytes, packet_id: int = 1,
+                      timeout: float = 10.0) -> None:
+    """PUBLISH at QoS 1 on a connection from ``mqtt_connect`` and wait for its PUBACK (for a
+    logged topic: stored and fsynced)."""
+    t = topic.encode()
+    body = struct.pack("!H", len(t)) + t + struct.pack("!H", packet_id) + payload
+    assert len(body) < 128, "keep test publishes short (one-byte remaining length)"
+    sock.sendall(bytes([0x32, len(body)]) + body)
+    sock.settimeout(timeout)
+    data = b""
+    while len(data) < 4:
+        chunk = sock.recv(4 - len(data))
+        if not chunk:
+            raise AssertionError(f"connection closed before PUBACK of {topic}")
+        data += chunk
+    assert data == bytes([0x40, 0x02]) + struct.pack("!H", packet_id), data
