@@ -142,11 +142,21 @@ CASES = [
 def test_misconfiguration_exits_2_naming_the_key(tmp_path, text, env, key, words):
     path = _write(tmp_path, text)
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("MESHMQ_")}
+    # Should a broken check let the config through, the node must not bind the default ports
+    # (or write outside tmp_path) before the test fails: override what the case leaves default.
+    child_env["MESHMQ_NODE__DATA_DIR"] = str(tmp_path / "data")
+    if "[listener.tcp]" not in text:
+        child_env["MESHMQ_LISTENER__TCP__BIND"] = "127.0.0.1:0"
+    if "[admin]" not in text:
+        child_env["MESHMQ_ADMIN__BIND"] = "127.0.0.1:0"
     child_env.update(env)
     child_env["PYTHONPATH"] = str(REPO_ROOT)
-    proc = subprocess.run([sys.executable, "-m", "meshmq", "serve", "-c", path],
-                          capture_output=True, text=True, timeout=30, env=child_env,
-                          cwd=str(tmp_path))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "meshmq", "serve", "-c", path],
+                              capture_output=True, text=True, timeout=20, env=child_env,
+                              cwd=str(tmp_path))
+    except subprocess.TimeoutExpired:  # it started serving: the check under test is broken
+        pytest.fail(f"meshmq serve accepted the configuration ({key} not refused)")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1, proc.stderr
