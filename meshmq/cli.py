@@ -1,9 +1,12 @@
-"""The ``meshmq`` command line: ``serve``, ``passwd``, ``log``, ``version``.
+"""The ``meshmq`` command line: ``serve``, ``passwd``, ``log``, ``cluster``, ``dev-cluster``,
+``version``.
 
 Why argparse subcommands: one binary for the daemon and its operator tools, like
 ``mosquitto``/``mosquitto_passwd`` folded together. ``log list|tail|inspect`` lives in
-``meshmq.logcli``; ``cluster ...`` (membership) will be added by that feature; nothing here
-pretends to do it yet.
+``meshmq.logcli``; ``cluster status`` in ``meshmq.clustercli``; ``dev-cluster`` (a loopback
+cluster for trying it out) in ``meshmq.devcluster``. With ``[cluster]`` in the config, ``serve``
+runs the node's supervisor (``meshmq.cluster_node``), which starts each router as ``serve
+--router R`` (an internal flag, hidden from ``--help``).
 
 Exit codes: 0 ok, 1 the operation failed (e.g. unknown user), 2 bad usage or bad configuration
 (argparse's convention; systemd's ``RestartPreventExitStatus=2`` can then avoid restart loops on
@@ -58,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-format", choices=FORMATS, help="override log.format")
     serve.add_argument("--log-level", choices=tuple(LEVELS), type=str.lower,
                        help="override log.level")
+    # Internal: the cluster supervisor starts router R of this node with it (router_proc.py).
+    serve.add_argument("--router", type=int, metavar="R", help=argparse.SUPPRESS)
 
     passwd = sub.add_parser(
         "passwd", help="add, change or delete a user in a password file",
@@ -68,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     passwd.add_argument("--delete", action="store_true", help="remove USER instead")
 
     add_log_parser(sub)
+    from meshmq.clustercli import add_cluster_parser
+    from meshmq.devcluster import add_dev_cluster_parser
+
+    add_cluster_parser(sub)
+    add_dev_cluster_parser(sub)
 
     sub.add_parser("version", help="print the version")
     return parser
@@ -83,6 +93,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _passwd(args)
     if args.command == "log":
         return run_log(args)
+    if args.command == "cluster":
+        from meshmq.clustercli import run_cluster
+
+        return run_cluster(args)
+    if args.command == "dev-cluster":
+        from meshmq.devcluster import run_dev_cluster
+
+        return run_dev_cluster(args)
     if args.command == "version":
         print(f"meshmq {_version()}")
         return EXIT_OK
@@ -109,6 +127,26 @@ def _serve(args: argparse.Namespace) -> int:
     if overrides:
         config = dataclasses.replace(config, **overrides)
     setup_logging(config.log_level, config.log_format)
+    if args.router is not None:
+        if config.cluster is None or not 0 <= args.router < config.cluster.routers:
+            print("meshmq serve: --router is internal to a cluster node's supervisor (index "
+                  "below cluster.routers, with [cluster] set)", file=sys.stderr)
+            return EXIT_USAGE
+        from meshmq.router_proc import run_router
+
+        return run_router(config, args.router)
+    if config.cluster is not None:
+        from meshmq.cluster_node import run_supervisor
+
+        passed = []  # the routers get the same overrides the supervisor got
+        if args.log_format:
+            passed += ["--log-format", args.log_format]
+        if args.log_level:
+            passed += ["--log-level", args.log_level]
+        try:
+            return run_supervisor(config, args.config, passed)
+        except KeyboardInterrupt:
+            return 130
 
     # Imported here: the node pulls in every room, which `passwd` and `version` do not need.
     from meshmq.node import run_node

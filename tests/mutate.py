@@ -265,6 +265,22 @@ MUTATIONS: tuple[Mutation, ...] = (
 )
 
 
+def _more_mutations() -> tuple[Mutation, ...]:
+    """Guards kept in their own module (the cluster node's config/process/operations side,
+    tests/mutations_cluster_ops.py), loaded by path so ``python -m tests.mutate`` works too."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "mutations_cluster_ops", Path(__file__).resolve().parent / "mutations_cluster_ops.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return tuple(module.ops_mutations(Mutation))
+
+
+MUTATIONS += _more_mutations()
+
+
 def copy_tree(dest: Path) -> None:
     """The working tree as it is now (uncommitted edits included), without venv/git/caches."""
     def ignore(directory: str, names: list[str]) -> set[str]:

@@ -142,11 +142,21 @@ CASES = [
 def test_misconfiguration_exits_2_naming_the_key(tmp_path, text, env, key, words):
     path = _write(tmp_path, text)
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("MESHMQ_")}
+    # Should a broken check let the config through, the node must not bind the default ports
+    # (or write outside tmp_path) before the test fails: override what the case leaves default.
+    child_env["MESHMQ_NODE__DATA_DIR"] = str(tmp_path / "data")
+    if "[listener.tcp]" not in text:
+        child_env["MESHMQ_LISTENER__TCP__BIND"] = "127.0.0.1:0"
+    if "[admin]" not in text:
+        child_env["MESHMQ_ADMIN__BIND"] = "127.0.0.1:0"
     child_env.update(env)
     child_env["PYTHONPATH"] = str(REPO_ROOT)
-    proc = subprocess.run([sys.executable, "-m", "meshmq", "serve", "-c", path],
-                          capture_output=True, text=True, timeout=30, env=child_env,
-                          cwd=str(tmp_path))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "meshmq", "serve", "-c", path],
+                              capture_output=True, text=True, timeout=20, env=child_env,
+                              cwd=str(tmp_path))
+    except subprocess.TimeoutExpired:  # it started serving: the check under test is broken
+        pytest.fail(f"meshmq serve accepted the configuration ({key} not refused)")
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1, proc.stderr
@@ -160,3 +170,45 @@ def test_short_secret_file_names_the_file_key(tmp_path):
         f'secret = "{SECRET}"', "")
     with pytest.raises(Exception, match=r"cluster\.secret_file: too short"):
         load_config(_write(tmp_path, text), {})
+
+
+# ---------------------------------------------------------------------------- deploy/ files
+
+
+def test_compose_cluster_config_loads_for_every_service(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((REPO_ROOT / "deploy" / "docker-compose.yml").read_text())
+    config = str(REPO_ROOT / "deploy" / "cluster" / "meshmq.toml")
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    services = compose["services"]
+    for name, service in services.items():
+        env = {**service["environment"], "MESHMQ_CLUSTER__SECRET_FILE": str(secret),
+               "MESHMQ_NODE__DATA_DIR": str(tmp_path)}
+        cluster = load_config(config, env).cluster
+        assert cluster is not None and cluster.node_id == name == service["hostname"]
+        assert sorted(n.id for n in cluster.nodes) == sorted(services)
+
+
+def test_kubernetes_statefulset_matches_its_config(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    docs = {d["kind"] + "/" + d["metadata"]["name"]: d for d in yaml.safe_load_all(
+        (REPO_ROOT / "deploy" / "kubernetes" / "meshmq-cluster.yaml").read_text())}
+    sts = docs["StatefulSet/meshmq"]
+    config = tmp_path / "meshmq.toml"
+    config.write_text(docs["ConfigMap/meshmq"]["data"]["meshmq.toml"])
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    headless = docs["Service/" + sts["spec"]["serviceName"]]
+    assert headless["spec"]["clusterIP"] == "None"
+    mesh_ports = {p["port"] for p in headless["spec"]["ports"] if p["name"].startswith("mesh")}
+    for ordinal in range(sts["spec"]["replicas"]):
+        pod = f"{sts['metadata']['name']}-{ordinal}"  # what metadata.name gives MESHMQ_NODE__ID
+        cluster = load_config(str(config), {"MESHMQ_NODE__ID": pod,
+                                            "MESHMQ_CLUSTER__SECRET_FILE": str(secret),
+                                            "MESHMQ_NODE__DATA_DIR": str(tmp_path)}).cluster
+        assert cluster is not None
+        own = cluster.node(pod)
+        assert own.host == f"{pod}.{headless['metadata']['name']}"
+        assert {own.port + r for r in range(cluster.routers)} == mesh_ports
+    assert len(cluster.nodes) == sts["spec"]["replicas"]

@@ -1,0 +1,95 @@
+"""``meshmq serve`` for a cluster member: the supervisor process of one node.
+
+With ``[cluster]`` set, the process an operator starts does not route MQTT itself: it checks
+the configuration and the directories (``preflight``), binds the node's admin endpoint
+(``meshmq.node_admin``), starts ``cluster.routers`` router processes (``meshmq serve -c FILE
+--router R``, ``meshmq.router_proc``) through ``cluster.supervisor.Supervisor``, and turns
+signals into supervisor actions. Exit codes keep the single node's meaning: 0 after a drain, 2
+for what an operator must fix (config, directories, a router exiting 2), 1 for the rest (a port
+taken, a router that could not start).
+
+The routers re-read the same config file and environment as the supervisor (the file's path is
+passed on, made absolute). A router restarted after the file was edited starts with the edit:
+restart the node after changing the config, as with any daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+
+from cluster.settings import router_id
+from cluster.supervisor import Supervisor
+from meshmq.config import NodeConfig
+from meshmq.node_admin import NodeAdmin
+from meshmq.preflight import StartupError, check_startup
+from meshmq.router_proc import announce_path
+
+__all__ = ["run_supervisor", "router_argv"]
+
+log = logging.getLogger("meshmq.cluster_node")
+
+
+def router_argv(config_path: str | None, index: int, extra: Sequence[str] = ()) -> list[str]:
+    """Router ``index``'s command line: this interpreter, the same config, ``--router``."""
+    argv = [sys.executable, "-m", "meshmq", "serve"]
+    if config_path is not None:
+        argv += ["-c", os.path.abspath(config_path)]
+    return argv + ["--router", str(index), *extra]
+
+
+async def _supervise(config: NodeConfig, config_path: str | None,
+                     extra_args: Sequence[str]) -> int:
+    cluster = config.cluster
+    assert cluster is not None
+    try:
+        check_startup(config)
+    except StartupError as err:
+        log.error("cannot start: %s", err, extra={"key": err.key})
+        return 2
+    rids = [router_id(cluster.node_id, r) for r in range(cluster.routers)]
+    supervisor = Supervisor(cluster.routers,
+                            lambda r: router_argv(config_path, r, extra_args),
+                            lambda r: announce_path(config, r), rids)
+    admin = NodeAdmin(config, supervisor)
+    try:
+        await admin.start()
+    except OSError as err:
+        log.error("cannot start: admin.bind %s: %s", config.admin_bind, err.strerror or err)
+        return 1
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[int]] = []
+
+    def on_stop(sig: signal.Signals) -> None:
+        if not stopping:
+            log.info("%s: draining every router", sig.name)
+            stopping.append(loop.create_task(supervisor.stop(0)))
+
+    def on_hup() -> None:
+        pids = supervisor.forward(signal.SIGHUP)
+        log.info("SIGHUP: forwarded to the routers", extra={"pids": pids})
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_stop, sig)
+    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    try:
+        await supervisor.start()
+        if await supervisor.wait_up():
+            log.info("meshmq node ready", extra={
+                "node_id": cluster.node_id, "cluster": cluster.name, "admin": config.admin_bind,
+                "routers": {c.router_id: c.pid for c in supervisor.children}})
+        code = await supervisor.wait()
+    finally:
+        await admin.stop()
+    log.info("meshmq node stopped", extra={"exit": code})
+    return code
+
+
+def run_supervisor(config: NodeConfig, config_path: str | None,
+                   extra_args: Sequence[str] = ()) -> int:
+    """Run the node's supervisor until SIGTERM/SIGINT or a router it cannot keep running."""
+    return asyncio.run(_supervise(config, config_path, extra_args))

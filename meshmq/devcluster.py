@@ -1,0 +1,285 @@
+"""``meshmq dev-cluster``: a whole cluster on loopback, for trying it out and for tests.
+
+Node *i* (from 0) is ``node-<i>``: MQTT on ``--mqtt-port`` + *i* (1883, 1884, ...), admin HTTP
+on ``--admin-port`` + *i* (9883, ...), its ``--routers`` mesh ports from ``--mesh-port`` + *i* x
+routers (7883, ...), its config, data and log in ``<dir>/node-<i>/`` (``./meshmq-dev/`` by
+default). Each node is a real ``meshmq serve -c <dir>/node-<i>/meshmq.toml`` process, the same
+supervisor and routers a production node runs; only the addresses are loopback. The configs stay
+on disk: they are a working example of a cluster config, and a node can be restarted by hand
+with the same command.
+
+The cluster secret is generated once (``<dir>/cluster.secret``, mode 0600) and reused, so a
+second run restarts the same cluster over the same data. Ctrl-C or SIGTERM stops every node by
+its PID (SIGTERM, each drains, SIGKILL after 30 s) and exits 0. The nodes also get SIGTERM from
+the kernel if this process is killed outright (``PR_SET_PDEATHSIG``), so no cluster is left
+behind holding the ports.
+
+Why the port overrides: a test (or a second dev cluster) must never bind the default ports, and
+a developer may already run a broker on 1883.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["add_dev_cluster_parser", "run_dev_cluster"]
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass
+class _DevNode:
+    index: int
+    node_id: str
+    mqtt: int
+    admin: int
+    mesh: int
+    dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "meshmq.toml"
+
+    @property
+    def log_path(self) -> Path:
+        return self.dir / "meshmq.log"
+
+
+def add_dev_cluster_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "dev-cluster", help="run a local cluster on loopback (trying it out, tests)",
+        description="Start NODES cluster nodes on 127.0.0.1: node i serves MQTT on "
+        "MQTT_PORT+i and admin HTTP on ADMIN_PORT+i, with data under DIR/node-i. Prints the "
+        "nodes with their ports and PIDs; Ctrl-C or SIGTERM stops them all.")
+    p.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
+    p.add_argument("--routers", type=int, default=1, help="routers per node (default 1)")
+    p.add_argument("--mqtt-port", type=int, default=1883, metavar="PORT",
+                   help="MQTT port of node 0; node i uses PORT+i (default 1883)")
+    p.add_argument("--admin-port", type=int, default=9883, metavar="PORT",
+                   help="admin HTTP port of node 0; node i uses PORT+i (default 9883)")
+    p.add_argument("--mesh-port", type=int, default=7883, metavar="PORT",
+                   help="mesh base port of node 0; node i's routers use PORT+i*ROUTERS+r "
+                   "(default 7883)")
+    p.add_argument("--dir", default="./meshmq-dev", metavar="DIR",
+                   help="configs, data and logs (default ./meshmq-dev)")
+    p.add_argument("--name", default="dev", help="cluster name (default dev)")
+
+
+def _plan(args: argparse.Namespace) -> list[_DevNode] | str:
+    """The nodes and their ports, or a one-line usage error."""
+    if not 1 <= args.nodes <= 64:
+        return "--nodes must be between 1 and 64"
+    if not 1 <= args.routers <= 64:
+        return "--routers must be between 1 and 64"
+    ranges = {"--mqtt-port": (args.mqtt_port, args.nodes),
+              "--admin-port": (args.admin_port, args.nodes),
+              "--mesh-port": (args.mesh_port, args.nodes * args.routers)}
+    for flag, (start, count) in ranges.items():
+        if start < 1 or start + count - 1 > 65535:
+            return f"{flag} {start}: ports {start}-{start + count - 1} are outside 1-65535"
+    flags = list(ranges)
+    for i, a in enumerate(flags):
+        for b in flags[i + 1:]:
+            (sa, ca), (sb, cb) = ranges[a], ranges[b]
+            if sa < sb + cb and sb < sa + ca:
+                return (f"{a} range {sa}-{sa + ca - 1} overlaps {b} range {sb}-{sb + cb - 1}: "
+                        "pick ports further apart")
+    root = Path(args.dir).resolve()
+    return [_DevNode(i, f"node-{i}", args.mqtt_port + i, args.admin_port + i,
+                     args.mesh_port + i * args.routers, root / f"node-{i}")
+            for i in range(args.nodes)]
+
+
+def _secret_file(root: Path) -> Path:
+    path = root / "cluster.secret"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
+def _toml_str(s: str) -> str:
+    return json.dumps(s)  # a JSON string is a valid TOML basic string
+
+
+def _write_config(node: _DevNode, nodes: list[_DevNode], name: str, routers: int,
+                  secret: Path) -> None:
+    lines = [
+        f"# Written by `meshmq dev-cluster`: node {node.index} of a loopback cluster.",
+        "[node]", f"id = {_toml_str(node.node_id)}",
+        f"data_dir = {_toml_str(str(node.dir / 'data'))}", "",
+        "[listener.tcp]", f'bind = "127.0.0.1:{node.mqtt}"', "",
+        "[admin]", f'bind = "127.0.0.1:{node.admin}"', "",
+        "[cluster]", f"name = {_toml_str(name)}", f"routers = {routers}",
+        f"secret_file = {_toml_str(str(secret))}", "",
+    ]
+    for n in nodes:
+        lines += ["[[cluster.nodes]]", f"id = {_toml_str(n.node_id)}", 'host = "127.0.0.1"',
+                  f"port = {n.mesh}", ""]
+    node.dir.mkdir(parents=True, exist_ok=True)
+    node.config_path.write_text("\n".join(lines))
+
+
+def _die_with_parent() -> None:
+    """preexec_fn of each node: SIGTERM from the kernel when dev-cluster dies."""
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _get_json(port: int, path: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (OSError, ValueError):
+        return 0, None
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class _Stop(Exception):
+    pass
+
+
+def run_dev_cluster(args: argparse.Namespace, out: TextIO | None = None,
+                    err: TextIO | None = None) -> int:
+    """Start the cluster, print it, wait for Ctrl-C/SIGTERM, stop it. The exit code."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    plan = _plan(args)
+    if isinstance(plan, str):
+        print(f"meshmq dev-cluster: {plan}", file=err)
+        return 2
+    nodes = plan
+    root = Path(args.dir).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    secret = _secret_file(root)
+    for node in nodes:
+        _write_config(node, nodes, args.name, args.routers, secret)
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise _Stop
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHMQ_")}
+    code = 0
+    try:
+        for node in nodes:
+            with open(node.log_path, "ab") as log:
+                node.proc = subprocess.Popen(
+                    [sys.executable, "-m", "meshmq", "serve", "-c", str(node.config_path)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                    start_new_session=True, preexec_fn=_die_with_parent)
+        failed = _wait_ready(nodes, err)
+        if failed:
+            return 1
+        _print_table(nodes, args, root, out)
+        while True:
+            for node in nodes:
+                assert node.proc is not None
+                if node.proc.returncode is None and node.proc.poll() is not None:
+                    print(f"meshmq dev-cluster: {node.node_id} (pid {node.proc.pid}) exited "
+                          f"with code {node.proc.returncode}; see {node.log_path}", file=err)
+            time.sleep(0.5)
+    except _Stop:
+        print("meshmq dev-cluster: stopping every node", file=out, flush=True)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        code = max(code, _stop(nodes, err))
+    return code
+
+
+def _wait_ready(nodes: list[_DevNode], err: TextIO) -> bool:
+    """Wait for every node's /readyz; on a node that exits or times out, say so (True)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    pending = list(nodes)
+    while pending:
+        for node in list(pending):
+            assert node.proc is not None
+            if node.proc.poll() is not None:
+                print(f"meshmq dev-cluster: {node.node_id} exited with code "
+                      f"{node.proc.returncode} before it was ready; {node.log_path}:\n"
+                      f"{_tail(node.log_path)}", file=err)
+                return True
+            if _get_json(node.admin, "/readyz")[0] == 200:
+                pending.remove(node)
+        if pending and time.monotonic() > deadline:
+            print("meshmq dev-cluster: not ready within "
+                  f"{READY_TIMEOUT_S:.0f}s: " + ", ".join(n.node_id for n in pending), file=err)
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _print_table(nodes: list[_DevNode], args: argparse.Namespace, root: Path,
+                 out: TextIO) -> None:
+    print(f"meshmq dev-cluster {args.name!r}: {len(nodes)} nodes x {args.routers} router(s) on "
+          f"127.0.0.1, data in {root}", file=out)
+    header = ("NODE", "PID", "MQTT", "ADMIN", "MESH PORTS", "ROUTER PIDS", "LOG")
+    rows = [header]
+    for node in nodes:
+        assert node.proc is not None
+        status, doc = _get_json(node.admin, "/api/v1/cluster")
+        rpids = ",".join(str(r.get("pid")) for r in doc.get("routers", [])) \
+            if status == 200 and isinstance(doc, dict) else "?"
+        last = node.mesh + args.routers - 1
+        mesh = str(node.mesh) if last == node.mesh else f"{node.mesh}-{last}"
+        rows.append((node.node_id, str(node.proc.pid), f"127.0.0.1:{node.mqtt}",
+                     f"127.0.0.1:{node.admin}", mesh, rpids, str(node.log_path)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+    first, last_node = nodes[0], nodes[-1]
+    print(f"\ntry:  mosquitto_sub -p {last_node.mqtt} -t 'devices/#' -v &\n"
+          f"      mosquitto_pub -p {first.mqtt} -t devices/d1/temp -m 21.5 -q 1\n"
+          f"      meshmq cluster status --admin 127.0.0.1:{first.admin}\n"
+          "Ctrl-C stops every node.", file=out, flush=True)
+
+
+def _stop(nodes: list[_DevNode], err: TextIO) -> int:
+    """SIGTERM every node by PID, wait for the drains, SIGKILL what is left. 0 if all drained."""
+    live = [n for n in nodes if n.proc is not None and n.proc.poll() is None]
+    for node in live:
+        assert node.proc is not None
+        try:
+            node.proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    code = 0
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for node in live:
+        assert node.proc is not None
+        try:
+            node.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"meshmq dev-cluster: {node.node_id} (pid {node.proc.pid}) did not stop in "
+                  f"{STOP_TIMEOUT_S:.0f}s: killed", file=err)
+            node.proc.kill()
+            node.proc.wait(5)
+            code = 1
+    return code

@@ -1,0 +1,345 @@
+"""The admin endpoint of a cluster node, served by its supervisor on ``admin.bind``.
+
+Why one endpoint per node and not one per router: what an operator points at a node (a
+Prometheus scrape target, a Kubernetes probe, ``curl``, ``meshmq log``, ``meshmq cluster
+status``) is the node, at an address in the config; router processes come and go (restarts,
+another ``routers`` value) on ports the kernel picks, and asking every scrape config and probe
+to follow them would make the process layout part of every tool's config. So the supervisor
+answers for the node, the way EMQX answers for its whole node on one dashboard port:
+
+* ``/metrics``: every router's metrics, scraped over loopback at request time and re-emitted
+  with a ``router="<node id>/<r>"`` label (parsed with ``prometheus_client.parser``), plus the
+  supervisor's own ``meshmq_router_up`` and ``meshmq_router_restarts_total``. Prometheus text
+  by default, OpenMetrics when the scraper asks for it, as a router's own endpoint does. A
+  router that cannot be scraped is ``meshmq_router_up 0`` and is left out, never a 500.
+* ``/healthz``: the supervisor is alive (it restarts routers itself; restarting the pod for a
+  router crash would only lose the other routers' clients). ``/readyz``: every router answers
+  its own ``/readyz`` with 200; otherwise 503 naming the routers that do not, and why.
+* ``/api/v1/cluster``: the supervisor's view of its routers (PID, state, restarts, last exit)
+  joined with each router's mesh status (its own ``/api/v1/cluster``), and, given
+  ``?device=D``, the router that owns device D's log (``cluster.ownership``).
+* ``/api/v1/...``: proxied to a router, with the caller's headers (credentials included: each
+  router enforces the admin authentication itself). A device's log goes to its owner when the
+  owner is a router of this node; otherwise, and for anything else, to the next router that is
+  up, in turn (with the mesh, any router answers for any device). ``GET /api/v1/logs`` merges
+  the pages of the local routers, so a listing covers the node's stores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+from collections.abc import Iterable, Iterator
+from typing import Any
+from urllib.parse import unquote
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.openmetrics import exposition as openmetrics
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from cluster.ownership import Ownership
+from cluster.settings import ClusterSettings
+from cluster.supervisor import Supervisor
+from meshmq.admin import METRICS_CONTENT_TYPE
+from meshmq.config import NodeConfig, parse_bind
+
+__all__ = ["NodeAdmin", "merge_metrics"]
+
+log = logging.getLogger("meshmq.node_admin")
+
+ROUTER_TIMEOUT_S = 5.0
+PROXY_TIMEOUT_S = 65.0  # above the fetch API's longest long poll (30 s) with room to spare
+# Request headers a proxy must not pass on (RFC 9110 7.6.1) or that aiohttp sets itself.
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+               "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
+
+
+class _Families:
+    """A collector that yields already-built metric families (the merged scrape)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._families
+
+
+def merge_metrics(scrapes: dict[str, str | None], restarts: dict[str, int]) -> list[Metric]:
+    """Merge routers' Prometheus text scrapes into families labelled ``router``.
+
+    ``scrapes`` maps a router id to its scrape (None: unreachable); ``restarts`` to its restart
+    count. A family whose samples already carry a ``router`` label (it names something else,
+    e.g. a peer) keeps it: overwriting would lie, so the scraped router's id goes in
+    ``source_router`` there instead."""
+    families: dict[str, Metric] = {}
+    up = Metric("meshmq_router_up", "1 if the supervisor could scrape this router's metrics "
+                "just now, 0 if not (down, restarting, or not answering).", "gauge")
+    restart_family = Metric("meshmq_router_restarts", "Times the supervisor restarted this "
+                            "router after it died.", "counter")
+    for rid, text in scrapes.items():
+        up.add_sample("meshmq_router_up", {"router": rid}, 0.0 if text is None else 1.0)
+        restart_family.add_sample("meshmq_router_restarts_total", {"router": rid},
+                                  float(restarts.get(rid, 0)))
+        if text is None:
+            continue
+        try:
+            parsed = list(text_string_to_metric_families(text))
+        except ValueError as exc:
+            log.warning("router %s served metrics we cannot parse: %s", rid, exc)
+            up.samples[-1] = up.samples[-1]._replace(value=0.0)
+            continue
+        for fam in parsed:
+            out = families.get(fam.name)
+            if out is None:
+                out = families[fam.name] = Metric(fam.name, fam.documentation, fam.type,
+                                                  fam.unit)
+            label = "source_router" if "router" in (fam.samples[0].labels if fam.samples
+                                                    else {}) else "router"
+            for s in fam.samples:
+                out.samples.append(Sample(s.name, {**s.labels, label: rid}, s.value,
+                                          s.timestamp, s.exemplar))
+    return [up, restart_family, *families.values()]
+
+
+class NodeAdmin:
+    """The node's admin HTTP server in front of the supervisor's routers."""
+
+    def __init__(self, config: NodeConfig, supervisor: Supervisor) -> None:
+        assert config.cluster is not None
+        self.config = config
+        self.cluster: ClusterSettings = config.cluster
+        self.supervisor = supervisor
+        self.ownership = Ownership(self.cluster.router_ids())
+        self.host, self._port = parse_bind(config.admin_bind)
+        self._ssl: ssl.SSLContext | None = None
+        if config.admin_certfile and config.admin_keyfile:
+            self._ssl = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            self._ssl.load_cert_chain(config.admin_certfile, config.admin_keyfile)
+        self.app = web.Application()
+        self.app.router.add_get("/metrics", self._metrics)
+        self.app.router.add_get("/healthz", self._healthz)
+        self.app.router.add_get("/readyz", self._readyz)
+        self.app.router.add_get("/api/v1/cluster", self._cluster)
+        self.app.router.add_get("/api/v1/logs", self._list_logs)
+        self.app.router.add_route("*", "/api/v1/{tail:.*}", self._proxy)
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._next = 0
+
+    @property
+    def port(self) -> int:
+        if self._runner is not None:
+            for address in self._runner.addresses:
+                if isinstance(address, tuple) and len(address) >= 2:
+                    return int(address[1])
+        return self._port
+
+    async def start(self) -> None:
+        """Bind ``admin.bind``; raises OSError when it is taken (before any router starts)."""
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=PROXY_TIMEOUT_S),
+            connector=aiohttp.TCPConnector(limit=64), auto_decompress=False)
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self._port, reuse_address=True,
+                              ssl_context=self._ssl).start()
+        except BaseException:
+            await runner.cleanup()
+            await self._session.close()
+            raise
+        self._runner = runner
+        log.info("node admin server listening", extra={"bind": f"{self.host}:{self.port}"})
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _base(self, index: int) -> str | None:
+        port = self.supervisor.admin_port(index)
+        return None if port is None else f"http://127.0.0.1:{port}"
+
+    async def _get(self, index: int, path: str, headers: dict[str, str] | None = None,
+                   ) -> tuple[int, bytes] | None:
+        """GET a router's admin path; None when the router is not up or does not answer."""
+        base = self._base(index)
+        if base is None or self._session is None:
+            return None
+        try:
+            async with self._session.get(base + path, headers=headers or {},
+                                         timeout=aiohttp.ClientTimeout(total=ROUTER_TIMEOUT_S)
+                                         ) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.debug("router %d did not answer %s: %r", index, path, exc)
+            return None
+
+    def _indexes(self) -> range:
+        return range(len(self.supervisor.children))
+
+    # -- routes -------------------------------------------------------------------------------
+    async def _metrics(self, request: web.Request) -> web.Response:
+        results = await asyncio.gather(*(self._get(i, "/metrics") for i in self._indexes()))
+        scrapes: dict[str, str | None] = {}
+        restarts: dict[str, int] = {}
+        for child, result in zip(self.supervisor.children, results, strict=True):
+            ok = result is not None and result[0] == 200
+            scrapes[child.router_id] = result[1].decode("utf-8", "replace") if ok else None
+            restarts[child.router_id] = child.restarts
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(merge_metrics(scrapes, restarts)))  # type: ignore[arg-type]
+        if "application/openmetrics-text" in request.headers.get("Accept", ""):
+            return web.Response(body=openmetrics.generate_latest(registry),
+                                headers={"Content-Type": openmetrics.CONTENT_TYPE_LATEST})
+        return web.Response(body=generate_latest(registry),
+                            headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        results = await asyncio.gather(*(self._get(i, "/readyz") for i in self._indexes()))
+        routers: dict[str, str] = {}
+        for child, result in zip(self.supervisor.children, results, strict=True):
+            if result is None:
+                routers[child.router_id] = child.state if child.state != "up" else "no answer"
+            elif result[0] == 200:
+                routers[child.router_id] = "ready"
+            else:
+                try:
+                    reason = json.loads(result[1]).get("reason", f"HTTP {result[0]}")
+                except (ValueError, AttributeError):
+                    reason = f"HTTP {result[0]}"
+                routers[child.router_id] = str(reason)
+        not_ready = {rid: why for rid, why in routers.items() if why != "ready"}
+        if not not_ready:
+            return web.json_response({"status": "ready", "routers": routers})
+        reason = "; ".join(f"router {rid}: {why}" for rid, why in not_ready.items())
+        return web.json_response({"status": "not ready", "reason": reason, "routers": routers},
+                                 status=503)
+
+    async def _cluster(self, request: web.Request) -> web.Response:
+        headers = _forward_headers(request)
+        results = await asyncio.gather(*(self._get(i, "/api/v1/cluster", headers)
+                                         for i in self._indexes()))
+        routers: list[dict[str, Any]] = []
+        for child, result in zip(self.supervisor.children, results, strict=True):
+            entry = child.status()
+            if result is None:
+                entry["mesh"] = None
+                entry["error"] = "router not up" if child.state != "up" else "no answer"
+            elif result[0] in (401, 403):
+                return web.Response(status=result[0], body=result[1],
+                                    content_type="application/json")
+            elif result[0] == 200:
+                try:
+                    entry["mesh"] = json.loads(result[1])
+                except ValueError:
+                    entry["mesh"], entry["error"] = None, "router answered invalid JSON"
+            else:
+                entry["mesh"] = None
+                entry["error"] = ("no mesh in this router" if result[0] == 404
+                                  else f"router answered HTTP {result[0]}")
+            routers.append(entry)
+        c = self.cluster
+        doc: dict[str, Any] = {
+            "cluster": c.name, "node": c.node_id, "routers_per_node": c.routers,
+            "nodes": [{"id": n.id, "host": n.host, "port": n.port} for n in c.nodes],
+            "router_ids": c.router_ids(), "routers": routers,
+        }
+        device = request.query.get("device")
+        if device is not None:
+            owner = self.ownership.owner_of(device)
+            doc["owner"] = {"device": device, "router": owner,
+                            "local": owner.rpartition("/")[0] == c.node_id}
+        return web.json_response(doc)
+
+    def _pick(self, device: str | None) -> int | None:
+        """The router to proxy to: a local owner of ``device``, else the next one that is up."""
+        children = self.supervisor.children
+        if device is not None:
+            node, _, index = self.ownership.owner_of(device).rpartition("/")
+            if node == self.cluster.node_id and self.supervisor.admin_port(int(index)):
+                return int(index)
+        for _ in range(len(children)):
+            i = self._next % len(children)
+            self._next += 1
+            if self.supervisor.admin_port(i) is not None:
+                return i
+        return None
+
+    async def _list_logs(self, request: web.Request) -> web.Response:
+        """Merge one page of ``/api/v1/logs`` from every local router (each holds the logs it
+        owns): ask each for the same page, merge by device id, cut at ``limit``."""
+        headers = _forward_headers(request)
+        results = await asyncio.gather(*(self._get(i, request.path_qs, headers)
+                                         for i in self._indexes()))
+        logs: list[dict[str, Any]] = []
+        more = False
+        for result in results:
+            if result is None:
+                continue
+            if result[0] != 200:
+                return web.Response(status=result[0], body=result[1],
+                                    content_type="application/json")
+            page = json.loads(result[1])
+            logs.extend(page.get("logs", []))
+            more = more or "next_after" in page
+        if all(r is None for r in results):
+            return _unavailable()
+        try:
+            limit = int(request.query.get("limit", "1000"))
+        except ValueError:
+            limit = 1000
+        logs.sort(key=lambda entry: entry["device"])
+        doc: dict[str, Any] = {"logs": logs[:limit]}
+        if (more or len(logs) > limit) and logs[:limit]:
+            doc["next_after"] = logs[:limit][-1]["device"]
+        return web.json_response(doc)
+
+    async def _proxy(self, request: web.Request) -> web.StreamResponse:
+        tail = request.match_info["tail"]
+        device = None
+        if tail.startswith("logs/"):
+            device = unquote(tail[len("logs/"):].split("/", 1)[0]) or None
+        index = self._pick(device)
+        base = None if index is None else self._base(index)
+        if base is None or self._session is None:
+            return _unavailable()
+        body = await request.read() if request.can_read_body else None
+        try:
+            async with self._session.request(request.method, base + request.path_qs,
+                                             headers=_forward_headers(request),
+                                             data=body, allow_redirects=False) as upstream:
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                for name, value in upstream.headers.items():
+                    if name.lower() not in _HOP_BY_HOP:
+                        response.headers.add(name, value)
+                if upstream.content_length is not None:
+                    response.content_length = upstream.content_length
+                await response.prepare(request)
+                async for chunk in upstream.content.iter_chunked(64 * 1024):
+                    await response.write(chunk)
+                await response.write_eof()
+                return response
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("proxying %s to router %s failed: %r", request.path, index, exc)
+            return _unavailable(f"router {index} did not answer")
+
+
+def _forward_headers(request: web.Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+
+
+def _unavailable(reason: str = "no router of this node is up") -> web.Response:
+    return web.json_response({"error": reason}, status=503)

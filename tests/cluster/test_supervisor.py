@@ -1,0 +1,165 @@
+"""A cluster node's supervisor with real router processes on loopback: shared MQTT port,
+restart of a killed router, signals passed on, every child stopped by PID, and the node's one
+admin endpoint (merged metrics with a ``router`` label, aggregated readiness and status).
+
+These run without mesh links (routers of one node need none to share a port); the mesh's own
+tests cover forwarding between them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from helpers.broker import metric_sum, parse_metrics, wait_for
+from helpers.clusternode import ClusterNode, mqtt_connect, pid_alive
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.timeout(120)
+
+ROUTERS = ("test/0", "test/1")
+
+
+@pytest.fixture
+def node(tmp_path) -> Iterator[ClusterNode]:
+    n = ClusterNode(tmp_path / "node", routers=2)
+    try:
+        n.start()
+        n.wait_routers_up()
+        yield n
+    finally:
+        n.kill_everything()
+
+
+@pytest.fixture(scope="module")
+def shared_node(tmp_path_factory) -> Iterator[ClusterNode]:
+    n = ClusterNode(tmp_path_factory.mktemp("shared") / "node", routers=2)
+    try:
+        n.start()
+        n.wait_routers_up()
+        yield n
+    finally:
+        n.kill_everything()
+
+
+def _router_metric(node: ClusterNode, index: int, name: str) -> float:
+    """A metric read from router ``index``'s own admin port (not through the supervisor)."""
+    port = json.loads((node.workdir / "data" / f"router-{index}" / "router.json").read_text())[
+        "admin_port"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return metric_sum(parse_metrics(resp.read().decode()), name)
+
+
+def test_routers_share_the_mqtt_port(shared_node):
+    pids = shared_node.wait_routers_up()
+    assert len(set(pids)) == 2 and shared_node.pid not in pids
+    socks: list[socket.socket] = []
+    try:
+        for i in range(40):
+            socks.append(mqtt_connect(shared_node.port, f"share-{i}"))
+        # SO_REUSEPORT hashes each connection to one router: 40 all on one is 2**-39.
+        counts = [_router_metric(shared_node, r, "meshmq_connections_total") for r in (0, 1)]
+        assert sum(counts) >= 40 and all(c > 0 for c in counts), counts
+    finally:
+        for s in socks:
+            s.close()
+    for r in (0, 1):  # each router keeps its store in its own directory
+        assert (shared_node.workdir / "data" / f"router-{r}" / "log").is_dir()
+
+
+def test_merged_metrics_carry_the_router_label(shared_node):
+    text = shared_node.metrics_text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    sessions = families["meshmq_sessions"].samples
+    assert sorted(s.labels["router"] for s in sessions) == list(ROUTERS)
+    up = {s.labels["router"]: s.value for s in families["meshmq_router_up"].samples}
+    assert up == {"test/0": 1.0, "test/1": 1.0}
+    for fam in families.values():  # every sample says which router it is from
+        for s in fam.samples:
+            assert "router" in s.labels or "source_router" in s.labels, s
+    req = urllib.request.Request(f"http://127.0.0.1:{shared_node.admin_port}/metrics",
+                                 headers={"Accept": "application/openmetrics-text"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+        body = resp.read().decode()
+    assert body.rstrip().endswith("# EOF")
+    assert 'meshmq_router_up{router="test/1"} 1.0' in body
+
+
+def test_readyz_and_cluster_status(shared_node):
+    status, body = shared_node.http_get("/readyz")
+    assert status == 200, body
+    assert json.loads(body)["routers"] == {"test/0": "ready", "test/1": "ready"}
+    doc = shared_node.cluster_status("?device=d1")
+    assert doc["cluster"] == "test" and doc["node"] == "test"
+    assert [r["router"] for r in doc["routers"]] == list(ROUTERS)
+    assert doc["owner"]["router"] in ROUTERS and doc["owner"]["local"] is True
+
+
+def test_sighup_reaches_every_router(shared_node):
+    offset = shared_node.log_size()
+    os.kill(shared_node.pid, signal.SIGHUP)
+
+    def reloaded() -> bool:
+        lines = [ln for ln in shared_node.log_since(offset).splitlines()
+                 if "SIGHUP: nothing to reload" in ln]
+        return all(any(f"router={rid}" in ln for ln in lines) for rid in ROUTERS)
+
+    wait_for(reloaded, timeout=10, message="both routers logging their SIGHUP reload")
+    assert shared_node.alive and all(shared_node.router_pids())
+
+
+def test_killed_router_is_restarted(node):
+    old = node.wait_routers_up()
+    offset = node.log_size()
+    os.kill(old[1], signal.SIGKILL)
+    new = wait_for(lambda: (lambda p: p if p[1] and p[1] != old[1] else None)(node.router_pids()),
+                   timeout=20, message="router 1 restarted with a new PID")
+    assert new[0] == old[0]  # the other router was left alone
+    assert node.cluster_status()["routers"][1]["restarts"] == 1
+    assert "died (killed by SIGKILL)" in node.log_since(offset)
+    wait_for(lambda: node.http_get("/readyz")[0] == 200, timeout=10, message="ready again")
+    mqtt_connect(node.port, "after-restart").close()
+
+
+def test_sigterm_drains_and_stops_every_router(node):
+    pids = node.wait_routers_up()
+    os.kill(node.pid, signal.SIGTERM)
+    assert node.proc is not None
+    assert node.proc.wait(timeout=30) == 0
+    for pid in pids:
+        assert not pid_alive(pid), f"router {pid} outlived the supervisor"
+    assert node.log_text().count("meshmq node stopped") >= 3  # two routers and the node
+
+
+def test_routers_die_with_a_killed_supervisor(node):
+    pids = node.wait_routers_up()
+    os.kill(node.pid, signal.SIGKILL)
+    wait_for(lambda: not any(pid_alive(p) for p in pids), timeout=15,
+             message="routers exiting after their supervisor was killed")
+
+
+def test_router_start_failure_stops_the_node_with_exit_1(tmp_path):
+    blocker = socket.socket()  # holds the MQTT port without SO_REUSEPORT: no router can bind
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    n = ClusterNode(tmp_path / "node", routers=2,
+                    overrides={"listener": {"tcp": {"bind": f"127.0.0.1:"
+                                                    f"{blocker.getsockname()[1]}"}}})
+    try:
+        n.start(wait=False)
+        assert n.proc is not None
+        assert n.proc.wait(timeout=60) == 1
+        text = n.log_text()
+        assert "before it was ready" in text and "stopping the node" in text
+        started = [int(w.split("=")[1]) for line in text.splitlines() if "router started" in line
+                   for w in line.split() if w.startswith("pid=")]
+        assert started and not any(pid_alive(p) for p in started)
+    finally:
+        blocker.close()
+        n.kill_everything()
