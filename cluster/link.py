@@ -401,6 +401,8 @@ class MeshLink:
     def status(self) -> dict[str, Any]:
         return {
             "peer": self.peer, "state": self.state, "since": self.since,
+            "address": f"{self.address[0]}:{self.address[1]}",
+            "remote": self.conn.remote if self.conn is not None else None,
             "age_s": round(time.time() - self.since, 1), "dials": self.dial,
             "reconnects": self.reconnects,
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
@@ -425,6 +427,7 @@ class LinkConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.reader = frames.FrameReader()
         self.paused = False
+        self.remote: str | None = None
         self.last_recv = time.monotonic()
         self._closed = False
         if link is not None:
@@ -442,6 +445,8 @@ class LinkConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.mesh.connections.add(self)
+        peername = transport.get_extra_info("peername")
+        self.remote = f"{peername[0]}:{peername[1]}" if peername else None
         if isinstance(self.hs, DialerHandshake):
             self.write(self.hs.start())
 

@@ -49,7 +49,7 @@ def test_a_cut_link_heals_and_delivers_each_qos1_message_exactly_once(
     if logged:
         topic = f"devices/{mesh.device_owned_by(2, unique('cut'))}/t"
     else:
-        topic = f"{unique('cut')}/t"
+        topic = f"u/{unique('cut')}/t"
     sub = clients.connected(n2, protocol=V5)
     sub.subscribe(topic, 1)
     mesh.wait_routes(2, 1)
@@ -112,7 +112,7 @@ def test_a_stopped_router_does_not_stall_the_other_links(tmp_path: Path,
     mesh = Cluster(tmp_path, n=3).start()
     try:
         n0, n1, n2 = mesh.nodes
-        topic = f"{unique('stop')}/t"
+        topic = f"u/{unique('stop')}/t"
         at1 = clients.connected(n1, protocol=V5, clean=True)
         at1.subscribe(topic, 1)
         at2 = clients.connected(n2, protocol=V5)
@@ -120,7 +120,8 @@ def test_a_stopped_router_does_not_stall_the_other_links(tmp_path: Path,
         mesh.wait_routes(1, 1)
         mesh.wait_routes(2, 1)
         pub = clients.connected(n0, protocol=V5)
-        os.kill(n1.pid, signal.SIGSTOP)
+        router1 = mesh.router_pid(1)
+        os.kill(router1, signal.SIGSTOP)
         try:
             for i in range(200):
                 pub.publish(topic, str(i), 1)
@@ -129,7 +130,7 @@ def test_a_stopped_router_does_not_stall_the_other_links(tmp_path: Path,
             assert [m.payload.decode() for m in got] == [str(i) for i in range(200)]
             time.sleep(1.0)
         finally:
-            os.kill(n1.pid, signal.SIGCONT)
+            os.kill(router1, signal.SIGCONT)
         # and node 1's subscriber gets its copies once it runs again, each once
         got1 = at1.expect_messages(200, timeout=30)
         assert sorted(int(m.payload) for m in got1) == list(range(200))
@@ -140,22 +141,23 @@ def test_a_stopped_router_does_not_stall_the_other_links(tmp_path: Path,
 
 def test_a_publish_at_a_non_owner_is_acked_only_once_the_owner_stored_it(
         tmp_path: Path, clients: ClientFactory) -> None:
-    """The owner is frozen: no PUBACK. It is killed and restarted: the publisher's router
-    resends over the new link, the owner stores it, and only then the PUBACK comes; the record
-    is in the owner's log exactly once."""
+    """The owner is frozen: no PUBACK. It is killed (kill -9 of the owner router; its node's
+    supervisor restarts it): the publisher's router resends over the new link, the owner
+    stores it, and only then the PUBACK comes; the record is in the owner's log exactly once."""
     mesh = Cluster(tmp_path, n=3).start()
     try:
         n0, n1, n2 = mesh.nodes
         device = mesh.device_owned_by(1, unique("own"))
         pub = clients.connected(n0, protocol=V5)
         pub.publish(f"devices/{device}/t", "before", 1)  # owner up: acked
-        os.kill(n1.pid, signal.SIGSTOP)
+        owner = mesh.router_pid(1)
+        os.kill(owner, signal.SIGSTOP)
         info = pub.publish(f"devices/{device}/t", "while-frozen", 1, wait=False)
         time.sleep(1.5)
         assert info.mid not in pub.pubacks, "acked while the owner could not store it"
-        n1.kill()  # SIGKILL works on a stopped process
-        n1.start()
+        os.kill(owner, signal.SIGKILL)  # works on a stopped process; the supervisor restarts it
         wait_for(lambda: info.mid in pub.pubacks, 30, message="the PUBACK after the restart")
+        assert mesh.router_pid(1) != owner
         assert pub.puback_code(info) == 0
         reader = clients.connected(n1, protocol=V5)
         reader.subscribe(f"devices/{device}/#", 1,
@@ -178,7 +180,7 @@ def test_a_logged_publish_is_refused_not_acked_when_the_owner_cannot_be_reached(
         n0, n1 = mesh.nodes
         device = mesh.device_owned_by(1, unique("gone"))
         pub = clients.connected(n0, protocol=V5)
-        n1.kill()
+        n1.kill()  # the supervisor: its router follows (PR_SET_PDEATHSIG) and nothing restarts it
         info = pub.publish(f"devices/{device}/t", "x", 1, wait=False)
         time.sleep(1.0)
         assert info.mid not in pub.pubacks

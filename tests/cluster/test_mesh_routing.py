@@ -35,7 +35,7 @@ def _payloads(msgs: list) -> list[str]:
 def test_subscriber_on_one_node_gets_each_message_from_the_others_exactly_once(
         mesh: Cluster, clients: ClientFactory) -> None:
     n0, n1, n2 = mesh.nodes
-    base = unique("x")
+    base = f"u/{unique('x')}"
     exact = clients.connected(n2, protocol=V5)
     exact.subscribe(f"{base}/a/x", 2)
     plus = clients.connected(n2, protocol=V311)
@@ -69,7 +69,7 @@ def test_subscriber_on_one_node_gets_each_message_from_the_others_exactly_once(
 def test_a_node_without_a_matching_route_gets_nothing(mesh: Cluster,
                                                       clients: ClientFactory) -> None:
     n0, n1, n2 = mesh.nodes
-    base = unique("r")
+    base = f"u/{unique('r')}"
     sub = clients.connected(n2, protocol=V5)
     sub.subscribe(f"{base}/only", 1)
     other = clients.connected(n1, protocol=V5)
@@ -114,7 +114,7 @@ def test_every_subscriber_sees_a_device_in_one_order(mesh: Cluster,
 
 def test_retained_messages_are_cluster_wide(mesh: Cluster, clients: ClientFactory) -> None:
     n0, n1, n2 = mesh.nodes
-    topic = f"{unique('ret')}/state"
+    topic = f"u/{unique('ret')}/state"
     pub = clients.connected(n0, protocol=V5)
     pub.publish(topic, "on", 1, retain=True)
 
@@ -140,7 +140,7 @@ def test_retained_messages_are_cluster_wide(mesh: Cluster, clients: ClientFactor
 def test_a_will_reaches_subscribers_on_other_nodes(mesh: Cluster,
                                                    clients: ClientFactory) -> None:
     n0, n1, n2 = mesh.nodes
-    topic = f"{unique('will')}/gone"
+    topic = f"u/{unique('will')}/gone"
     sub = clients.connected(n2, protocol=V5)
     sub.subscribe(topic, 1)
     mesh.wait_routes(2, 1)

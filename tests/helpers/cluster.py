@@ -61,6 +61,11 @@ class Cluster:
                 "cluster": {"name": name, "routers": routers, "secret": SECRET,
                             "reconnect_max": 0.5, "link_timeout": 3.0, "nodes": entries},
                 "log": {"level": "info"},
+                # Every topic is logged by default (a first-level topic group); tests name
+                # unlogged topics u/... so a test about the link does not depend on which
+                # router happens to own "its" topic group.
+                "commitlog": {"rules": [{"filter": "devices/{device}/#"},
+                                        {"filter": "u/#", "log": False}]},
             }
             config = deep_merge(config, overrides or {})
             config = deep_merge(config, (per_node or {}).get(i, {}))
@@ -149,6 +154,13 @@ class Cluster:
             return True
 
         wait_for(known, timeout, message=f"routes of n{filters_at} known to every node")
+
+    def router_pid(self, i: int, r: int = 0) -> int:
+        """The PID of router r of node i (the node's own PID is its supervisor's)."""
+        for router in self.status(i)["routers"]:
+            if router["index"] == r and router["state"] == "up":
+                return router["pid"]
+        raise AssertionError(f"router {r} of n{i} is not up")
 
     def owner(self, device: str) -> str:
         """The owner router of a device log, as node 0's admin API reports it."""
