@@ -109,7 +109,10 @@ def test_a_cut_link_heals_and_delivers_each_qos1_message_exactly_once(
 
 def test_a_stopped_router_does_not_stall_the_other_links(tmp_path: Path,
                                                          clients: ClientFactory) -> None:
-    mesh = Cluster(tmp_path, n=3).start()
+    """More messages than a link's window (1,024) while router 1 is frozen: its link's window
+    fills and stays full; router 2's link must not care."""
+    N = 1500
+    mesh = Cluster(tmp_path, n=3, overrides={"mqtt": {"max_queued_messages": 10_000}}).start()
     try:
         n0, n1, n2 = mesh.nodes
         topic = f"u/{unique('stop')}/t"
@@ -123,17 +126,18 @@ def test_a_stopped_router_does_not_stall_the_other_links(tmp_path: Path,
         router1 = mesh.router_pid(1)
         os.kill(router1, signal.SIGSTOP)
         try:
-            for i in range(200):
-                pub.publish(topic, str(i), 1)
+            infos = [pub.publish(topic, str(i), 1, wait=False) for i in range(N)]
+            wait_for(lambda: all(i.mid in pub.pubacks for i in infos), 60,
+                     message="every PUBACK")
             # node 2 gets everything while node 1 is frozen
-            got = at2.expect_messages(200, timeout=20)
-            assert [m.payload.decode() for m in got] == [str(i) for i in range(200)]
+            got = at2.expect_messages(N, timeout=20)
+            assert [m.payload.decode() for m in got] == [str(i) for i in range(N)]
             time.sleep(1.0)
         finally:
             os.kill(router1, signal.SIGCONT)
         # and node 1's subscriber gets its copies once it runs again, each once
-        got1 = at1.expect_messages(200, timeout=30)
-        assert sorted(int(m.payload) for m in got1) == list(range(200))
+        got1 = at1.expect_messages(N, timeout=30)
+        assert sorted(int(m.payload) for m in got1) == list(range(N))
         at1.expect_no_message(1.0)
     finally:
         mesh.stop()
