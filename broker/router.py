@@ -31,6 +31,7 @@ from broker.devicelogs import (
     record_message,
     wants_ack_offsets,
 )
+from broker.forwarding import Forwarder, RemotePublishes
 from broker.limits import RouterLimits, too_many_levels
 from broker.lograte import RateLimitedLog
 from broker.logrules import LogRules
@@ -60,6 +61,7 @@ from broker.protocol.topics import has_wildcards, is_valid_topic_filter, parse_s
 from broker.retained import RetainedStore
 from broker.session import NEVER, Session, Subscription, delivery_bytes
 from broker.settings import BrokerSettings, QueueFullPolicy
+from broker.shared import SharedDelivery
 from broker.stats import BrokerStats, DropReason
 from broker.trie import SharedGroup, SubscriptionTrie
 from commitlog.groupcommit import GroupCommitter
@@ -145,6 +147,9 @@ class Router:
                                        self.mqtt.max_queued_bytes),
                                       self.mqtt.max_lagging_devices, self.loop.call_soon)
         self._paused_publishers: set[Connection] = set()
+        self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
+        self.remote = RemotePublishes(self)
+        self.shared = SharedDelivery(self)
         self._log_no_connect = RateLimitedLog(log, logging.INFO,
                                               "connections closed for sending no CONNECT",
                                               burst=10, window=5.0)
@@ -594,6 +599,11 @@ class Router:
         if logs is not None:
             key = logs.rules.key_for(pkt.topic)
             if key is not None:
+                owner = self.forwarder.owner_of(key) if self.forwarder is not None else None
+                if owner is not None:
+                    self.remote.append_at_owner(owner, key, msg, conn, pkt.packet_id,
+                                                interval if expiry_at else None)
+                    return
                 self._append(logs, key, msg, conn, pkt, interval if expiry_at else None)
                 return
         if pkt.retain:
@@ -630,6 +640,9 @@ class Router:
         """A batch is on disk (or failed): route it and answer its publishers, in log order."""
         settled: list[Connection] = []
         for conn, packet_id, msg in batch:
+            if conn is None and packet_id is not None:  # stored for a peer router
+                self.remote.stored(packet_id, msg, exc)
+                continue
             if conn is not None:
                 conn.unsettled -= 1
                 if not conn.unsettled and conn.pending is not None:
@@ -714,14 +727,14 @@ class Router:
         self.route(msg)
 
     def _retain(self, msg: Message) -> None:
-        if not msg.payload:
-            self.retained.delete(msg.topic)
-        else:
-            self.retained.set(msg.topic, msg)
+        self.remote.retain_from_peer(msg)
+        if self.forwarder is not None:
+            self.forwarder.retained(msg)
 
     # -- routing ------------------------------------------------------------------------------
-    def route(self, msg: Message) -> None:
-        """Deliver to every matching session: one copy per session, at the best granted QoS."""
+    def route(self, msg: Message, forward: bool = True) -> None:
+        """Deliver to every matching session: one copy per session, at the best granted QoS;
+        then to peer routers (``forward``: False for a message that came from one)."""
         match = self.trie.match(msg.topic)
         subs = match.subs
         sessions = self.sessions
@@ -756,38 +769,9 @@ class Router:
                 self._deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids,
                               position=position, live=True)
         for group in match.groups:
-            self._deliver_shared(group, msg)
-
-    def _deliver_shared(self, group: SharedGroup, msg: Message, exclude: str | None = None) -> bool:
-        """Round-robin to one member, preferring connected, uncongested ones."""
-        members = list(group.members.items())
-        n = len(members)
-        if not n:
-            return False
-        start = group.cursor % n
-        chosen = None
-        fallback = None
-        for k in range(n):
-            cid, sub = members[(start + k) % n]
-            if cid == exclude:
-                continue
-            session = self.sessions.get(cid)
-            if session is None:
-                continue
-            conn = session.conn
-            if conn is not None and not conn.congested:
-                chosen = (session, sub, (start + k) % n)
-                break
-            if fallback is None:
-                fallback = (session, sub, (start + k) % n)
-        pick = chosen or fallback
-        if pick is None:
-            return False
-        session, sub, idx = pick
-        group.cursor = idx + 1
-        ids = (sub.sub_id,) if sub.sub_id else None
-        self._deliver(session, msg, sub.qos, False, ids, group)
-        return True
+            self.shared.deliver(group, msg)
+        if forward and self.forwarder is not None:
+            self.forwarder.forward(msg)
 
     def _deliver(
         self,
@@ -1140,7 +1124,7 @@ class Router:
             self.trie.remove(sub.filter, session.client_id, sub.group)
             codes.append(Reason.SUCCESS)
             if sub.group is not None:
-                self._redispatch_shared(session, only_group=sub)
+                self.shared.redispatch(session, only_group=sub)
         conn.send(Unsuback(pkt.packet_id, codes if conn.level == 5 else []))
 
     def _on_pingreq(self, conn: Connection, _pkt: Packet) -> None:
@@ -1193,7 +1177,7 @@ class Router:
         if session.conn is not None or self.sessions.get(session.client_id) is not session:
             return  # ended just now (max_offline_sessions = 0)
         # a shared subscriber going offline: its unacked shares go to members still online
-        self._redispatch_shared(session)
+        self.shared.redispatch(session)
         if session.expiry_interval != NEVER:
             session.expires_at = now + session.expiry_interval
             heapq.heappush(self._timers, (session.expires_at, next(self._seq), "expiry", session))
@@ -1207,36 +1191,13 @@ class Router:
             del self.sessions[session.client_id]
         for sub in session.subscriptions.values():
             self.trie.remove(sub.filter, session.client_id, sub.group)
-        self._redispatch_shared(session)
+        self.shared.redispatch(session)
         if session.will is not None:  # the session ends before the will delay ran out
             self._publish_will(session.will)
             session.will = None
         session.subscriptions.clear()
         session.inflight.clear()
         session.queue.clear()
-
-    def _redispatch_shared(self, session: Session, only_group: Subscription | None = None) -> None:
-        """Give a departing shared member's unacked and queued shares to another member."""
-        moved: list[Delivery] = []
-        for pid, d in list(session.inflight.items()):
-            # QoS 1 in flight may move (v5 4.8.2 SHOULD); a QoS 2 copy already sent must not
-            # go to another member [MQTT-4.8.2-5]: it stays with this session.
-            if d.group is not None and d.qos == 1 and d.state == Delivery.SENT and (
-                    only_group is None or d.group.filter == only_group.filter):
-                del session.inflight[pid]
-                moved.append(d)
-        kept = []
-        for d in session.queue:
-            if d.group is not None and (only_group is None or d.group.filter == only_group.filter):
-                moved.append(d)
-            else:
-                kept.append(d)
-        if len(kept) != len(session.queue):
-            session.queue.clear()
-            session.queue.extend(kept)
-        for d in moved:
-            if not self._deliver_shared(d.group, d.msg, exclude=session.client_id):
-                self.stats.dropped(DropReason.QUEUE_FULL)
 
     def _publish_will(self, will: Will) -> None:
         props = will.properties or {}
@@ -1247,6 +1208,10 @@ class Router:
         logs = self.logs
         if logs is not None:
             key = logs.rules.key_for(will.topic)
+            owner = self.forwarder.owner_of(key) if self.forwarder and key else None
+            if owner is not None:
+                self.remote.append_at_owner(owner, key, msg, None, None, interval)
+                return
             if key is not None:
                 # stored first, like any logged publish: _on_durable routes it once durable
                 try:

@@ -10,7 +10,7 @@ on every publish; we add the cache because a Python walk is slower than a C one)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _CACHE_LIMIT = 65_536  # distinct topics kept; beyond that the cache is dropped and rebuilt
@@ -64,6 +64,10 @@ class SubscriptionTrie:
         self._root = _Node()
         self._cache: dict[str, Match] = {}
         self._count = 0
+        # Called with (filter, group, True) when a filter (or a shared group on it) gets its first
+        # subscriber and (..., False) when it loses its last: the cluster advertises exactly
+        # these changes to peer routers (NATS sends RS+/RS- only on 0->1 and 1->0).
+        self.on_route_change: Callable[[str, str | None, bool], None] | None = None
 
     def __len__(self) -> int:
         return self._count
@@ -87,6 +91,8 @@ class SubscriptionTrie:
         table[client_id] = sub
         if new:
             self._count += 1
+            if len(table) == 1 and self.on_route_change is not None:
+                self.on_route_change(flt, group, True)
         self._cache.clear()
         return new
 
@@ -101,14 +107,18 @@ class SubscriptionTrie:
             node = child
         if group is None:
             found = node.subs.pop(client_id, None) is not None
+            last = not node.subs
         else:
             shared = node.shared.get(group)
             found = shared is not None and shared.members.pop(client_id, None) is not None
-            if shared is not None and not shared.members:
+            last = shared is not None and not shared.members
+            if last:
                 del node.shared[group]
         if not found:
             return False
         self._count -= 1
+        if last and self.on_route_change is not None:
+            self.on_route_change(flt, group, False)
         # Prune empty branches so a churn of unique filters doesn't leak nodes.
         for parent, level in reversed(path):
             child = parent.children[level]
@@ -160,6 +170,19 @@ class SubscriptionTrie:
             child = children.get(levels[i])
             if child is not None:
                 push((child, i + 1))
+
+    def routes(self) -> list[tuple[str, str | None]]:
+        """Each distinct (filter, group) with at least one subscriber: a full route sync."""
+        out: list[tuple[str, str | None]] = []
+        stack: list[tuple[_Node, list[str]]] = [(self._root, [])]
+        while stack:
+            node, path = stack.pop()
+            if node.subs:
+                out.append(("/".join(path), None))
+            out.extend(("/".join(path), group) for group in node.shared)
+            for level, child in node.children.items():
+                stack.append((child, [*path, level]))
+        return out
 
     def filters(self) -> Iterator[tuple[str, str, str | None, Any]]:
         """Every (filter, client_id, group, subscription): for diagnostics and route sync."""

@@ -4,7 +4,23 @@ cluster/, see shared/notes/architecture.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+# (link stats key, metric name, help): counters per link, labelled by peer router
+_COUNTERS = (
+    ("msgs_out", "meshmq_link_messages_sent", "Entries (publishes) sent over the link."),
+    ("msgs_in", "meshmq_link_messages_received", "Entries (publishes) received over the link."),
+    ("bytes_out", "meshmq_link_bytes_sent", "Bytes written to the link."),
+    ("bytes_in", "meshmq_link_bytes_received", "Bytes read from the link."),
+    ("frames_out", "meshmq_link_frames_sent", "Frames written to the link."),
+    ("frames_in", "meshmq_link_frames_received", "Frames read from the link."),
+    ("reconnects", "meshmq_link_reconnects", "Dials of the link after the first."),
+    ("resent", "meshmq_link_resent", "Entries resent after a reconnect (QoS>=1, unacked)."),
+)
 
 
 async def attach_mesh(node: Any) -> Any:
@@ -13,4 +29,49 @@ async def attach_mesh(node: Any) -> Any:
 
     mesh = Mesh(node.config.cluster, node.router_index, node.router, node.store, node.stats)
     await mesh.start()
+
+    async def cluster_status(request: web.Request) -> web.Response:
+        status = mesh.status()
+        device = request.query.get("device")
+        if device:
+            status["owner"] = {"device": device, "router": mesh.ownership.owner_of(device)}
+        return web.json_response(status)
+
+    node.admin.app.router.add_get("/api/v1/cluster", cluster_status)
+    node.metrics.add_collector(lambda: mesh_metrics(mesh), "mesh")
     return mesh
+
+
+def mesh_metrics(mesh: Any) -> Iterable[Metric]:
+    """Per-link families for what an operator graphs: state, traffic, window, queue, RTT."""
+    links = mesh.links.values()
+    state = GaugeMetricFamily("meshmq_link_up", "1 when the link to the peer router is up.",
+                              labels=["peer"])
+    queued = GaugeMetricFamily("meshmq_link_queued_bytes", "Bytes waiting on the link "
+                               "(bounded by cluster.link_max_queued_bytes).", labels=["peer"])
+    unacked = GaugeMetricFamily("meshmq_link_unacked", "Entries sent and not yet acknowledged "
+                                "(bounded by cluster.link_window).", labels=["peer"])
+    rtt = GaugeMetricFamily("meshmq_link_rtt_seconds", "Last ping round trip.", labels=["peer"])
+    routes = GaugeMetricFamily("meshmq_link_routes", "Filters the peer subscribes to.",
+                               labels=["peer"])
+    dropped = CounterMetricFamily("meshmq_link_dropped", "Entries a link did not carry: "
+                                  "queue_full (delivery dropped), refused (publish refused as "
+                                  "not stored), reconnect (QoS 0 lost with a connection).",
+                                  labels=["peer", "reason"])
+    counters = {key: CounterMetricFamily(name, doc, labels=["peer"])
+                for key, name, doc in _COUNTERS}
+    for link in links:
+        peer = [link.peer]
+        state.add_metric(peer, 1 if link.state == "up" else 0)
+        queued.add_metric(peer, link.queued_bytes)
+        unacked.add_metric(peer, len(link.inflight))
+        if link.rtt_ms is not None:
+            rtt.add_metric(peer, link.rtt_ms / 1000)
+        routes.add_metric(peer, mesh.routes.count(link.peer))
+        stats = {**link.stats, "reconnects": link.reconnects}
+        for key, family in counters.items():
+            family.add_metric(peer, stats[key])
+        dropped.add_metric([link.peer, "queue_full"], link.stats["dropped_full"])
+        dropped.add_metric([link.peer, "refused"], link.stats["refused_full"])
+        dropped.add_metric([link.peer, "reconnect"], link.stats["dropped_reconnect"])
+    return [state, queued, unacked, rtt, routes, dropped, *counters.values()]

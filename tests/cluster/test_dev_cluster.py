@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers.broker import REPO_ROOT, wait_for
-from helpers.cluster import free_port_block, mqtt_connect, pid_alive
+from helpers.clusternode import free_port_block, mqtt_connect, pid_alive
 
 from meshmq.clustercli import render_status
 

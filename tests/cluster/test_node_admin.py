@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from helpers.broker import wait_for
-from helpers.cluster import ClusterNode, mqtt_connect, mqtt_publish_qos1
+from helpers.clusternode import ClusterNode, mqtt_connect, mqtt_publish_qos1
 
 from cluster.ownership import Ownership
 

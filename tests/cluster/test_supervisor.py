@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from helpers.broker import metric_sum, parse_metrics, wait_for
 from helpers.certs import self_signed
-from helpers.cluster import ClusterNode, mqtt_connect, pid_alive
+from helpers.clusternode import ClusterNode, mqtt_connect, pid_alive
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(120)

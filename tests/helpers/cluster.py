@@ -1,132 +1,172 @@
-"""Cluster-node processes for the tests: a supervisor (``meshmq serve`` with ``[cluster]``) on
-free loopback ports, its routers' PIDs, and bare MQTT connects that need no client library.
+"""Start a real meshmq cluster on loopback for the cluster tests: one ``meshmq serve`` per node.
 
-Every router PID a test sees is remembered (``ClusterNode.seen_pids``) so teardown can kill
-a router by its PID even when the supervisor was killed first: nothing outlives a test.
+Each node is a ``BrokerProc`` (its own config file, data directory, MQTT and admin ports) whose
+config has a ``[cluster]`` section listing every node with a mesh base port picked free for
+``routers`` consecutive ports. ``dial_via`` puts a TCP proxy between two nodes: node i's list then
+gives node j's address as the proxy's (node j's own entry stays its real port).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import random
-import signal
 import socket
-import struct
 import time
 from pathlib import Path
 from typing import Any
 
-from helpers.broker import BrokerProc, wait_for
+from cluster.ownership import Ownership
+from cluster.settings import router_sort_key
+from helpers.broker import _HANDED_OUT, BrokerProc, deep_merge, to_toml, wait_for
 
 SECRET = "test-cluster-secret-0123456789"
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_block(n: int, lo: int = 20000, hi: int = 60000) -> int:
-    """A base port such that base .. base+n-1 are all free now (mesh ports are base + r), far
-    from the default ports (1883, 7883, 9883) the tests must never bind."""
+def free_port_range(n: int) -> int:
+    """A port p with p .. p+n-1 all free now (router r of a node listens on base + r)."""
     for _ in range(200):
-        base = random.randrange(lo, hi - n)
-        if all(port_is_free(base + i) for i in range(n)):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65535 or any(p in _HANDED_OUT for p in range(base, base + n)):
+            continue
+        ok = True
+        for p in range(base + 1, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            _HANDED_OUT.update(range(base, base + n))
             return base
-    raise AssertionError(f"no block of {n} free ports found")
+    raise RuntimeError("no free port range")
 
 
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+class Cluster:
+    """N nodes of one cluster; ``nodes[i]`` is a BrokerProc (stopped by PID at teardown)."""
 
-
-class ClusterNode(BrokerProc):
-    """A one-node cluster with ``routers`` routers: the shorthand ``[cluster]`` (no nodes list),
-    mesh ports on a free block, a secret when there is more than one router."""
-
-    def __init__(self, workdir: Path, routers: int = 2, overrides: dict[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, base: Path, n: int = 3, routers: int = 1, name: str = "testmesh",
+                 overrides: dict[str, Any] | None = None,
+                 per_node: dict[int, dict[str, Any]] | None = None) -> None:
         self.routers = routers
-        self.mesh_port = free_port_block(routers)
-        cluster: dict[str, Any] = {"name": "test", "routers": routers, "port": self.mesh_port}
-        if routers > 1:
-            cluster["secret"] = SECRET
-        merged = {"cluster": cluster, **(overrides or {})}
-        super().__init__(workdir, merged, **kwargs)
-        self.seen_pids: set[int] = set()
+        self.mesh_ports = [free_port_range(routers) for _ in range(n)]
+        self.nodes: list[BrokerProc] = []
+        for i in range(n):
+            entries = []
+            for j in range(n):
+                entries.append({"id": f"n{j}", "host": "127.0.0.1", "port": self.mesh_ports[j]})
+            config = {
+                "node": {"id": f"n{i}"},
+                "cluster": {"name": name, "routers": routers, "secret": SECRET,
+                            "reconnect_max": 0.5, "link_timeout": 3.0, "nodes": entries},
+                "log": {"level": "info"},
+            }
+            config = deep_merge(config, overrides or {})
+            config = deep_merge(config, (per_node or {}).get(i, {}))
+            self.nodes.append(BrokerProc(base / f"n{i}", config, ws=False))
 
-    def cluster_status(self, query: str = "") -> dict[str, Any]:
-        status, body = self.http_get("/api/v1/cluster" + query)
-        assert status == 200, f"/api/v1/cluster answered HTTP {status}: {body[:300]}"
+    def dial_via(self, i: int, j: int, port: int) -> None:
+        """Node i reaches node j at ``port`` (a TcpProxy in front of j's mesh port); before
+        start. Node j's own entry keeps its real port."""
+        node = self.nodes[i]
+        for entry in node.config["cluster"]["nodes"]:
+            if entry["id"] == f"n{j}":
+                entry["port"] = port
+        node.config_path.write_text(to_toml(node.config))
+
+    def start(self, wait_links: bool = True) -> Cluster:
+        for node in self.nodes:
+            node.start(wait=False)
+        for node in self.nodes:
+            node.wait_ready()
+        if wait_links:
+            self.wait_links_up()
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            try:
+                node.stop(timeout=10)
+            except Exception:  # noqa: BLE001 - reach every process
+                node.kill()
+
+    # -- observation ------------------------------------------------------------------------
+    def status(self, i: int, device: str | None = None) -> dict[str, Any]:
+        path = "/api/v1/cluster" + (f"?device={device}" if device else "")
+        code, body = self.nodes[i].http_get(path)
+        assert code == 200, f"{path} on n{i}: HTTP {code} {body[:300]}"
         return json.loads(body)
 
-    def router_pids(self) -> list[int | None]:
-        pids = [r["pid"] if r["state"] == "up" else None
-                for r in self.cluster_status()["routers"]]
-        self.seen_pids.update(p for p in pids if p)
-        return pids
+    def links(self, i: int) -> list[dict[str, Any]]:
+        """Every link of every router of node i (the status may nest routers)."""
+        out: list[dict[str, Any]] = []
 
-    def wait_routers_up(self, timeout: float = 20.0) -> list[int]:
-        return wait_for(lambda: (lambda p: p if all(p) else None)(self.router_pids()),
-                        timeout=timeout, message="every router up")
+        def walk(obj: Any) -> None:
+            if isinstance(obj, dict):
+                if isinstance(obj.get("links"), list):
+                    out.extend(obj["links"])
+                for v in obj.values():
+                    if isinstance(v, dict | list):
+                        walk(v)
+            elif isinstance(obj, list):
+                for v in obj:
+                    walk(v)
 
-    def kill_everything(self) -> None:
-        """Teardown: the supervisor (SIGTERM, then SIGKILL), then any router still alive."""
-        with contextlib.suppress(Exception):
-            self.stop(timeout=15)
-        self.kill()
-        for pid in self.seen_pids:
-            if pid_alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        walk(self.status(i))
+        return out
+
+    def link(self, i: int, peer_node: int) -> dict[str, Any]:
+        """Node i's link to router 0 of node peer_node (routers = 1 clusters)."""
+        for link in self.links(i):
+            if link["peer"] == f"n{peer_node}/0":
+                return link
+        raise AssertionError(f"n{i} has no link to n{peer_node}/0")
+
+    def wait_links_up(self, timeout: float = 20.0) -> None:
+        want = len(self.nodes) * self.routers - 1
+
+        def all_up() -> bool:
+            for i, node in enumerate(self.nodes):
+                if not node.alive:
+                    return False
+                ups = [lk for lk in self.links(i) if lk["state"] == "up"]
+                if len(ups) < want * self.routers:  # every router of node i: want links
+                    return False
+            return True
+
+        wait_for(all_up, timeout, message="every mesh link up")
+
+    def wait_routes(self, filters_at: int, count: int = 1, timeout: float = 10.0) -> None:
+        """Until every other node's links to node ``filters_at`` carry ``count`` routes."""
+        def known() -> bool:
+            for i in range(len(self.nodes)):
+                if i == filters_at:
+                    continue
+                for link in self.links(i):
+                    if link["peer"].startswith(f"n{filters_at}/") and link["routes_in"] < count:
+                        return False
+            return True
+
+        wait_for(known, timeout, message=f"routes of n{filters_at} known to every node")
+
+    def owner(self, device: str) -> str:
+        """The owner router of a device log, as node 0's admin API reports it."""
+        return self.status(0, device)["owner"]["router"]
+
+    def device_owned_by(self, node: int, prefix: str = "dev", router: int = 0) -> str:
+        """A device key whose log router ``router`` of ``node`` owns (the same rendezvous hash
+        the routers use; the admin API confirms it)."""
+        rids = [f"n{i}/{r}" for i in range(len(self.nodes)) for r in range(self.routers)]
+        ownership = Ownership(sorted(rids, key=router_sort_key))
+        want = f"n{node}/{router}"
+        for k in range(100_000):
+            device = f"{prefix}{k}"
+            if ownership.owner_of(device) == want:
+                assert self.owner(device) == want
+                return device
+        raise AssertionError("no device found")
 
 
-def mqtt_connect(port: int, client_id: str, timeout: float = 5.0) -> socket.socket:
-    """Open an MQTT 3.1.1 connection (clean session) and return the socket after CONNACK 0."""
-    cid = client_id.encode()
-    variable = b"\x00\x04MQTT\x04\x02\x00\x3c"
-    payload = struct.pack("!H", len(cid)) + cid
-    body = variable + payload
-    packet = bytes([0x10, len(body)]) + body
-    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    sock.sendall(packet)
-    deadline = time.monotonic() + timeout
-    data = b""
-    while len(data) < 4 and time.monotonic() < deadline:
-        chunk = sock.recv(4 - len(data))
-        if not chunk:
-            break
-        data += chunk
-    if data != b"\x20\x02\x00\x00":
-        sock.close()
-        raise AssertionError(f"no CONNACK 0 for {client_id}: {data!r}")
-    return sock
-
-
-def mqtt_publish_qos1(sock: socket.socket, topic: str, payload: bytes, packet_id: int = 1,
-                      timeout: float = 10.0) -> None:
-    """PUBLISH at QoS 1 on a connection from ``mqtt_connect`` and wait for its PUBACK (for a
-    logged topic: stored and fsynced)."""
-    t = topic.encode()
-    body = struct.pack("!H", len(t)) + t + struct.pack("!H", packet_id) + payload
-    assert len(body) < 128, "keep test publishes short (one-byte remaining length)"
-    sock.sendall(bytes([0x32, len(body)]) + body)
-    sock.settimeout(timeout)
-    data = b""
-    while len(data) < 4:
-        chunk = sock.recv(4 - len(data))
-        if not chunk:
-            raise AssertionError(f"connection closed before PUBACK of {topic}")
-        data += chunk
-    assert data == bytes([0x40, 0x02]) + struct.pack("!H", packet_id), data
+def sleep_until(deadline: float) -> None:
+    time.sleep(max(0.0, deadline - time.monotonic()))

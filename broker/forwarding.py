@@ -1,0 +1,113 @@
+"""The router's side of the cluster seam, kept out of ``router.py``.
+
+``Forwarder`` is what the node wiring may hand the router (``cluster/mesh.py`` implements it;
+``broker/`` never imports ``cluster/``, see shared/notes/architecture.md). ``RemotePublishes`` is
+the router-side half of "a publish whose device log another router owns": the publisher's
+router holds the PUBACK/PUBREC until the owner says the record is durable (so "a PUBACK means
+stored" holds cluster-wide), and the owner's router appends for a peer and routes once durable.
+Without a forwarder none of this runs and the router is the single-node broker unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+
+from broker.protocol.properties import Prop
+from broker.stats import DropReason
+
+if TYPE_CHECKING:
+    from broker.connection import Connection
+    from broker.message import Message
+    from broker.router import Router
+
+log = logging.getLogger("broker.forwarding")
+
+
+class Forwarder(Protocol):
+    def forward(self, msg: Message) -> None:
+        """After local delivery of a message published (or stored) here: once to each peer
+        router with a matching subscription; never called for a message from a peer."""
+
+    def owner_of(self, device: str) -> str | None:
+        """The router owning a device log, None when it is this router."""
+
+    def append_at(self, owner: str, device: str, msg: Message, expiry: int | None,
+                  done: Any) -> None:
+        """Send a publish to its owner; ``done(error or None, offset)`` once durable there."""
+
+    def appended(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
+        """A publish appended for a peer (``append_for_peer``) is durable, or failed."""
+
+    def retained(self, msg: Message) -> None:
+        """A retained message was set or cleared here: every router keeps the same set."""
+
+
+class RemotePublishes:
+    """Publishes crossing the mesh to or from their device log's owner."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    # -- at the publisher's router ----------------------------------------------------------
+    def append_at_owner(self, owner: str, key: str, msg: Message, conn: Connection | None,
+                        packet_id: int | None, expiry: int | None) -> None:
+        """Like Router._append, with the owner's fsync in place of ours."""
+        router = self.router
+        msg.device = key  # for the ack's log position; the owner routes its own copy
+        if conn is not None:
+            conn.unsettled += 1
+            if msg.qos == 2:
+                conn.session.incoming_qos2[packet_id] = False
+        router.forwarder.append_at(
+            owner, key, msg, expiry,
+            lambda exc, offset: self._stored_at_owner(conn, packet_id, msg, exc, offset))
+
+    def _stored_at_owner(self, conn: Connection | None, packet_id: int | None, msg: Message,
+                         exc: BaseException | None, offset: int) -> None:
+        router = self.router
+        if conn is None:  # a will: nobody to answer
+            if exc is not None:
+                router._not_stored(None, None, msg.qos, exc)
+            return
+        conn.unsettled -= 1
+        if exc is not None:
+            router._not_stored(conn, packet_id, msg.qos, exc)
+        elif msg.qos and not conn.closing and conn.session is not None:
+            props = None
+            if conn.ack_offsets:
+                msg.offset = offset
+                props = {Prop.USER_PROPERTY: msg.log_position()}
+            router._ack_publish(conn, msg.qos, packet_id, 0, props)
+        if not conn.unsettled and conn.pending is not None:
+            router._release_held(conn)
+        router.flush_writes()
+
+    # -- at the owner's router --------------------------------------------------------------
+    def append_for_peer(self, key: str, msg: Message, expiry: int | None, ticket: Any) -> None:
+        """Store a peer's publish; ``stored`` routes it and answers the peer once durable.
+        Raises LogWriteError when the log cannot take it (the peer refuses its publisher)."""
+        logs = self.router.logs
+        if logs is None:
+            raise RuntimeError("this router has no commit log to store a peer's publish")
+        logs.append(key, msg, None, ticket, expiry)
+
+    def stored(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
+        """From Router._on_durable, for a publish stored for a peer: route it here (the owner
+        routes every logged message, so all subscribers see its log order) and answer."""
+        router = self.router
+        if exc is None:
+            if msg.retain:
+                router._retain(msg)
+            router.route(msg)
+        else:
+            router.stats.dropped(DropReason.NOT_STORED)
+        router.forwarder.appended(ticket, msg, exc)
+
+    def retain_from_peer(self, msg: Message) -> None:
+        """A peer's retained change: kept here, not broadcast again (one hop)."""
+        retained = self.router.retained
+        if not msg.payload:
+            retained.delete(msg.topic)
+        else:
+            retained.set(msg.topic, msg)

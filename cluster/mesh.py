@@ -1,0 +1,253 @@
+"""``Mesh``: this router's place in the full mesh, and the forwarder the router calls.
+
+One ``MeshLink`` per other router of the cluster (the lower id dials, the higher accepts on its
+mesh port). The router sees only the forwarder side (``broker/forwarding.py`` says what it
+calls): ``forward`` after local delivery, ``owner_of``/``append_at`` for logged publishes whose
+device log another router owns, ``appended`` when such an append is durable here, ``retained``
+for retained-message changes. The cluster calls the router back through ``route(msg,
+forward=False)``, ``append_remote`` and ``retain_remote`` only.
+
+One-hop rule (NATS routes, VerneMQ): a message that arrived over a link is delivered to local
+subscribers and never forwarded again, so a full mesh needs no loop detection. Logged messages
+are routed by their owner once stored, so every subscriber anywhere sees one device's messages
+in the owner's log order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import os
+import time
+from typing import Any
+
+from broker.lograte import RateLimitedLog
+from broker.message import Message
+from cluster import frames
+from cluster.link import Done, LinkConnection, LinkFull, MeshLink
+from cluster.ownership import Ownership
+from cluster.routes import RouteTable
+from cluster.settings import ClusterSettings, router_id, router_sort_key
+from commitlog.store import LogWriteError
+
+log = logging.getLogger("cluster.mesh")
+
+_ROUTE_OP = {True: frames.ROUTE_ADD, False: frames.ROUTE_DEL}
+
+
+class Mesh:
+    def __init__(self, settings: ClusterSettings, router_index: int, router: Any, store: Any,
+                 stats: Any) -> None:
+        self.settings = settings
+        self.rid = router_id(settings.node_id, router_index)
+        self.router = router
+        self.store = store
+        self.stats = stats
+        self.loop: asyncio.AbstractEventLoop = router.loop
+        self.incarnation = os.urandom(16)
+        self.ownership = Ownership(settings.router_ids())
+        self.routes = RouteTable()
+        me = router_sort_key(self.rid)
+        self.links: dict[str, MeshLink] = {
+            peer: MeshLink(self, peer, me < router_sort_key(peer), settings.address_of(peer))
+            for peer in settings.router_ids() if peer != self.rid}
+        self.connections: set[LinkConnection] = set()
+        self._dirty: set[MeshLink] = set()
+        self._flush_handle: asyncio.Handle | None = None
+        self._ping_handle: asyncio.TimerHandle | None = None
+        self.server: asyncio.AbstractServer | None = None
+        self.dropped = {"queue_full": 0, "reconnect": 0}
+        self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
+                                           burst=3, window=10.0)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        host, port = self.settings.address_of(self.rid)
+        bind = host if _is_ip(host) else "0.0.0.0"
+        self.server = await self.loop.create_server(lambda: LinkConnection(self, None), bind,
+                                                    port, reuse_address=True)
+        self.router.forwarder = self
+        self.router.trie.on_route_change = self._route_changed
+        for link in self.links.values():
+            if link.dial:
+                link._dial()
+        self._ping_handle = self.loop.call_later(self.settings.link_timeout / 3, self._ping)
+        log.info("mesh listening", extra={"router": self.rid, "mesh": f"{bind}:{port}",
+                                          "peers": len(self.links)})
+
+    async def close(self) -> None:
+        if self._ping_handle is not None:
+            self._ping_handle.cancel()
+        self._flush()
+        for link in self.links.values():
+            link.fail_pending("this router is shutting down")
+            link.close()
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.connections):
+            conn.close()
+        self.router.forwarder = None
+
+    def handshake_args(self) -> tuple:
+        return (self.settings.name, self.rid, self.settings.secret, self.incarnation,
+                set(self.links), self._resume_point)
+
+    def _resume_point(self, peer: str, incarnation: bytes) -> int:
+        return self.links[peer].resume_point(incarnation)
+
+    def refused(self, peer: str | None, why: str) -> None:
+        self._refused_log("mesh link refused (%s): %s", peer or "unknown peer", why)
+
+    def _ping(self) -> None:
+        now = time.monotonic()
+        timeout = self.settings.link_timeout
+        for link in self.links.values():
+            conn = link.conn
+            if conn is None:
+                continue
+            if now - conn.last_recv > timeout:
+                log.warning("mesh link silent for %.1f s (cluster.link_timeout): closing it",
+                            now - conn.last_recv, extra={"peer": link.peer})
+                conn.close()
+                continue
+            conn.write(frames.encode_ping(frames.PING, time.monotonic_ns()))
+        self._ping_handle = self.loop.call_later(timeout / 3, self._ping)
+
+    # -- batching ---------------------------------------------------------------------------
+    def want_flush(self, link: MeshLink) -> None:
+        self._dirty.add(link)
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        dirty, self._dirty = self._dirty, set()
+        for link in dirty:
+            link.flush()
+
+    # -- routes -----------------------------------------------------------------------------
+    def local_routes(self) -> list[tuple[int, str, str | None]]:
+        return [(frames.ROUTE_ADD, flt, group) for flt, group in self.router.trie.routes()]
+
+    def _route_changed(self, flt: str, group: str | None, added: bool) -> None:
+        change = [(_ROUTE_OP[added], flt, group)]
+        for link in self.links.values():
+            if link.state == "up":
+                link.send_routes(change)
+
+    def peer_routes(self, link: MeshLink, full: bool,
+                    changes: list[tuple[int, str, str | None]]) -> None:
+        if full:
+            self.routes.replace(link.peer, [(f, g) for op, f, g in changes
+                                            if op == frames.ROUTE_ADD])
+            return
+        for op, flt, group in changes:
+            if op == frames.ROUTE_ADD:
+                self.routes.add(link.peer, flt, group)
+            else:
+                self.routes.remove(link.peer, flt, group)
+
+    def link_up(self, link: MeshLink) -> None:
+        # Retained messages the peer may lack (it restarted, or missed changes while apart):
+        # it keeps its own where it has one (see RETAIN_SYNC in on_entries).
+        for msg in self.router.retained.match("#"):
+            head, body = self._encode(msg, frames.RETAIN_SYNC)
+            link.enqueue(frames.RETAIN_SYNC, 1, head, body)
+
+    def link_down(self, link: MeshLink) -> None:
+        # The peer's routes stay: what is published meanwhile queues on the link (bounded) and
+        # is delivered when it heals (EMQX learned to treat "down" as "unreachable", not "dead",
+        # PR emqx#14248); the full sync on reconnect replaces them.
+        pass
+
+    # -- the forwarder (called by the router) -------------------------------------------------
+    def forward(self, msg: Message) -> None:
+        """Once to each peer with a matching filter, after local delivery (never from a peer)."""
+        peers = self.routes.peers_for(msg.topic)
+        if not peers or msg.topic.startswith("$SYS"):
+            return
+        head, body = self._encode(msg, frames.DELIVER)
+        for peer in peers:
+            if not self.links[peer].enqueue(frames.DELIVER, msg.qos, head, body):
+                self.dropped["queue_full"] += 1
+
+    def owner_of(self, device: str) -> str | None:
+        """The router owning a device log, or None when it is this one."""
+        owner = self.ownership.owner_of(device)
+        return None if owner == self.rid else owner
+
+    def append_at(self, owner: str, device: str, msg: Message, expiry: int | None,
+                  done: Done) -> None:
+        """Send a publish to its device log's owner; ``done(error, offset)`` once it is durable
+        there (or refused)."""
+        head, body = self._encode(msg, frames.APPEND, device, expiry)
+        if not self.links[owner].enqueue(frames.APPEND, msg.qos, head, body, done):
+            done(LinkFull(f"the link to owner router {owner} is full"), -1)
+
+    def appended(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
+        """A remote APPEND is durable here (or failed): tell the publisher's router."""
+        link, slot, incarnation = ticket
+        link.append_done(slot, incarnation, exc, msg.offset)
+
+    def retained(self, msg: Message) -> None:
+        """A retained message set or cleared here: every router keeps the same set."""
+        if msg.topic.startswith("$SYS"):
+            return
+        head, body = self._encode(msg, frames.RETAIN)
+        for link in self.links.values():
+            if not link.enqueue(frames.RETAIN, 1, head, body):
+                self.dropped["queue_full"] += 1
+
+    def _encode(self, msg: Message, kind: int, device: str | None = None,
+                expiry: int | None = None) -> tuple[tuple[int, int], bytes]:
+        if expiry is None and msg.expiry_at is not None:
+            expiry = msg.remaining_expiry()
+        flags, tlen, body = frames.entry_body(
+            kind, msg.topic, msg.payload, msg.qos, msg.retain, msg.properties, msg.origin,
+            device, msg.offset, expiry)
+        return (flags, tlen), body
+
+    # -- entries from a peer ----------------------------------------------------------------
+    def on_entries(self, link: MeshLink, entries: list[frames.Entry]) -> None:
+        router = self.router
+        now = time.monotonic()
+        for e in entries:
+            expiry_at = None if e.expiry is None else now + e.expiry
+            msg = Message(e.topic, e.payload, e.qos, e.retain, e.properties, expiry_at,
+                          e.origin)
+            kind = e.kind
+            if kind == frames.DELIVER:
+                router.route(msg, forward=False)
+            elif kind == frames.APPEND:
+                slot = link.append_pending(e.seq)
+                try:
+                    router.remote.append_for_peer(e.device, msg, e.expiry,
+                                         (link, slot, link.peer_incarnation))
+                except LogWriteError as err:
+                    link.append_done(slot, link.peer_incarnation, err, -1)
+            elif kind == frames.RETAIN:
+                router.remote.retain_from_peer(msg)
+            elif kind == frames.RETAIN_SYNC:
+                if e.payload and not router.retained.match(e.topic):
+                    router.remote.retain_from_peer(msg)
+
+    def on_fetch_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
+        raise frames.FrameError("fetch over the mesh is not served by this version")
+
+    # -- operations -------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return {
+            "router": self.rid, "cluster": self.settings.name,
+            "links": [link.status() for link in self.links.values()],
+            "local_filters": len(self.router.trie.routes()),
+            "peer_routes": len(self.routes),
+        }
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        return False

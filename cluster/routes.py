@@ -1,0 +1,70 @@
+"""Which peer routers want a topic: the filters each peer's sessions subscribe to.
+
+Peers tell us their filters (cluster/frames.py ROUTES: a full set on every connect, deltas
+after), aggregated on their side: one entry per distinct filter however many sessions hold it
+(NATS's refcounted ``RS+``/``RS-``). They are kept in the same ``SubscriptionTrie`` the router
+matches local subscriptions with, the peer's router id standing where a client id stands, so a
+topic's peers come out of one walk, cached until the next route change, exactly like local ones.
+"""
+
+from __future__ import annotations
+
+from broker.trie import SharedGroup, SubscriptionTrie
+
+Route = tuple[str, str | None]  # (filter, shared-subscription group or None)
+
+
+class RouteTable:
+    def __init__(self) -> None:
+        self.trie = SubscriptionTrie()
+        self._by_peer: dict[str, set[Route]] = {}
+        self._peers_cache: dict[str, tuple[str, ...]] = {}
+
+    def __len__(self) -> int:
+        return len(self.trie)
+
+    def count(self, peer: str) -> int:
+        return len(self._by_peer.get(peer, ()))
+
+    def replace(self, peer: str, routes: list[Route]) -> None:
+        """A full sync: the peer's set is exactly ``routes`` now."""
+        self.drop_peer(peer)
+        for flt, group in routes:
+            self.add(peer, flt, group)
+
+    def add(self, peer: str, flt: str, group: str | None) -> None:
+        held = self._by_peer.setdefault(peer, set())
+        if (flt, group) in held:
+            return
+        held.add((flt, group))
+        self.trie.add(flt, peer, True, group)
+        self._peers_cache.clear()
+
+    def remove(self, peer: str, flt: str, group: str | None) -> None:
+        held = self._by_peer.get(peer)
+        if held is None or (flt, group) not in held:
+            return
+        held.discard((flt, group))
+        self.trie.remove(flt, peer, group)
+        self._peers_cache.clear()
+
+    def drop_peer(self, peer: str) -> None:
+        for flt, group in self._by_peer.pop(peer, ()):
+            self.trie.remove(flt, peer, group)
+        self._peers_cache.clear()
+
+    def peers_for(self, topic: str) -> tuple[str, ...]:
+        """Each peer with a plain (non-shared) matching filter, once however many match."""
+        cached = self._peers_cache.get(topic)
+        if cached is not None:
+            return cached
+        subs = self.trie.match(topic).subs
+        peers = tuple(dict.fromkeys(peer for peer, _ in subs)) if subs else ()
+        if len(self._peers_cache) >= 65_536:
+            self._peers_cache.clear()
+        self._peers_cache[topic] = peers
+        return peers
+
+    def groups_for(self, topic: str) -> list[SharedGroup]:
+        """Shared groups with members on peers (``members``: peer id -> True)."""
+        return self.trie.match(topic).groups

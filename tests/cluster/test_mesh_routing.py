@@ -1,0 +1,151 @@
+"""A 3-node cluster behaves as one broker: cross-node delivery, exactly once, only where
+subscribed, per-device order, retained messages and wills (issue 15).
+
+Real ``meshmq serve`` processes on loopback with real paho clients; one cluster per module to
+keep CI time down (each test uses its own topics).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+
+import pytest
+from helpers.broker import wait_for
+from helpers.clients import V5, V311, ClientFactory, unique
+from helpers.cluster import Cluster
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path_factory.mktemp("mesh"), n=3)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _payloads(msgs: list) -> list[str]:
+    return [m.payload.decode() for m in msgs]
+
+
+def test_subscriber_on_one_node_gets_each_message_from_the_others_exactly_once(
+        mesh: Cluster, clients: ClientFactory) -> None:
+    n0, n1, n2 = mesh.nodes
+    base = unique("x")
+    exact = clients.connected(n2, protocol=V5)
+    exact.subscribe(f"{base}/a/x", 2)
+    plus = clients.connected(n2, protocol=V311)
+    plus.subscribe(f"{base}/+/y", 2)
+    hash_ = clients.connected(n1, protocol=V5)
+    hash_.subscribe(f"{base}/#", 2)
+    mesh.wait_routes(2, 2)
+    mesh.wait_routes(1, 1)
+    pubs = [clients.connected(n0, protocol=V5), clients.connected(n1, protocol=V311)]
+    sent: dict[str, list[str]] = collections.defaultdict(list)
+    for k, pub in enumerate(pubs):
+        for i in range(30):
+            qos = i % 3
+            for topic in (f"{base}/a/x", f"{base}/b/y", f"{base}/c/z"):
+                payload = f"{k}-{i}-{topic[-3:]}"
+                pub.publish(topic, payload, qos)
+                sent[topic].append(payload)
+    want_exact = sorted(sent[f"{base}/a/x"])
+    want_plus = sorted(sent[f"{base}/b/y"])
+    want_all = sorted(p for v in sent.values() for p in v)
+    assert sorted(_payloads(exact.expect_messages(len(want_exact)))) == want_exact
+    assert sorted(_payloads(plus.expect_messages(len(want_plus)))) == want_plus
+    assert sorted(_payloads(hash_.expect_messages(len(want_all)))) == want_all
+    for sub in (exact, plus, hash_):
+        sub.expect_no_message(0.5)  # nothing twice
+    # Node 0 has no subscriber: nothing was forwarded to it, over any link.
+    assert mesh.link(1, 0)["msgs_out"] == 0
+    assert mesh.link(2, 0)["msgs_out"] == 0
+
+
+def test_a_node_without_a_matching_route_gets_nothing(mesh: Cluster,
+                                                      clients: ClientFactory) -> None:
+    n0, n1, n2 = mesh.nodes
+    base = unique("r")
+    sub = clients.connected(n2, protocol=V5)
+    sub.subscribe(f"{base}/only", 1)
+    other = clients.connected(n1, protocol=V5)
+    other.subscribe(f"{base}/elsewhere", 1)
+    mesh.wait_routes(2, 1)
+    before_1 = mesh.link(0, 1)["msgs_out"]
+    before_2 = mesh.link(0, 2)["msgs_out"]
+    pub = clients.connected(n0, protocol=V5)
+    for i in range(20):
+        pub.publish(f"{base}/only", str(i), 1)
+    assert _payloads(sub.expect_messages(20)) == [str(i) for i in range(20)]
+    assert mesh.link(0, 2)["msgs_out"] - before_2 == 20  # one copy per message
+    assert mesh.link(0, 1)["msgs_out"] == before_1  # n1 only wants another filter
+    other.expect_no_message(0.3)
+
+
+def test_every_subscriber_sees_a_device_in_one_order(mesh: Cluster,
+                                                     clients: ClientFactory) -> None:
+    """Two publishers on two nodes write one device, whose log a third node owns: subscribers
+    on all three nodes get the same sequence (the owner's log order), with offsets 0..n-1."""
+    n0, n1, n2 = mesh.nodes
+    device = mesh.device_owned_by(1, unique("ord"))
+    subs = [clients.connected(node, protocol=V5) for node in mesh.nodes]
+    for sub in subs:
+        sub.subscribe(f"devices/{device}/#", 1)
+    mesh.wait_routes(0, 1)
+    mesh.wait_routes(2, 1)
+    pub_a = clients.connected(n0, protocol=V5)
+    pub_b = clients.connected(n2, protocol=V5)
+    infos = []
+    for i in range(150):
+        infos.append(pub_a.publish(f"devices/{device}/t", f"a{i}", 1, wait=False))
+        infos.append(pub_b.publish(f"devices/{device}/t", f"b{i}", 1, wait=False))
+    wait_for(lambda: all(i.mid in pub_a.pubacks or i.mid in pub_b.pubacks for i in infos),
+             30, message="every PUBACK")
+    orders = [_payloads(sub.expect_messages(300, timeout=30)) for sub in subs]
+    assert orders[0] == orders[1] == orders[2]
+    for prefix in "ab":  # each publisher's own order is kept too
+        mine = [p for p in orders[0] if p[0] == prefix]
+        assert mine == [f"{prefix}{i}" for i in range(150)]
+
+
+def test_retained_messages_are_cluster_wide(mesh: Cluster, clients: ClientFactory) -> None:
+    n0, n1, n2 = mesh.nodes
+    topic = f"{unique('ret')}/state"
+    pub = clients.connected(n0, protocol=V5)
+    pub.publish(topic, "on", 1, retain=True)
+
+    def retained_at(node) -> list[str]:
+        c = clients.connected(node, protocol=V5)
+        c.subscribe(topic, 1)
+        got = c.drain() or []
+        try:
+            got = [c.expect_message(timeout=0.5)]
+        except AssertionError:
+            pass
+        c.disconnect()
+        return [m.payload.decode() for m in got]
+
+    wait_for(lambda: retained_at(n2) == ["on"], 10, message="the retained message on n2")
+    assert retained_at(n1) == ["on"]
+    clearer = clients.connected(n1, protocol=V311)
+    clearer.publish(topic, b"", 1, retain=True)  # cleared from another node
+    wait_for(lambda: retained_at(n2) == [] and retained_at(n0) == [], 10,
+             message="the retained message cleared everywhere")
+
+
+def test_a_will_reaches_subscribers_on_other_nodes(mesh: Cluster,
+                                                   clients: ClientFactory) -> None:
+    n0, n1, n2 = mesh.nodes
+    topic = f"{unique('will')}/gone"
+    sub = clients.connected(n2, protocol=V5)
+    sub.subscribe(topic, 1)
+    mesh.wait_routes(2, 1)
+    dying = clients(n0, protocol=V311)
+    dying.mqtt.will_set(topic, b"bye", 1)
+    dying.connect()
+    dying.abort()  # no DISCONNECT: the will goes out
+    assert sub.expect_message(timeout=10).payload == b"bye"
