@@ -2,8 +2,8 @@
 restart of a killed router, signals passed on, every child stopped by PID, and the node's one
 admin endpoint (merged metrics with a ``router`` label, aggregated readiness and status).
 
-These run without mesh links (routers of one node need none to share a port); the mesh's own
-tests cover forwarding between them.
+The routers of a node here mesh with each other like any others; what crosses their links is
+the mesh tests' subject (test_mesh_routing.py, test_link_faults.py), not these.
 """
 
 from __future__ import annotations
