@@ -118,6 +118,9 @@ class Supervisor:
     async def start(self) -> None:
         """Spawn every router; returns at once (``wait_up()`` waits for their announcements)."""
         self._done = asyncio.get_running_loop().create_future()
+        if self._stopping:  # SIGTERM arrived before the routers were spawned: spawn none
+            self._done.set_result(0)
+            return
         for child in self.children:
             self._tasks.append(asyncio.create_task(self._watch(child),
                                                    name=f"supervise {child.router_id}"))

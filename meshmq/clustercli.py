@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from meshmq.logcli import LogCliError, _Http, admin_url
+from meshmq.logcli import LogCliError, _Http, _silence_stdout, admin_url
 
 __all__ = ["add_cluster_parser", "run_cluster", "render_status"]
 
@@ -185,9 +185,13 @@ def run_cluster(args: argparse.Namespace, out: TextIO | None = None,
         print(f"meshmq cluster status: {args.admin} answered HTTP {status}"
               + (f": {reason}" if reason else ""), file=err)
         return 1
-    if args.json:
-        json.dump(doc, out, indent=2)
-        print(file=out)
-        routers = _normalise(doc).get("routers", [])
-        return 0 if all(r.get("state") == "up" for r in routers) else 1
-    return 0 if render_status(doc, out) else 1
+    try:
+        if args.json:
+            json.dump(doc, out, indent=2)
+            print(file=out)
+            routers = _normalise(doc).get("routers", [])
+            return 0 if all(r.get("state") == "up" for r in routers) else 1
+        return 0 if render_status(doc, out) else 1
+    except BrokenPipeError:  # `meshmq cluster status | head`: the reader left, not an error
+        _silence_stdout()
+        return 0

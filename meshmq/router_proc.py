@@ -113,22 +113,6 @@ def _die_with_parent() -> None:
         raise SystemExit(1)
 
 
-def _without_missing_mesh(config: NodeConfig) -> NodeConfig:
-    """Until ``cluster.mesh`` is merged, run the router unlinked rather than not at all.
-
-    Lets the supervisor, shared ports and the node admin endpoint work (and be tested) with
-    plain routers; it is a no-op as soon as the module exists, and then should be deleted."""
-    try:
-        import cluster.mesh  # noqa: F401
-    except ModuleNotFoundError as exc:
-        if exc.name != "cluster.mesh":
-            raise
-        log.warning("cluster.mesh is not in this build: this router runs without mesh links "
-                    "(it shares the MQTT ports but forwards nothing to the other routers)")
-        return dataclasses.replace(config, cluster=None)
-    return config
-
-
 def run_router(config: NodeConfig, index: int) -> int:
     """Run router ``index`` of this cluster node until SIGTERM; the process exit code."""
     assert config.cluster is not None
@@ -137,7 +121,7 @@ def run_router(config: NodeConfig, index: int) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(_RouterTag(rid))
     announce = announce_path(config, index)
-    rconfig = _without_missing_mesh(router_config(config, index))
+    rconfig = router_config(config, index)
 
     async def main() -> int:
         return await RouterNode(rconfig, index, announce).run()

@@ -2,8 +2,8 @@
 restart of a killed router, signals passed on, every child stopped by PID, and the node's one
 admin endpoint (merged metrics with a ``router`` label, aggregated readiness and status).
 
-These run without mesh links (routers of one node need none to share a port); the mesh's own
-tests cover forwarding between them.
+The routers of a node here mesh with each other like any others; what crosses their links is
+the mesh tests' subject (test_mesh_routing.py, test_link_faults.py), not these.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ import json
 import os
 import signal
 import socket
+import ssl
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 from helpers.broker import metric_sum, parse_metrics, wait_for
+from helpers.certs import self_signed
 from helpers.clusternode import ClusterNode, mqtt_connect, pid_alive
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -55,7 +57,18 @@ def _router_metric(node: ClusterNode, index: int, name: str) -> float:
         return metric_sum(parse_metrics(resp.read().decode()), name)
 
 
-def test_routers_share_the_mqtt_port(shared_node):
+def test_routers_share_the_mqtt_port(tmp_path):
+    # Its own node, started in the test: a node that cannot start (routers failing to share
+    # the port) is this test failing, not a fixture error.
+    shared_node = ClusterNode(tmp_path / "node", routers=2)
+    try:
+        shared_node.start()
+        _connect_many_and_see_both_routers(shared_node)
+    finally:
+        shared_node.kill_everything()
+
+
+def _connect_many_and_see_both_routers(shared_node: ClusterNode) -> None:
     pids = shared_node.wait_routers_up()
     assert len(set(pids)) == 2 and shared_node.pid not in pids
     socks: list[socket.socket] = []
@@ -70,6 +83,29 @@ def test_routers_share_the_mqtt_port(shared_node):
             s.close()
     for r in (0, 1):  # each router keeps its store in its own directory
         assert (shared_node.workdir / "data" / f"router-{r}" / "log").is_dir()
+
+
+def test_tls_and_websocket_ports_are_shared_too(tmp_path):
+    """Every listener of a router shares the node's port, not only plain TCP: both routers
+    report the same TLS and WebSocket addresses, and TLS clients get through."""
+    node = ClusterNode(tmp_path / "node", routers=2, tls=self_signed(tmp_path))
+    try:
+        node.start()
+        node.wait_routers_up()
+        bound = [json.loads((node.workdir / "data" / f"router-{r}" / "router.json").read_text())[
+            "mqtt"] for r in (0, 1)]
+        assert bound[0] == bound[1]
+        assert bound[0]["tls"] == f"127.0.0.1:{node.tls_port}"
+        assert bound[0]["ws"] == f"127.0.0.1:{node.ws_port}"
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        for i in range(4):
+            with socket.create_connection(("127.0.0.1", node.tls_port), timeout=5) as raw, \
+                    ctx.wrap_socket(raw) as tls:
+                tls.sendall(b"\x10\x0e\x00\x04MQTT\x04\x02\x00\x3c\x00\x02t" + str(i).encode())
+                assert tls.recv(4) == b"\x20\x02\x00\x00"
+    finally:
+        node.kill_everything()
 
 
 def test_merged_metrics_carry_the_router_label(shared_node):
