@@ -42,6 +42,10 @@ class Forwarder(Protocol):
     def retained(self, msg: Message) -> None:
         """A retained message was set or cleared here: every router keeps the same set."""
 
+    def share(self, msg: Message, groups: list) -> list:
+        """Pick, for each shared group matching ``msg`` here or on peers, the router whose
+        member gets it: send the peers' shares, return the local groups to deliver to."""
+
 
 class RemotePublishes:
     """Publishes crossing the mesh to or from their device log's owner."""

@@ -768,7 +768,10 @@ class Router:
                 sub_ids = tuple(i for i in ids if i) or None
                 self._deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids,
                               position=position, live=True)
-        for group in match.groups:
+        groups = match.groups
+        if self.forwarder is not None:  # the first router to route a message picks the members
+            groups = self.forwarder.share(msg, groups) if forward else ()
+        for group in groups:
             self.shared.deliver(group, msg)
         if forward and self.forwarder is not None:
             self.forwarder.forward(msg)

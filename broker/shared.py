@@ -54,6 +54,13 @@ class SharedDelivery:
         self.router._deliver(session, msg, sub.qos, False, ids, group)
         return True
 
+    def deliver_share(self, msg: Message, name: str, flt: str) -> None:
+        """A peer router picked this router's members of ``$share/name/flt`` for a message:
+        one of them gets it. Counted when none is left (the member left while it travelled)."""
+        group = self.router.trie.group(flt, name)
+        if group is None or not self.deliver(group, msg):
+            self.router.stats.dropped(DropReason.SHARE_UNCLAIMED)
+
     def redispatch(self, session: Session, only_group: Subscription | None = None) -> None:
         """Give a departing shared member's unacked and queued shares to another member."""
         moved: list[Delivery] = []

@@ -26,6 +26,8 @@ class DropReason:
     NOT_AUTHORIZED = "not_authorized"  # ACL denied the publish or its delivery
     NOT_STORED = "not_stored"  # the commit log failed to write it: refused, never acknowledged
     TOPIC_LEVELS = "topic_levels"  # topic deeper than mqtt.max_topic_levels: refused (v5 0x90)
+    # a peer router sent a shared-subscription share here and the group had no member left
+    SHARE_UNCLAIMED = "share_unclaimed"
 
 
 # Why a TLS listener's handshake failed (the label of meshmq_tls_handshake_failures_total).

@@ -171,6 +171,15 @@ class SubscriptionTrie:
             if child is not None:
                 push((child, i + 1))
 
+    def group(self, flt: str, name: str) -> SharedGroup | None:
+        """The shared group ``$share/{name}/{flt}``, if it has members here."""
+        node = self._root
+        for level in flt.split("/"):
+            node = node.children.get(level)
+            if node is None:
+                return None
+        return node.shared.get(name)
+
     def routes(self) -> list[tuple[str, str | None]]:
         """Each distinct (filter, group) with at least one subscriber: a full route sync."""
         out: list[tuple[str, str | None]] = []

@@ -66,12 +66,14 @@ DELIVER = 0
 APPEND = 1
 RETAIN = 2
 RETAIN_SYNC = 3  # on link up: set only where the receiver has no retained message there
+SHARE = 4  # one member of the receiver's $share/<group>/<filter> gets it (the group rides along)
 
 _F_RETAIN = 0x04
 _F_PROPS = 0x08
 _F_ORIGIN = 0x10
 _F_DEVICE = 0x20
 _F_EXPIRY = 0x40
+_F_GROUP = 0x80
 
 _HEAD = struct.Struct(">IB")
 _U64 = struct.Struct(">Q")
@@ -209,11 +211,13 @@ class Entry:
     device: str | None
     offset: int
     expiry: int | None  # seconds left of the v5 message expiry, None = never
+    group: tuple[str, str] | None = None  # SHARE: (share name, filter)
 
 
 def entry_body(kind: int, topic: str, payload: bytes, qos: int, retain: bool,
                properties: dict | None, origin: str | None, device: str | None, offset: int,
-               expiry: int | None) -> tuple[int, int, bytes]:
+               expiry: int | None, group: tuple[str, str] | None = None
+               ) -> tuple[int, int, bytes]:
     """(flags, topic length, the bytes after the entry head): encoded once per message."""
     flags = qos | (_F_RETAIN if retain else 0)
     raw_topic = topic.encode()
@@ -231,6 +235,10 @@ def entry_body(kind: int, topic: str, payload: bytes, qos: int, retain: bool,
     if expiry is not None:
         flags |= _F_EXPIRY
         parts.append(_U32.pack(expiry))
+    if group is not None:
+        flags |= _F_GROUP
+        parts.append(_s(group[0]))
+        parts.append(_s(group[1]))
     return flags, len(raw_topic), b"".join(parts)
 
 
@@ -280,10 +288,15 @@ def _decode_entries(body: bytes) -> list[Entry]:
         if flags & _F_EXPIRY:
             (expiry,) = _U32.unpack_from(body, p)
             p += 4
+        group = None
+        if flags & _F_GROUP:
+            name, p = _read_s(body, p)
+            flt, p = _read_s(body, p)
+            group = (name, flt)
         if p > n:
             raise FrameError("entry runs past the frame")
         out.append(Entry(seq, kind, topic, payload, flags & 0x03, bool(flags & _F_RETAIN),
-                         props, origin, device, offset, expiry))
+                         props, origin, device, offset, expiry, group))
     if p != n:
         raise FrameError("trailing bytes after the entries")
     return out

@@ -58,6 +58,7 @@ class Mesh:
         self._ping_handle: asyncio.TimerHandle | None = None
         self.server: asyncio.AbstractServer | None = None
         self.dropped = {"queue_full": 0, "reconnect": 0}
+        self._share_cursor: dict[tuple[str, str], int] = {}
         self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
                                            burst=3, window=10.0)
 
@@ -172,6 +173,35 @@ class Mesh:
             if not self.links[peer].enqueue(frames.DELIVER, msg.qos, head, body):
                 self.dropped["queue_full"] += 1
 
+    def share(self, msg: Message, groups: list) -> list:
+        """Shared subscriptions cluster-wide: each message to exactly one member of a group,
+        wherever its members are. The router that routes a message first (its publisher's, or
+        its log's owner) picks, round-robin over the routers holding members of the group (this
+        one included); a peer's pick travels as a SHARE entry naming the group, and the peer
+        picks the member. A router receiving a plain DELIVER never shares it again."""
+        if not self.routes.has_groups or msg.topic.startswith("$"):
+            return groups
+        remote = self.routes.groups_for(msg.topic)
+        if not remote:
+            return groups
+        local = {(g.name, g.filter): g for g in groups if g.members}
+        targets: dict[tuple[str, str], list[str | None]] = {
+            key: [None] for key in local}
+        for g in remote:
+            targets.setdefault((g.name, g.filter), []).extend(g.members)
+        out = []
+        for key, routers in targets.items():
+            cursor = self._share_cursor.get(key, 0)
+            self._share_cursor[key] = cursor + 1
+            pick = routers[cursor % len(routers)]
+            if pick is None:
+                out.append(local[key])
+                continue
+            head, body = self._encode(msg, frames.SHARE, group=key)
+            if not self.links[pick].enqueue(frames.SHARE, msg.qos, head, body):
+                self.dropped["queue_full"] += 1
+        return out
+
     def owner_of(self, device: str) -> str | None:
         """The router owning a device log, or None when it is this one."""
         owner = self.ownership.owner_of(device)
@@ -200,12 +230,13 @@ class Mesh:
                 self.dropped["queue_full"] += 1
 
     def _encode(self, msg: Message, kind: int, device: str | None = None,
-                expiry: int | None = None) -> tuple[tuple[int, int], bytes]:
+                expiry: int | None = None, group: tuple[str, str] | None = None
+                ) -> tuple[tuple[int, int], bytes]:
         if expiry is None and msg.expiry_at is not None:
             expiry = msg.remaining_expiry()
         flags, tlen, body = frames.entry_body(
             kind, msg.topic, msg.payload, msg.qos, msg.retain, msg.properties, msg.origin,
-            device, msg.offset, expiry)
+            device, msg.offset, expiry, group)
         return (flags, tlen), body
 
     # -- entries from a peer ----------------------------------------------------------------
@@ -228,6 +259,8 @@ class Mesh:
                     link.append_done(slot, link.peer_incarnation, err, -1)
             elif kind == frames.RETAIN:
                 router.remote.retain_from_peer(msg)
+            elif kind == frames.SHARE:
+                router.shared.deliver_share(msg, *e.group)
             elif kind == frames.RETAIN_SYNC:
                 if e.payload and not router.retained.match(e.topic):
                     router.remote.retain_from_peer(msg)

@@ -19,6 +19,7 @@ class RouteTable:
         self.trie = SubscriptionTrie()
         self._by_peer: dict[str, set[Route]] = {}
         self._peers_cache: dict[str, tuple[str, ...]] = {}
+        self._groups = 0
 
     def __len__(self) -> int:
         return len(self.trie)
@@ -32,11 +33,17 @@ class RouteTable:
         for flt, group in routes:
             self.add(peer, flt, group)
 
+    @property
+    def has_groups(self) -> bool:
+        """Whether any peer has shared-subscription members (skips a walk per message)."""
+        return self._groups > 0
+
     def add(self, peer: str, flt: str, group: str | None) -> None:
         held = self._by_peer.setdefault(peer, set())
         if (flt, group) in held:
             return
         held.add((flt, group))
+        self._groups += group is not None
         self.trie.add(flt, peer, True, group)
         self._peers_cache.clear()
 
@@ -45,11 +52,13 @@ class RouteTable:
         if held is None or (flt, group) not in held:
             return
         held.discard((flt, group))
+        self._groups -= group is not None
         self.trie.remove(flt, peer, group)
         self._peers_cache.clear()
 
     def drop_peer(self, peer: str) -> None:
         for flt, group in self._by_peer.pop(peer, ()):
+            self._groups -= group is not None
             self.trie.remove(flt, peer, group)
         self._peers_cache.clear()
 

@@ -149,3 +149,35 @@ def test_a_will_reaches_subscribers_on_other_nodes(mesh: Cluster,
     dying.connect()
     dying.abort()  # no DISCONNECT: the will goes out
     assert sub.expect_message(timeout=10).payload == b"bye"
+
+
+@pytest.mark.parametrize("logged", [False, True], ids=["unlogged", "logged"])
+def test_shared_subscription_members_on_every_node_split_the_messages(
+        mesh: Cluster, clients: ClientFactory, logged: bool) -> None:
+    """$share/g/<filter> with one member per node: each message to exactly one member
+    cluster-wide, and every member gets a share (round-robin over the routers)."""
+    name = unique("grp")
+    topic = f"devices/{unique('sh')}/t" if logged else f"u/{unique('sh')}/t"
+    members = [clients.connected(node, protocol=V5) for node in mesh.nodes]
+    for m in members:
+        m.subscribe(f"$share/{name}/{topic}", 1)
+    wait_for(lambda: all(
+        sum(lk["routes_in"] for lk in mesh.links(i)) >= 2 for i in range(3)), 10,
+        message="every node knows the other members")
+    pub = clients.connected(mesh.nodes[0], protocol=V5)
+    n = 90
+    for i in range(n):
+        pub.publish(topic, str(i), 1)
+    got: list[list[int]] = [[] for _ in members]
+
+    def all_in() -> bool:
+        for k, m in enumerate(members):
+            got[k].extend(int(x.payload) for x in m.drain())
+        return sum(len(g) for g in got) >= n
+
+    wait_for(all_in, 20, message=f"{n} shares")
+    for m in members:
+        m.expect_no_message(0.5)
+    flat = sorted(x for g in got for x in g)
+    assert flat == list(range(n)), "a message went to two members, or to none"
+    assert all(len(g) >= n // 6 for g in got), [len(g) for g in got]
