@@ -161,6 +161,10 @@ def test_shared_subscription_members_on_every_node_split_the_messages(
     members = [clients.connected(node, protocol=V5) for node in mesh.nodes]
     for m in members:
         m.subscribe(f"$share/{name}/{topic}", 1)
+    # a plain subscriber on node 1 too: node 1 then gets every message as a DELIVER, and must
+    # not hand those to its group member as well
+    watcher = clients.connected(mesh.nodes[1], protocol=V5)
+    watcher.subscribe(topic, 1)
     wait_for(lambda: all(
         sum(lk["routes_in"] for lk in mesh.links(i)) >= 2 for i in range(3)), 10,
         message="every node knows the other members")
@@ -180,4 +184,5 @@ def test_shared_subscription_members_on_every_node_split_the_messages(
         m.expect_no_message(0.5)
     flat = sorted(x for g in got for x in g)
     assert flat == list(range(n)), "a message went to two members, or to none"
+    assert sorted(int(m.payload) for m in watcher.expect_messages(n)) == list(range(n))
     assert all(len(g) >= n // 6 for g in got), [len(g) for g in got]
