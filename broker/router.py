@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from broker.auth import Authenticator, topic_matches
+from broker.auth import Authenticator
 from broker.authgate import THROTTLED, THROTTLED_WHY, PasswordCheckGate, refusal_text
 from broker.catchup import LogCatchUp
 from broker.clientid import ClientIdPolicy
@@ -28,7 +28,6 @@ from broker.devicelogs import (
     DeviceLogs,
     PendingPublish,
     offset_request,
-    record_message,
     wants_ack_offsets,
 )
 from broker.limits import RouterLimits, too_many_levels
@@ -57,13 +56,14 @@ from broker.protocol.packets import (
 from broker.protocol.properties import Prop
 from broker.protocol.reasons import SUBACK_FAILURE_V3, Reason, v3_connack_code
 from broker.protocol.topics import has_wildcards, is_valid_topic_filter, parse_shared
+from broker.replay import pump_replays
 from broker.retained import RetainedStore
 from broker.session import NEVER, Session, Subscription, delivery_bytes
 from broker.settings import BrokerSettings, QueueFullPolicy
 from broker.stats import BrokerStats, DropReason
 from broker.trie import SharedGroup, SubscriptionTrie
 from commitlog.groupcommit import GroupCommitter
-from commitlog.store import LogWriteError, OffsetOutOfRangeError
+from commitlog.store import LogWriteError
 
 log = logging.getLogger("broker.router")
 
@@ -88,8 +88,6 @@ _ACK_HEAD = {_PUBACK: b"\x40\x02", _PUBREC: b"\x50\x02", _PUBCOMP: b"\x70\x02"}
 # Publishes waiting for the disk beyond which publishers' sockets stop being read: a fast QoS 0
 # publisher cannot grow memory faster than fsync drains it (v5 Receive Maximum bounds QoS>0 too).
 _HELD_LIMIT = 50_000
-_REPLAY_CHUNK = 500  # records read per replay step
-_REPLAY_STEP = 5_000  # records replayed per loop turn before yielding to other work
 _NOT_STORED = "message not stored: the commit log cannot write (disk full or failing?)"
 
 
@@ -1073,52 +1071,7 @@ class Router:
             self._replaying.add(session)
             self._pump_replays(session)
 
-    def _pump_replays(self, session: Session) -> None:
-        """Advance this session's replay cursors while its window and socket have room."""
-        conn = session.conn
-        logs = self.logs
-        if conn is None or logs is None or conn.closing or session not in self._replaying:
-            return
-        store = logs.store
-        budget = _REPLAY_STEP
-        for sub in list(session.subscriptions.values()):
-            cursor = sub.replay
-            if cursor is None or cursor.live:
-                continue
-            while budget > 0:
-                if conn.congested or len(session.queue) >= session.window:
-                    return  # resumed by acks (_window_freed) or the socket draining (writable)
-                try:
-                    records = store.read(cursor.device, cursor.next, _REPLAY_CHUNK)
-                except OffsetOutOfRangeError as err:
-                    start = store.log_range(cursor.device)[0]
-                    log.warning("replay cursor fell behind retention; skipping ahead",
-                                extra={"client_id": session.client_id, "device": cursor.device,
-                                       "from": cursor.next, "to": start, "error": str(err)})
-                    self.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))
-                    cursor.next = start
-                    continue
-                if not records:
-                    # caught up (past a quarantined gap, if any): live delivery takes over
-                    cursor.next = store.past_gap(cursor.device, cursor.next)
-                    cursor.live = True
-                    break
-                ids = (sub.sub_id,) if sub.sub_id else None
-                for rec in records:
-                    budget -= 1
-                    cursor.next = rec.offset + 1
-                    if not topic_matches(sub.filter, rec.topic):
-                        continue
-                    msg = record_message(rec, Message)
-                    self._deliver(session, msg, sub.qos,
-                                  sub.retain_as_published and msg.retain, ids, position=True)
-                    if conn.congested or len(session.queue) >= session.window:
-                        break
-        if budget <= 0:
-            self.loop.call_soon(self._pump_replays, session)
-        else:
-            # every cursor ran out of history without returning early: all are live now
-            self._replaying.discard(session)
+    _pump_replays = pump_replays  # broker/replay.py: offset replay, paced by the window
 
     def _on_unsubscribe(self, conn: Connection, pkt: Unsubscribe) -> None:
         session = conn.session

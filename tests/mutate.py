@@ -225,10 +225,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "retention-skip-not-counted",
-        "broker/router.py _pump_replays: offsets skipped after retention not counted as expired",
-        "broker/router.py",
-        "                    self.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))\n",
-        "                    pass\n",
+        "broker/replay.py pump_replays: offsets skipped after retention not counted as expired",
+        "broker/replay.py",
+        "                self.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))\n",
+        "                pass\n",
         ("tests/broker/test_devicelog_replay_window.py",),
     ),
     Mutation(
