@@ -59,6 +59,7 @@ from broker.protocol.topics import has_wildcards, is_valid_topic_filter, parse_s
 from broker.replay import pump_replays
 from broker.retained import RetainedStore
 from broker.session import NEVER, Session, Subscription, delivery_bytes
+from broker.sessionstore import NO_PERSISTENCE, SessionHooks
 from broker.settings import BrokerSettings, QueueFullPolicy
 from broker.stats import BrokerStats, DropReason
 from broker.trie import SharedGroup, SubscriptionTrie
@@ -136,6 +137,7 @@ class Router:
         self._connected = 0  # connections past CONNACK (for the peak gauge)
         self.logs: DeviceLogs | None = None
         self.catchup: LogCatchUp | None = None
+        self.persist: SessionHooks = NO_PERSISTENCE  # broker/sessionstore.attach replaces it
         if committer is not None:
             self.logs = DeviceLogs(committer, log_rules or LogRules(), self._on_durable, self.loop)
             self.catchup = LogCatchUp(committer.store, stats, self._deliver_from_log,
@@ -507,6 +509,7 @@ class Router:
             self.stats.clients_connected_max = self._connected
         conn.ack_offsets = v5 and wants_ack_offsets(props, mqtt.ack_offsets)
         self.limits.offline.back(session)
+        self.persist.connected(session)
 
         if v5:
             ack_props[Prop.RECEIVE_MAXIMUM] = mqtt.receive_maximum
@@ -590,7 +593,7 @@ class Router:
         msg = Message(pkt.topic, pkt.payload, qos, pkt.retain, props, expiry_at, conn.client_id)
         logs = self.logs
         if logs is not None:
-            key = logs.rules.key_for(pkt.topic)
+            key = logs.key_for(pkt.topic, pkt.retain)
             if key is not None:
                 self._append(logs, key, msg, conn, pkt, interval if expiry_at else None)
                 return
@@ -695,10 +698,10 @@ class Router:
                 conn.session.incoming_qos2[packet_id] = True
             else:
                 conn.inbound_unacked -= conn.level == 5
-            if reason or props:
-                conn.send(PubRec(packet_id, reason, props))
+            if reason or props:  # once the session owning the packet id is stored
+                self.persist.stored(conn.session, conn.send, PubRec(packet_id, reason, props))
             else:
-                self._send_ack(conn, _PUBREC, packet_id)
+                self.persist.stored(conn.session, self._send_ack, conn, _PUBREC, packet_id)
 
     def _allowed(self, action: str, allowed: bool) -> bool:
         self.stats.acl(action, allowed)
@@ -957,7 +960,7 @@ class Router:
         if session.incoming_qos2.get(pkt.packet_id):
             del session.incoming_qos2[pkt.packet_id]
             conn.inbound_unacked -= conn.level == 5
-            self._send_ack(conn, _PUBCOMP, pkt.packet_id)
+            self.persist.stored(session, self._send_ack, conn, _PUBCOMP, pkt.packet_id)
         else:
             conn.send(PubComp(pkt.packet_id,
                               Reason.PACKET_IDENTIFIER_NOT_FOUND if conn.level == 5 else 0))
@@ -1062,7 +1065,14 @@ class Router:
                 if found:
                     retained_out.append((sub, found))
         props = {Prop.REASON_STRING: "; ".join(reasons)} if reasons and v5 else None
-        conn.send(Suback(pkt.packet_id, codes, props))
+        self.persist.stored(session, self._subscribed, conn, session,
+                            Suback(pkt.packet_id, codes, props), retained_out, replays)
+
+    def _subscribed(self, conn: Connection, session: Session, suback: Suback,
+                    retained_out: list[tuple[Subscription, list[Message]]],
+                    replays: list[Subscription]) -> None:
+        """SUBACK (once a persistent session's subscriptions are stored), then retained."""
+        conn.send(suback)
         for sub, messages in retained_out:
             ids = (sub.sub_id,) if sub.sub_id else None
             for msg in messages:
@@ -1094,7 +1104,8 @@ class Router:
             codes.append(Reason.SUCCESS)
             if sub.group is not None:
                 self._redispatch_shared(session, only_group=sub)
-        conn.send(Unsuback(pkt.packet_id, codes if conn.level == 5 else []))
+        self.persist.stored(session, conn.send,
+                            Unsuback(pkt.packet_id, codes if conn.level == 5 else []))
 
     def _on_pingreq(self, conn: Connection, _pkt: Packet) -> None:
         conn.send(PingResp())
@@ -1146,6 +1157,7 @@ class Router:
         if session.conn is not None or self.sessions.get(session.client_id) is not session:
             return  # ended just now (max_offline_sessions = 0)
         # a shared subscriber going offline: its unacked shares go to members still online
+        self.persist.went_offline(session)  # (written with this tick's batch)
         self._redispatch_shared(session)
         if session.expiry_interval != NEVER:
             session.expires_at = now + session.expiry_interval
@@ -1153,6 +1165,7 @@ class Router:
 
     def _end_session(self, session: Session) -> None:
         self._replaying.discard(session)
+        self.persist.ended(session)
         if self.catchup is not None:
             self.catchup.forget(session)
         self.limits.offline.back(session)
@@ -1199,7 +1212,7 @@ class Router:
                       _forwarded_properties(props), expiry_at, None)
         logs = self.logs
         if logs is not None:
-            key = logs.rules.key_for(will.topic)
+            key = logs.key_for(will.topic, will.retain)
             if key is not None:
                 # stored first, like any logged publish: _on_durable routes it once durable
                 try:
