@@ -342,6 +342,7 @@ class SessionPersistence(SessionHooks):
         self.corrupt = self.log.corrupt
         now = time.time()
         last_alive = newest_us / 1e6 if newest_us else now
+        parsed: list[tuple[float, str, dict, float]] = []
         for cid, rec in latest.items():
             if cid == _ALIVE:
                 continue
@@ -350,22 +351,33 @@ class SessionPersistence(SessionHooks):
                 data = json.loads(bytes(rec.payload))
                 if data.get("v") != _VERSION:
                     raise ValueError(f"unknown session record version {data.get('v')!r}")
-                if not self._restore_one(cid, data, rec.timestamp_us / 1e6, last_alive, now):
+                offline = data["offline_at"]
+                since = offline if offline is not None else last_alive
+                parsed.append((since, cid, data, rec.timestamp_us / 1e6))
+            except Exception as err:  # noqa: BLE001 - one bad record costs one session only
+                self._unreadable(cid, err)
+        parsed.sort(key=lambda p: p[0])  # offline the longest first, as max_offline_sessions
+        for since, cid, data, written in parsed:
+            try:
+                if not self._restore_one(cid, data, since, written, now):
                     self.expired += 1
                     self._dirty[cid] = None  # a tombstone with the first batch
             except Exception as err:  # noqa: BLE001 - one bad record costs one session only
-                self.corrupt += 1
-                log.error("session record of %r unreadable (%r): that session is not "
-                          "restored, the others are", cid, err, extra={"client_id": cid})
+                self._unreadable(cid, err)
         if self._dirty:
             self.committer.request_flush()
 
-    def _restore_one(self, cid: str, data: dict, written: float, last_alive: float,
+    def _unreadable(self, cid: str, err: Exception) -> None:
+        self.corrupt += 1
+        log.error("session record of %r unreadable (%r): that session is not restored, the "
+                  "others are", cid, err, extra={"client_id": cid})
+
+    def _restore_one(self, cid: str, data: dict, since: float, written: float,
                      now: float) -> bool:
+        """``since``: when it went offline (wall clock; the broker's last sign of life for a
+        session that was online at a crash)."""
         router = self.router
         expiry = data["expiry"]
-        offline = data["offline_at"]
-        since = offline if offline is not None else last_alive
         if expiry != NEVER and since + expiry <= now:
             return False  # expired while the broker was down (wall clock)
         s = Session(cid, data["level"])
