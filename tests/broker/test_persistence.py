@@ -139,6 +139,28 @@ def test_inflight_redelivered_with_dup_and_qos2_receive_state(start_broker, raw,
     assert status == 200 and json.loads(body)["end"] == 1, body  # stored once, not twice
 
 
+def test_subscription_acked_right_before_kill9_is_kept(start_broker, raw):
+    """kill -9 the moment the SUBACK arrives: the subscription it acknowledged is there after
+    the restart (default checkpoint interval: only the write that held the SUBACK stored it)."""
+    broker = start_broker()
+    cid = unique("suback")
+    c = raw(broker, version=5)
+    c.connect(cid, clean=True, properties={r.SESSION_EXPIRY_INTERVAL: 3600})
+    assert c.subscribe([("devices/k9/#", r.sub_options(qos=1))],
+                       properties={r.SUBSCRIPTION_IDENTIFIER: 9}).reason_codes == [1]
+    broker.kill()
+    broker.start()
+    c = raw(broker, version=5)
+    ack = c.connect(cid, clean=False, properties={r.SESSION_EXPIRY_INTERVAL: 3600})
+    assert ack.raw[2] & 0x01, "session_present is 0"
+    p = raw(broker, version=5)
+    p.connect(unique("pub"))
+    p.send(r.publish("devices/k9/t", b"after", qos=1, packet_id=1, version=5))
+    p.expect(r.PUBACK)
+    got = c.expect(r.PUBLISH)
+    assert got.raw.endswith(b"after") and got.properties.get(r.SUBSCRIPTION_IDENTIFIER) == [9]
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_offset_subscription_resumes_where_it_was(start_broker, clients, mode):
     """An offset subscription (offset=earliest) that read 5 records and went offline gets the 2
