@@ -1156,8 +1156,8 @@ class Router:
             self._end_session(old)
         if session.conn is not None or self.sessions.get(session.client_id) is not session:
             return  # ended just now (max_offline_sessions = 0)
-        # a shared subscriber going offline: its unacked shares go to members still online
         self.persist.went_offline(session)  # (written with this tick's batch)
+        # a shared subscriber going offline: its unacked shares go to members still online
         self._redispatch_shared(session)
         if session.expiry_interval != NEVER:
             session.expires_at = now + session.expiry_interval

@@ -1526,6 +1526,11 @@ class LogStore:
     def __contains__(self, key: str) -> bool:
         return key in self._devices and not key.startswith(INTERNAL_PREFIX)
 
+    def internal_keys(self) -> list[str]:
+        """The broker's state logs, which :meth:`keys` leaves out: a log replicator must
+        list these too (they replicate like device logs; only readers must not see them)."""
+        return [k for k in self._devices if k.startswith(INTERNAL_PREFIX)]
+
     def log_range(self, key: str) -> tuple[int, int]:
         """(first retained offset, high-water mark); (0, 0) for an unknown key."""
         dev = self._devices.get(key)

@@ -19,6 +19,7 @@ def test_internal_keys_are_not_device_logs(tmp_path):
         st.append(STATE, 1, "client-1", 0, None, b"{}")
         st.flush_sync_commit()
         assert st.keys() == ["d1"]
+        assert st.internal_keys() == [STATE]
         assert "d1" in st and STATE not in st
         assert st.read(STATE, 0)[0].payload == b"{}"  # its owner still reads it
         assert is_internal(STATE) and not is_internal("d1")
