@@ -186,6 +186,12 @@ class LogCatchUp:
             self._scheduled.add(session)
             self._call_soon(self._resume, session)
 
+    def restore(self, session: Session, device: str, offset: int) -> None:
+        """A restored session (broker/sessionstore.py) is behind on ``device`` from
+        ``offset``: its queued logged messages come back as this position, not as copies."""
+        self._behind(session, device, offset)
+        self.lagging.add(session)
+
     def forget(self, session: Session) -> None:
         """The session ended: drop its cursors."""
         session.lag.clear()

@@ -15,6 +15,7 @@ still replaying is left for the cursor to read.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,12 @@ from commitlog.store import LogStore
 if TYPE_CHECKING:
     from broker.connection import Connection
     from broker.message import Message
+    from broker.retainstore import RetainPersistence
+
+#: ``DeviceLogs.key_for`` for a retained publish on an unlogged topic while retained messages
+#: are persisted: no device record, only the retained state record, but the same held path
+#: (routed and acknowledged once durable). "#" alone: no topic maps to it (store.INTERNAL_PREFIX).
+RETAIN_ONLY = "#"
 
 # MQTT 5 properties kept with a record, as headers. User properties keep their own names; the
 # spec-defined ones take reserved names starting with ':' (user property names may not clash
@@ -138,23 +145,43 @@ class DeviceLogs:
         self._loop = loop
         self._batch: list[PendingPublish] = []
         self.held = 0  # publishes appended and not yet durable (backpressure signal)
+        # Set by the node when retained messages are persisted (broker/retainstore.py).
+        self.retain_log: RetainPersistence | None = None
+        # Timestamp of the first append of the open batch, and of each sealed batch not yet
+        # durable (so not yet routed): a session checkpoint must not claim to have seen them.
+        self._batch_ts = 0
+        self._unrouted: deque[int] = deque()
         # The batch's durability callback is registered right before the committer writes
         # it, never after: a callback registered after a failed write (a later call_soon)
         # would see a durable position that seems to cover it and ack what was never stored.
         committer.before_flush(self._seal)
 
+    def key_for(self, topic: str, retain: bool) -> str | None:
+        """The device log of a publish, RETAIN_ONLY for a retained one on an unlogged topic
+        when retained messages are persisted, or None (unlogged: routed at once)."""
+        key = self.rules.key_for(topic)
+        if key is None and retain and self.retain_log is not None:
+            return RETAIN_ONLY
+        return key
+
     def append(self, key: str, msg: Message, conn: Connection | None, packet_id: int | None,
                expiry: int | None) -> int:
         """Append and hold the publish until durable; raises LogWriteError if the log is failing."""
-        attrs = msg.qos | (ATTR_RETAIN if msg.retain else 0)
-        headers = headers_from_properties(msg.properties, expiry) if (
-            msg.properties or expiry is not None) else None
-        if conn is not None and conn.session is not None and conn.session.has_no_local:
-            headers = [*(headers or ()), (_H_ORIGIN, msg.origin.encode())]
-        offset = self.committer.append(key, time.time_ns() // 1000, msg.topic, attrs, headers,
-                                       msg.payload)
-        msg.device = key
-        msg.offset = offset
+        ts = time.time_ns() // 1000
+        if not self._batch:
+            self._batch_ts = ts
+        offset = -1
+        if key != RETAIN_ONLY:
+            attrs = msg.qos | (ATTR_RETAIN if msg.retain else 0)
+            headers = headers_from_properties(msg.properties, expiry) if (
+                msg.properties or expiry is not None) else None
+            if conn is not None and conn.session is not None and conn.session.has_no_local:
+                headers = [*(headers or ()), (_H_ORIGIN, msg.origin.encode())]
+            offset = self.committer.append(key, ts, msg.topic, attrs, headers, msg.payload)
+            msg.device = key
+            msg.offset = offset
+        if msg.retain and self.retain_log is not None:
+            self.retain_log.write(msg)  # same tick, same fsync: acked only once both are stored
         self._batch.append((conn, packet_id, msg))
         self.held += 1
         return offset
@@ -199,11 +226,20 @@ class DeviceLogs:
         """Before-flush hook: one durability callback for the publishes of this write."""
         batch, self._batch = self._batch, []
         if batch:
+            self._unrouted.append(self._batch_ts)
             self.committer.when_durable(lambda exc: self._durable(batch, exc))
 
     def _durable(self, batch: list[PendingPublish], exc: BaseException | None) -> None:
         self.held -= len(batch)
+        self._unrouted.popleft()
         self._on_durable(batch, exc)
+
+    def oldest_unrouted_us(self) -> int | None:
+        """Timestamp (µs) of the oldest append not yet routed (not yet durable), or None:
+        a session checkpoint resumes from before it (broker/sessionstore.py)."""
+        if self._unrouted:
+            return self._unrouted[0]
+        return self._batch_ts if self._batch else None
 
 
 class ReplayCursor:

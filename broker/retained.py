@@ -76,6 +76,13 @@ class RetainedStore:
                 break
             del parent.children[level]
 
+    def items(self) -> list[tuple[str, Any]]:
+        """Every retained (topic, message), ``$`` topics included: what a snapshot of the
+        retained state log rewrites (broker/retainstore.py)."""
+        out: list[tuple[str, Any]] = []
+        self._collect_all(self._root, None, out, top=False)
+        return out
+
     def match(self, flt: str) -> list[Any]:
         now = time.monotonic()
         found = self._walk(flt.split("/"))

@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from broker.auth import Authenticator, topic_matches
+from broker.auth import Authenticator
 from broker.authgate import THROTTLED, THROTTLED_WHY, PasswordCheckGate, refusal_text
 from broker.catchup import LogCatchUp
 from broker.clientid import ClientIdPolicy
@@ -28,7 +28,6 @@ from broker.devicelogs import (
     DeviceLogs,
     PendingPublish,
     offset_request,
-    record_message,
     wants_ack_offsets,
 )
 from broker.forwarding import Forwarder, RemotePublishes
@@ -58,14 +57,16 @@ from broker.protocol.packets import (
 from broker.protocol.properties import Prop
 from broker.protocol.reasons import SUBACK_FAILURE_V3, Reason, v3_connack_code
 from broker.protocol.topics import has_wildcards, is_valid_topic_filter, parse_shared
+from broker.replay import pump_replays
 from broker.retained import RetainedStore
 from broker.session import NEVER, Session, Subscription, delivery_bytes
+from broker.sessionstore import NO_PERSISTENCE, SessionHooks
 from broker.settings import BrokerSettings, QueueFullPolicy
 from broker.shared import SharedDelivery
 from broker.stats import BrokerStats, DropReason
 from broker.trie import SharedGroup, SubscriptionTrie
 from commitlog.groupcommit import GroupCommitter
-from commitlog.store import LogWriteError, OffsetOutOfRangeError
+from commitlog.store import LogWriteError
 
 log = logging.getLogger("broker.router")
 
@@ -90,8 +91,6 @@ _ACK_HEAD = {_PUBACK: b"\x40\x02", _PUBREC: b"\x50\x02", _PUBCOMP: b"\x70\x02"}
 # Publishes waiting for the disk beyond which publishers' sockets stop being read: a fast QoS 0
 # publisher cannot grow memory faster than fsync drains it (v5 Receive Maximum bounds QoS>0 too).
 _HELD_LIMIT = 50_000
-_REPLAY_CHUNK = 500  # records read per replay step
-_REPLAY_STEP = 5_000  # records replayed per loop turn before yielding to other work
 _NOT_STORED = "message not stored: the commit log cannot write (disk full or failing?)"
 
 
@@ -140,6 +139,7 @@ class Router:
         self._connected = 0  # connections past CONNACK (for the peak gauge)
         self.logs: DeviceLogs | None = None
         self.catchup: LogCatchUp | None = None
+        self.persist: SessionHooks = NO_PERSISTENCE  # broker/sessionstore.attach replaces it
         if committer is not None:
             self.logs = DeviceLogs(committer, log_rules or LogRules(), self._on_durable, self.loop)
             self.catchup = LogCatchUp(committer.store, stats, self._deliver_from_log,
@@ -514,6 +514,7 @@ class Router:
             self.stats.clients_connected_max = self._connected
         conn.ack_offsets = v5 and wants_ack_offsets(props, mqtt.ack_offsets)
         self.limits.offline.back(session)
+        self.persist.connected(session)
 
         if v5:
             ack_props[Prop.RECEIVE_MAXIMUM] = mqtt.receive_maximum
@@ -597,7 +598,7 @@ class Router:
         msg = Message(pkt.topic, pkt.payload, qos, pkt.retain, props, expiry_at, conn.client_id)
         logs = self.logs
         if logs is not None:
-            key = logs.rules.key_for(pkt.topic)
+            key = logs.key_for(pkt.topic, pkt.retain)
             if key is not None:
                 owner = self.forwarder.owner_of(key) if self.forwarder is not None else None
                 if owner is not None:
@@ -710,10 +711,10 @@ class Router:
                 conn.session.incoming_qos2[packet_id] = True
             else:
                 conn.inbound_unacked -= conn.level == 5
-            if reason or props:
-                conn.send(PubRec(packet_id, reason, props))
+            if reason or props:  # once the session owning the packet id is stored
+                self.persist.stored(conn.session, conn.send, PubRec(packet_id, reason, props))
             else:
-                self._send_ack(conn, _PUBREC, packet_id)
+                self.persist.stored(conn.session, self._send_ack, conn, _PUBREC, packet_id)
 
     def _allowed(self, action: str, allowed: bool) -> bool:
         self.stats.acl(action, allowed)
@@ -946,7 +947,7 @@ class Router:
         if session.incoming_qos2.get(pkt.packet_id):
             del session.incoming_qos2[pkt.packet_id]
             conn.inbound_unacked -= conn.level == 5
-            self._send_ack(conn, _PUBCOMP, pkt.packet_id)
+            self.persist.stored(session, self._send_ack, conn, _PUBCOMP, pkt.packet_id)
         else:
             conn.send(PubComp(pkt.packet_id,
                               Reason.PACKET_IDENTIFIER_NOT_FOUND if conn.level == 5 else 0))
@@ -1051,7 +1052,14 @@ class Router:
                 if found:
                     retained_out.append((sub, found))
         props = {Prop.REASON_STRING: "; ".join(reasons)} if reasons and v5 else None
-        conn.send(Suback(pkt.packet_id, codes, props))
+        self.persist.stored(session, self._subscribed, conn, session,
+                            Suback(pkt.packet_id, codes, props), retained_out, replays)
+
+    def _subscribed(self, conn: Connection, session: Session, suback: Suback,
+                    retained_out: list[tuple[Subscription, list[Message]]],
+                    replays: list[Subscription]) -> None:
+        """SUBACK (once a persistent session's subscriptions are stored), then retained."""
+        conn.send(suback)
         for sub, messages in retained_out:
             ids = (sub.sub_id,) if sub.sub_id else None
             for msg in messages:
@@ -1060,52 +1068,7 @@ class Router:
             self._replaying.add(session)
             self._pump_replays(session)
 
-    def _pump_replays(self, session: Session) -> None:
-        """Advance this session's replay cursors while its window and socket have room."""
-        conn = session.conn
-        logs = self.logs
-        if conn is None or logs is None or conn.closing or session not in self._replaying:
-            return
-        store = logs.store
-        budget = _REPLAY_STEP
-        for sub in list(session.subscriptions.values()):
-            cursor = sub.replay
-            if cursor is None or cursor.live:
-                continue
-            while budget > 0:
-                if conn.congested or len(session.queue) >= session.window:
-                    return  # resumed by acks (_window_freed) or the socket draining (writable)
-                try:
-                    records = store.read(cursor.device, cursor.next, _REPLAY_CHUNK)
-                except OffsetOutOfRangeError as err:
-                    start = store.log_range(cursor.device)[0]
-                    log.warning("replay cursor fell behind retention; skipping ahead",
-                                extra={"client_id": session.client_id, "device": cursor.device,
-                                       "from": cursor.next, "to": start, "error": str(err)})
-                    self.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))
-                    cursor.next = start
-                    continue
-                if not records:
-                    # caught up (past a quarantined gap, if any): live delivery takes over
-                    cursor.next = store.past_gap(cursor.device, cursor.next)
-                    cursor.live = True
-                    break
-                ids = (sub.sub_id,) if sub.sub_id else None
-                for rec in records:
-                    budget -= 1
-                    cursor.next = rec.offset + 1
-                    if not topic_matches(sub.filter, rec.topic):
-                        continue
-                    msg = record_message(rec, Message)
-                    self._deliver(session, msg, sub.qos,
-                                  sub.retain_as_published and msg.retain, ids, position=True)
-                    if conn.congested or len(session.queue) >= session.window:
-                        break
-        if budget <= 0:
-            self.loop.call_soon(self._pump_replays, session)
-        else:
-            # every cursor ran out of history without returning early: all are live now
-            self._replaying.discard(session)
+    _pump_replays = pump_replays  # broker/replay.py: offset replay, paced by the window
 
     def _on_unsubscribe(self, conn: Connection, pkt: Unsubscribe) -> None:
         session = conn.session
@@ -1128,7 +1091,8 @@ class Router:
             codes.append(Reason.SUCCESS)
             if sub.group is not None:
                 self.shared.redispatch(session, only_group=sub)
-        conn.send(Unsuback(pkt.packet_id, codes if conn.level == 5 else []))
+        self.persist.stored(session, conn.send,
+                            Unsuback(pkt.packet_id, codes if conn.level == 5 else []))
 
     def _on_pingreq(self, conn: Connection, _pkt: Packet) -> None:
         conn.send(PingResp())
@@ -1179,6 +1143,7 @@ class Router:
             self._end_session(old)
         if session.conn is not None or self.sessions.get(session.client_id) is not session:
             return  # ended just now (max_offline_sessions = 0)
+        self.persist.went_offline(session)  # (written with this tick's batch)
         # a shared subscriber going offline: its unacked shares go to members still online
         self.shared.redispatch(session)
         if session.expiry_interval != NEVER:
@@ -1187,6 +1152,7 @@ class Router:
 
     def _end_session(self, session: Session) -> None:
         self._replaying.discard(session)
+        self.persist.ended(session)
         if self.catchup is not None:
             self.catchup.forget(session)
         self.limits.offline.back(session)
@@ -1210,7 +1176,7 @@ class Router:
                       _forwarded_properties(props), expiry_at, None)
         logs = self.logs
         if logs is not None:
-            key = logs.rules.key_for(will.topic)
+            key = logs.key_for(will.topic, will.retain)
             owner = self.forwarder.owner_of(key) if self.forwarder and key else None
             if owner is not None:
                 self.remote.append_at_owner(owner, key, msg, None, None, interval)

@@ -91,6 +91,14 @@ class MqttSettings:
     max_offline_sessions: int = 10_000
     # Bytes (topic + payload) a session may queue; beyond it queue_full_policy applies.
     max_queued_bytes: int = 16_777_216
+    # Retained messages and persistent sessions survive restarts (Mosquitto's `persistence`,
+    # default off there; on here: the commit log already fsyncs every batch). Needs the commit
+    # log; see broker/sessionstore.py and broker/retainstore.py.
+    persistence: bool = True
+    # Seconds between checkpoints of persistent sessions' delivery progress (Kafka's consumer
+    # auto.commit.interval.ms is 5 s): after kill -9, logged messages since the checkpoint may
+    # come again (never lost); unlogged queued messages since it are lost.
+    persistence_interval: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)

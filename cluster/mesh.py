@@ -203,7 +203,11 @@ class Mesh:
         return out
 
     def owner_of(self, device: str) -> str | None:
-        """The router owning a device log, or None when it is this one."""
+        """The router owning a device log, or None when it is this one. Keys starting with "#"
+        are a router's own state logs (retained messages, sessions: broker/devicelogs.py's
+        RETAIN_ONLY), never another router's."""
+        if device.startswith("#"):
+            return None
         owner = self.ownership.owner_of(device)
         return None if owner == self.rid else owner
 

@@ -138,6 +138,14 @@ class GroupCommitter:
         exactly that write (and failed with it), whatever the ``call_soon`` order."""
         self._before_flush.append(hook)
 
+    def request_flush(self) -> None:
+        """Make sure a flush runs this tick even if nothing is appended yet: for a
+        :meth:`before_flush` hook that appends what it gathered (state records coalesced
+        per tick) when nothing else is written."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
     def when_durable(self, callback: DurableCallback) -> None:
         """Call ``callback(None)`` once everything appended so far is durable, or
         ``callback(exc)`` if storing it failed. Callbacks run on the loop, in call order."""

@@ -68,6 +68,18 @@ MIN_TS = -(2**63)
 _new_record = tuple.__new__
 _EMPTY = array("q")
 _NO_FLOOR = 2**63 - 1
+#: Keys starting with this are the broker's own state logs (retained messages, sessions:
+#: ``broker/statelog.py``), not device logs. A topic name cannot contain ``#``
+#: [MQTT-4.7.0-1], so no logging rule can produce one. They are hidden from :meth:`keys`
+#: and ``in`` (so the fetch API, metrics and Spark never see them) and retention never
+#: deletes them: they are compacted by their owner, which moves their start with
+#: :meth:`LogStore.advance_start`.
+INTERNAL_PREFIX = "#"
+
+
+def is_internal(key: str) -> bool:
+    """True for a broker state log (see INTERNAL_PREFIX), never for a device log."""
+    return key.startswith(INTERNAL_PREFIX)
 
 CKPT_MAGIC = b"MQCK"
 CKPT_VERSION = 3  # 3: the reserved i64 holds the high-water mark, epochs follow (v2 read too)
@@ -1507,11 +1519,17 @@ class LogStore:
     # ------------------------------------------------------------------ read path
 
     def keys(self) -> list[str]:
-        """Every key with a log (possibly empty after retention)."""
-        return list(self._devices)
+        """Every device key with a log (possibly empty after retention); internal state
+        logs (INTERNAL_PREFIX) are not device logs and are left out."""
+        return [k for k in self._devices if not k.startswith(INTERNAL_PREFIX)]
 
     def __contains__(self, key: str) -> bool:
-        return key in self._devices
+        return key in self._devices and not key.startswith(INTERNAL_PREFIX)
+
+    def internal_keys(self) -> list[str]:
+        """The broker's state logs, which :meth:`keys` leaves out: a log replicator must
+        list these too (they replicate like device logs; only readers must not see them)."""
+        return [k for k in self._devices if k.startswith(INTERNAL_PREFIX)]
 
     def log_range(self, key: str) -> tuple[int, int]:
         """(first retained offset, high-water mark); (0, 0) for an unknown key."""
@@ -2273,7 +2291,8 @@ class LogStore:
         if s.retention_bytes_per_device:
             limit = s.retention_bytes_per_device
             for dev in self._devices.values():
-                if not dev.idx_cum or dev.c_total - dev.idx_cum[0] <= limit:
+                if not dev.idx_cum or dev.c_total - dev.idx_cum[0] <= limit \
+                        or dev.key.startswith(INTERNAL_PREFIX):
                     continue
                 ncommitted = bisect.bisect_left(dev.idx_off, dev.hwm)
                 j = bisect.bisect_left(dev.idx_cum, dev.c_total - limit, 0, ncommitted)
@@ -2312,15 +2331,32 @@ class LogStore:
         return deleted
 
     def _advance_devices_past(self, pos: int) -> None:
-        """Move every device's start to its first record at or after store ``pos``."""
+        """Move every device's start to its first record at or after store ``pos``.
+        Internal state logs keep theirs (their owner compacts them): the segments they
+        still need stay until it moves their start (``advance_start``)."""
         for dev in self._devices.values():
-            if dev.idx_pos and dev.idx_pos[0] < pos:
+            if dev.idx_pos and dev.idx_pos[0] < pos and not dev.key.startswith(INTERNAL_PREFIX):
                 j = bisect.bisect_left(dev.idx_pos, pos)
                 if j < len(dev.idx_pos):
                     self._set_start(dev, dev.idx_off[j], j)
                 else:
                     dev.drop_index_before(j)
                     self._set_start(dev, dev.hwm, 0)
+
+    def advance_start(self, key: str, offset: int) -> None:
+        """Forget the records of ``key`` below ``offset`` (Kafka's DeleteRecords): reads
+        below it fail as after retention, and the segments no log needs any more are
+        deleted by the next retention pass. How a compacted state log drops what its
+        latest snapshot supersedes. Never moves the start backwards or past the end."""
+        dev = self._devices.get(key)
+        if dev is None:
+            return
+        offset = min(offset, dev.hwm)
+        if offset <= dev.start:
+            return
+        # keep the index entry at or before ``offset``: reads from it start there
+        j = bisect.bisect_right(dev.idx_off, offset) - 1
+        self._set_start(dev, offset, max(j, 0))
 
     def _set_start(self, dev: DeviceLog, offset: int, drop_entries: int) -> None:
         dev.drop_index_before(drop_entries)

@@ -17,11 +17,13 @@ import signal
 import ssl
 
 import uvloop
+from prometheus_client.core import GaugeMetricFamily
 
 from broker.auth import Authenticator
 from broker.listener import Listeners
 from broker.logrules import LogRules
 from broker.router import Router
+from broker.sessionstore import SessionPersistence, attach
 from broker.stats import BrokerStats
 from broker.systopics import SysTopics
 from commitlog.groupcommit import GroupCommitter
@@ -58,6 +60,7 @@ class Node:
         self.admin = self._admin_server(config)
         self.store: LogStore | None = None
         self.committer: GroupCommitter | None = None
+        self.persistence: SessionPersistence | None = None
         self._ready = False
         self._stop = asyncio.Event()
 
@@ -117,6 +120,7 @@ class Node:
         self.router = Router(self.config.broker, self.stats, self.auth, loop,
                              self.committer, rules)
         self.metrics.add_broker(self.stats, self.router.gauges)
+        self._attach_persistence()
         if self.router.catchup is not None:
             from meshmq.lag_api import register_lag_routes
 
@@ -156,6 +160,32 @@ class Node:
                                                   "tcp", self.config.broker.listeners.tcp_bind),
                                               "admin": self.config.admin_bind})
 
+    def _attach_persistence(self) -> None:
+        """Retained messages and persistent sessions from the state logs (mqtt.persistence),
+        restored before any listener opens; a gauge family says what came back."""
+        mqtt = self.config.broker.mqtt
+        if not mqtt.persistence:
+            log.info("mqtt.persistence is off: retained messages and persistent sessions "
+                     "do not survive a restart")
+            return
+        if self.committer is None:
+            log.warning("mqtt.persistence needs the commit log (commitlog.enabled = false): "
+                        "retained messages and persistent sessions do not survive a restart")
+            return
+        self.persistence = attach(self.router, self.committer, mqtt.persistence_interval)
+        gauges = self.persistence.gauges
+
+        def restored() -> list[GaugeMetricFamily]:
+            family = GaugeMetricFamily(
+                "meshmq_persistence_restored",
+                "State restored at start-up from the state logs (mqtt.persistence), by kind",
+                labels=["kind"])
+            for kind, value in gauges().items():
+                family.add_metric([kind], value)
+            return [family]
+
+        self.metrics.add_collector(restored, "persistence")
+
     async def stop(self) -> None:
         """Graceful drain; safe to call once start() got as far as it did."""
         self._ready = False
@@ -166,6 +196,8 @@ class Node:
             await self.router.drain()
         if self.mesh is not None:
             await self.mesh.close()  # after the drain: wills and last acks still cross links
+        if self.persistence is not None:
+            self.persistence.close()  # sessions as the drain left them, durable with the close
         if self.listeners is not None:
             await self.listeners.close()
         if self.committer is not None:
