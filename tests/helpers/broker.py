@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 import re
 import signal
 import socket
@@ -25,14 +26,41 @@ ALL_BROKERS: list[BrokerProc] = []
 _HANDED_OUT: set[int] = set()
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_EPHEMERAL = _ephemeral_range()
+# Ports handed to brokers come from below the kernel's ephemeral range: a port picked there is
+# one the kernel never hands to a bind(0) or an outgoing connection, so a cluster router that
+# binds its loopback admin server to port 0 cannot take the MQTT or mesh port another router of
+# the test is about to bind (seen: "address already in use" on a mesh port at start-up).
+_PORT_RANGE = (20000, min(_EPHEMERAL[0], 32768)) if _EPHEMERAL[0] > 21000 else (0, 0)
+
+
 def free_port() -> int:
-    """A TCP port nobody listens on right now (bind to 0, read it back), never one this process
-    handed out before: the kernel may give the same free port twice in a row, and a broker's
-    listeners then collide (seen once: ws and tcp on one port, config error at start)."""
+    """A TCP port nobody listens on right now, never one this process handed out before: the
+    kernel may give the same free port twice in a row, and a broker's listeners then collide
+    (seen once: ws and tcp on one port, config error at start)."""
     while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        if _PORT_RANGE[1]:
+            port = random.randrange(*_PORT_RANGE)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port

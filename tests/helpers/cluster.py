@@ -16,19 +16,15 @@ from typing import Any
 
 from cluster.ownership import Ownership
 from cluster.settings import router_sort_key
-from helpers.broker import _HANDED_OUT, BrokerProc, deep_merge, to_toml, wait_for
+from helpers.broker import _HANDED_OUT, BrokerProc, deep_merge, free_port, to_toml, wait_for
 
 SECRET = "test-cluster-secret-0123456789"
 
 
 def free_port_range(n: int) -> int:
     """A port p with p .. p+n-1 all free now (router r of a node listens on base + r)."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n >= 65535 or any(p in _HANDED_OUT for p in range(base, base + n)):
-            continue
+    for _ in range(500):
+        base = free_port()
         ok = True
         for p in range(base + 1, base + n):
             with socket.socket() as s:
@@ -37,7 +33,7 @@ def free_port_range(n: int) -> int:
                 except OSError:
                     ok = False
                     break
-        if ok:
+        if ok and not any(p in _HANDED_OUT for p in range(base + 1, base + n)):
             _HANDED_OUT.update(range(base, base + n))
             return base
     raise RuntimeError("no free port range")

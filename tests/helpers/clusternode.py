@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import socket
 import struct
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.broker import BrokerProc, wait_for
+from helpers.cluster import free_port_range
 
 SECRET = "test-cluster-secret-0123456789"
 
@@ -32,14 +32,11 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def free_port_block(n: int, lo: int = 20000, hi: int = 60000) -> int:
+def free_port_block(n: int) -> int:
     """A base port such that base .. base+n-1 are all free now (mesh ports are base + r), far
-    from the default ports (1883, 7883, 9883) the tests must never bind."""
-    for _ in range(200):
-        base = random.randrange(lo, hi - n)
-        if all(port_is_free(base + i) for i in range(n)):
-            return base
-    raise AssertionError(f"no block of {n} free ports found")
+    from the default ports (1883, 7883, 9883) the tests must never bind, below the kernel's
+    ephemeral range and never one this test process handed out (helpers/broker.py says why)."""
+    return free_port_range(n)
 
 
 def pid_alive(pid: int) -> bool:
