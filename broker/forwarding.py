@@ -42,6 +42,9 @@ class Forwarder(Protocol):
     def retained(self, msg: Message) -> None:
         """A retained message was set or cleared here: every router keeps the same set."""
 
+    def claim(self, client_id: str, clean: bool, done: Any) -> None:
+        """Ask every other router to release ``client_id``'s session; ``done(state or None)``."""
+
     def share(self, msg: Message, groups: list) -> list:
         """Pick, for each shared group matching ``msg`` here or on peers, the router whose
         member gets it: send the peers' shares, return the local groups to deliver to."""
@@ -115,3 +118,74 @@ class RemotePublishes:
             retained.delete(msg.topic)
         else:
             retained.set(msg.topic, msg)
+
+
+class RemoteSessions:
+    """A client id is one session cluster-wide: connecting at one router ends its connection at
+    any other [MQTT-3.1.4-3], and a persistent session moves with the client (subscriptions,
+    queued and in-flight messages, QoS 2 receive state), as EMQX and HiveMQ move sessions
+    between nodes. The CONNACK (and its session-present flag) waits for the answer."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def claim(self, conn: Connection, pkt: Any, rest: list) -> bool:
+        """Start the claim (True: the connect continues in ``_claimed``), or False when there
+        is nothing to claim (no client id yet: one is assigned here and is unique)."""
+        if not pkt.client_id or getattr(conn, "claimed", False):
+            return False
+        conn.claimed = True
+        conn.pending = list(rest)
+        conn.transport.pause_reading()
+        self.router.forwarder.claim(pkt.client_id, bool(pkt.clean_start),
+                                    lambda state: self._claimed(conn, pkt, state))
+        return True
+
+    def _claimed(self, conn: Connection, pkt: Any, state: bytes | None) -> None:
+        router = self.router
+        if conn.closing:
+            return
+        if state is not None and pkt.client_id not in router.sessions:
+            try:
+                router.persist.adopt(pkt.client_id, state)
+            except Exception:  # noqa: BLE001 - a bad hand-over costs that session only
+                log.exception("session handed over by a peer router unreadable: a new session "
+                              "starts", extra={"client_id": pkt.client_id})
+        pending, conn.pending = conn.pending or [], None
+        conn.transport.resume_reading()
+        try:
+            router._finish_connect(conn, pkt, 0)
+            if pending and conn.session is not None and not conn.closing:
+                router.handle_packets(conn, pending)
+        except Exception as err:  # noqa: BLE001 - this client only
+            from broker.connection import fail_client
+
+            fail_client(router.stats, conn, err)
+        router.flush_writes()
+
+    def release_session(self, client_id: str, clean: bool, to: str) -> bytes | None:
+        """A peer router's CLAIM: close our connection of ``client_id`` and give up its
+        session; returns the session's record when it moves (persistent, not a clean start)."""
+        router = self.router
+        session = router.sessions.get(client_id)
+        if session is None:
+            return None
+        from broker.protocol.reasons import Reason
+
+        old = session.conn
+        state = None
+        moves = not clean and session.expiry_interval != 0
+        if old is not None:
+            session.conn = None
+            old.close_reason = f"session taken over at router {to}"
+            if old.will is not None and (old.will_delay == 0 or not moves):
+                router._publish_will(old.will)
+            old.will = None
+            old.close(Reason.SESSION_TAKEN_OVER)
+        if moves:
+            state = router.persist.export(session)
+        log.info("session %s to router %s", "handed over" if state else "ended for a clean "
+                 "start" if clean else "ended", to, extra={"client_id": client_id})
+        session.will = None  # moved with the session, or discarded by the clean start
+        router._end_session(session)
+        return state

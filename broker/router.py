@@ -30,7 +30,7 @@ from broker.devicelogs import (
     offset_request,
     wants_ack_offsets,
 )
-from broker.forwarding import Forwarder, RemotePublishes
+from broker.forwarding import Forwarder, RemotePublishes, RemoteSessions
 from broker.limits import RouterLimits, too_many_levels
 from broker.lograte import RateLimitedLog
 from broker.logrules import LogRules
@@ -149,6 +149,7 @@ class Router:
         self._paused_publishers: set[Connection] = set()
         self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
         self.remote = RemotePublishes(self)
+        self.sessions_remote = RemoteSessions(self)
         self.shared = SharedDelivery(self)
         self._log_no_connect = RateLimitedLog(log, logging.INFO,
                                               "connections closed for sending no CONNECT",
@@ -362,6 +363,8 @@ class Router:
                 self._finish_connect(conn, pkt, code)
             return
         code = self.auth.authenticate(pkt.username, pkt.password) if self.auth else 0
+        if self.forwarder is not None and not code and self.sessions_remote.claim(conn, pkt, rest):
+            return  # the client id's other routers answer first (broker/forwarding.py)
         self._finish_connect(conn, pkt, code)
         if rest and conn.session is not None:
             self.handle_packets(conn, rest)
@@ -370,6 +373,9 @@ class Router:
         if conn.closing:
             return
         pending, conn.pending = conn.pending or [], None
+        if self.forwarder is not None and not code and self.sessions_remote.claim(conn, pkt,
+                                                                                 pending):
+            return
         self._finish_connect(conn, pkt, code)
         if conn.session is not None and not conn.closing:
             conn.transport.resume_reading()

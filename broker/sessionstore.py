@@ -49,6 +49,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from broker.auth import topic_matches
 from broker.devicelogs import (
     ReplayCursor,
     headers_from_properties,
@@ -99,6 +100,13 @@ class SessionHooks:
         durable; at once when there is nothing to store."""
         then(*args)
 
+    def export(self, session: Session) -> bytes | None:
+        """The session as a self-contained record another router can adopt (None: not kept)."""
+        return None
+
+    def adopt(self, client_id: str, state: bytes) -> None:
+        """Install a session another router handed over."""
+
 
 NO_PERSISTENCE = SessionHooks()
 
@@ -107,9 +115,9 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _msg_ref(msg: Message) -> list:
-    """A logged message by position; an unlogged one as a copy."""
-    if msg.device is not None:
+def _msg_ref(msg: Message, copy: bool = False) -> list:
+    """A logged message by position; an unlogged one (or any, ``copy``) as a copy."""
+    if msg.device is not None and not copy:
         return ["L", msg.device, msg.offset]
     expiry = (None if msg.expiry_at is None
               else max(1, math.ceil(msg.expiry_at - time.monotonic())))
@@ -236,7 +244,40 @@ class SessionPersistence(SessionHooks):
                 conn.close_reason = f"session state not stored: {exc}"
                 conn.close(Reason.UNSPECIFIED_ERROR)
 
-    def _encode(self, s: Session) -> bytes:
+    def export(self, s: Session) -> bytes:
+        """For another router (a takeover across the mesh): every message a copy, since that
+        router cannot read this one's device logs, and what the session still had to read
+        from the logs read out now, up to mqtt.max_queued_messages per device."""
+        return self._encode(s, copies=True)
+
+    def adopt(self, client_id: str, state: bytes) -> None:
+        """A session another router handed over: installed as if restored, then written."""
+        data = json.loads(state)
+        if data.get("v") != _VERSION:
+            raise ValueError(f"unknown session record version {data.get('v')!r}")
+        now = time.time()
+        self._restore_one(client_id, data, now, now, now)
+        self._mark(client_id)
+
+    def _lagging_copies(self, s: Session) -> list:
+        """Queue entries (as copies) for what the session's log cursors have not read yet."""
+        out = []
+        budget = self.router.mqtt.max_queued_messages
+        granted = max((sub.qos for sub in s.subscriptions.values()), default=0)
+        for device, cursor in s.lag.items():
+            try:
+                recs = self.store.read(device, cursor.next, budget)
+            except OffsetOutOfRangeError:
+                continue
+            for rec in recs:
+                msg = record_message(rec, Message)
+                if not any(topic_matches(sub.filter, msg.topic)
+                           for sub in s.subscriptions.values() if sub.group is None):
+                    continue
+                out.append([min(msg.qos, granted), 0, [], 0, _msg_ref(msg, True)])
+        return out
+
+    def _encode(self, s: Session, copies: bool = False) -> bytes:
         now_us = time.time_ns() // 1000
         logs = self.router.logs
         oldest = logs.oldest_unrouted_us() if logs is not None else None
@@ -249,21 +290,25 @@ class SessionPersistence(SessionHooks):
             if m.device is not None and d.group is None and m.offset > top.get(m.device, -1):
                 top[m.device] = m.offset
             inflight.append([pid, d.qos, d.state, int(d.retain), list(d.sub_ids or ()),
-                             int(d.position), _msg_ref(m)])
+                             int(d.position), _msg_ref(m, copies)])
         queue = []
         for d in s.queue:
             m = d.msg
-            if m.device is not None and d.group is None:
+            if m.device is not None and d.group is None and not copies:
                 if m.offset < behind.get(m.device, _FAR):
                     behind[m.device] = m.offset  # the log holds it: a position, not a copy
                 continue
             queue.append([d.qos, int(d.retain), list(d.sub_ids or ()), int(d.position),
-                          _msg_ref(m)])
+                          _msg_ref(m, copies)])
         for device, c in s.lag.items():
             if c.next < behind.get(device, _FAR):
                 behind[device] = c.next
         for device, offset in top.items():
             behind.setdefault(device, offset + 1)  # everything below was acked or is in flight
+        if copies:  # another router: no positions in our logs, and nothing to catch up from
+            queue.extend(self._lagging_copies(s))
+            behind = {}
+            resume = now_us + CLOCK_MARGIN_US
         subs = []
         for key, sub in s.subscriptions.items():
             r = sub.replay

@@ -19,6 +19,8 @@ Frames, in the order a link uses them:
   its shared-subscription group if any.
 - RESULTS: for each APPEND, once its fsync ran (or the write failed): ok and the offset, or
   why not, so the publisher's router acks (with the offset, if the client asked) or refuses.
+- CLAIM / CLAIMED: a client id connected at the sender; a router holding its session closes
+  the old connection and hands the session over (or ends it, for a clean start).
 - PING / PONG: liveness and RTT.
 - FETCH / RECORDS: "read device D from offset N" and the stored record bytes, unchanged (the
   follower fetch of the replication issue uses the same pair).
@@ -56,10 +58,13 @@ PONG = 14
 FETCH = 15
 RECORDS = 16
 RESULTS = 17
+CLAIM = 18
+CLAIMED = 19
 
 FRAME_NAMES = {HELLO: "hello", CHALLENGE: "challenge", AUTH: "auth", READY: "ready",
                REFUSE: "refuse", ENTRIES: "entries", ACK: "ack", ROUTES: "routes", PING: "ping",
-               PONG: "pong", FETCH: "fetch", RECORDS: "records", RESULTS: "results"}
+               PONG: "pong", FETCH: "fetch", RECORDS: "records", RESULTS: "results",
+               CLAIM: "claim", CLAIMED: "claimed"}
 
 # entry kinds
 DELIVER = 0
@@ -404,3 +409,30 @@ def decode_results(body: bytes) -> list[tuple[int, int, int, str]]:
     except (struct.error, UnicodeDecodeError) as err:
         raise FrameError(f"bad results frame: {err}") from None
     return out
+
+
+_CLAIM = struct.Struct(">QB")  # request id, clean start
+
+
+def encode_claim(request: int, client_id: str, clean: bool) -> bytes:
+    return frame(CLAIM, _CLAIM.pack(request, int(clean)) + _s(client_id))
+
+
+def decode_claim(body: bytes) -> tuple[int, str, bool]:
+    try:
+        request, clean = _CLAIM.unpack_from(body, 0)
+        client_id, _ = _read_s(body, _CLAIM.size)
+    except (struct.error, UnicodeDecodeError) as err:
+        raise FrameError(f"bad claim frame: {err}") from None
+    return request, client_id, bool(clean)
+
+
+def encode_claimed(request: int, state: bytes | None) -> bytes:
+    """The session handed over (its record, see broker/sessionstore.py export), or none."""
+    return frame(CLAIMED, _U64.pack(request) + (b"\x01" + state if state is not None else b"\x00"))
+
+
+def decode_claimed(body: bytes) -> tuple[int, bytes | None]:
+    if len(body) < 9:
+        raise FrameError("bad claimed frame")
+    return _U64.unpack_from(body, 0)[0], (body[9:] if body[8] == 1 else None)

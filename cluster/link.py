@@ -332,6 +332,8 @@ class MeshLink:
                 self.conn.write(frames.encode_ping(frames.PONG, frames.decode_seq(body)))
         elif ftype == frames.PONG:
             self.rtt_ms = (time.monotonic_ns() - frames.decode_seq(body)) / 1e6
+        elif ftype in (frames.CLAIM, frames.CLAIMED):
+            self.mesh.on_claim_frame(self, ftype, body)
         elif ftype in (frames.FETCH, frames.RECORDS):
             self.mesh.on_fetch_frame(self, ftype, body)
         else:

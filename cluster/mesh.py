@@ -34,6 +34,7 @@ from commitlog.store import LogWriteError
 log = logging.getLogger("cluster.mesh")
 
 _ROUTE_OP = {True: frames.ROUTE_ADD, False: frames.ROUTE_DEL}
+_CLAIM_TIMEOUT = 2.0  # seconds a CONNECT waits for the other routers to release its session
 
 
 class Mesh:
@@ -59,6 +60,8 @@ class Mesh:
         self.server: asyncio.AbstractServer | None = None
         self.dropped = {"queue_full": 0, "reconnect": 0}
         self._share_cursor: dict[tuple[str, str], int] = {}
+        self._claims: dict[int, list] = {}
+        self._claim_seq = 0
         self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
                                            burst=3, window=10.0)
 
@@ -268,6 +271,47 @@ class Mesh:
             elif kind == frames.RETAIN_SYNC:
                 if e.payload and not router.retained.match(e.topic):
                     router.remote.retain_from_peer(msg)
+
+    # -- sessions across routers -------------------------------------------------------------
+    def claim(self, client_id: str, clean: bool, done: Any) -> None:
+        """A client connected here: every other router that holds its session closes the old
+        connection [MQTT-3.1.4-3] and hands the session over (or ends it, for a clean start).
+        ``done(state or None)`` once every reachable router answered, or after
+        ``_CLAIM_TIMEOUT`` (a router that does not answer keeps what it has: the client gets
+        a new session, as with a partition in EMQX)."""
+        links = [link for link in self.links.values() if link.state == "up"]
+        if not links:
+            self.loop.call_soon(done, None)
+            return
+        self._claim_seq += 1
+        req = self._claim_seq
+        timer = self.loop.call_later(_CLAIM_TIMEOUT, self._claim_done, req)
+        self._claims[req] = [done, {link.peer for link in links}, None, timer]
+        for link in links:
+            link.conn.write(frames.encode_claim(req, client_id, clean))
+
+    def _claim_done(self, req: int) -> None:
+        entry = self._claims.pop(req, None)
+        if entry is not None:
+            entry[3].cancel()
+            entry[0](entry[2])
+
+    def on_claim_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
+        if ftype == frames.CLAIM:
+            req, client_id, clean = frames.decode_claim(body)
+            state = self.router.sessions_remote.release_session(client_id, clean, link.peer)
+            if link.conn is not None:
+                link.conn.write(frames.encode_claimed(req, state))
+            return
+        req, state = frames.decode_claimed(body)
+        entry = self._claims.get(req)
+        if entry is None:
+            return  # answered after the timeout: the session it carried is lost (logged there)
+        entry[1].discard(link.peer)
+        if state is not None and entry[2] is None:
+            entry[2] = state
+        if not entry[1]:
+            self._claim_done(req)
 
     def on_fetch_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
         raise frames.FrameError("fetch over the mesh is not served by this version")

@@ -8,11 +8,12 @@ keep CI time down (each test uses its own topics).
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Iterator
 
 import pytest
 from helpers.broker import wait_for
-from helpers.clients import V5, V311, ClientFactory, unique
+from helpers.clients import V5, V311, ClientFactory, PacketTypes, props, unique
 from helpers.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(180)
@@ -186,3 +187,46 @@ def test_shared_subscription_members_on_every_node_split_the_messages(
     assert flat == list(range(n)), "a message went to two members, or to none"
     assert sorted(int(m.payload) for m in watcher.expect_messages(n)) == list(range(n))
     assert all(len(g) >= n // 6 for g in got), [len(g) for g in got]
+
+
+def _persistent(clients: ClientFactory, node, cid: str):
+    return clients.connected(node, cid, protocol=V5, clean=False, connect={
+        "properties": props(PacketTypes.CONNECT, SessionExpiryInterval=3600)})
+
+
+def test_a_persistent_session_moves_to_the_node_the_client_reconnects_to(
+        mesh: Cluster, clients: ClientFactory) -> None:
+    """Subscribed at node 0, offline, messages queue there (logged and unlogged); the client
+    comes back at node 2: session present, the queue delivered there once, and the
+    subscriptions now live at node 2."""
+    n0, n1, n2 = mesh.nodes
+    cid = unique("mover")
+    device = mesh.device_owned_by(1, unique("mv"))
+    plain = f"u/{unique('mv')}/t"
+    first = _persistent(clients, n0, cid)
+    first.subscribe([(plain, 1), (f"devices/{device}/#", 1)])
+    first.disconnect()
+    mesh.wait_routes(0, 2)
+    pub = clients.connected(n2, protocol=V5)
+    for i in range(5):
+        pub.publish(plain, f"p{i}", 1)
+        pub.publish(f"devices/{device}/t", f"d{i}", 1)
+    time.sleep(0.5)  # the copies reach node 0's queue
+    again = _persistent(clients, n2, cid)
+    assert again.session_present
+    got = sorted(m.payload.decode() for m in again.expect_messages(10, timeout=15))
+    assert got == sorted([f"p{i}" for i in range(5)] + [f"d{i}" for i in range(5)])
+    again.expect_no_message(0.5)
+    pub.publish(plain, "after", 1)  # its subscriptions moved with it
+    assert again.expect_message(timeout=10).payload == b"after"
+    again.expect_no_message(0.5)
+
+
+def test_connecting_at_another_node_takes_the_session_over(
+        mesh: Cluster, clients: ClientFactory) -> None:
+    n0, n1, n2 = mesh.nodes
+    cid = unique("twice")
+    old = clients.connected(n0, cid, protocol=V5)
+    clients.connected(n1, cid, protocol=V5)
+    reason = old.wait_disconnected(timeout=10)
+    assert int(getattr(reason, "value", reason)) == 0x8E  # session taken over
