@@ -21,6 +21,8 @@ Frames, in the order a link uses them:
   why not, so the publisher's router acks (with the offset, if the client asked) or refuses.
 - CLAIM / CLAIMED: a client id connected at the sender; a router holding its session closes
   the old connection and hands the session over (or ends it, for a clean start).
+- ADMIN_REQUEST / ADMIN_RESPONSE: an admin API request about a device log, relayed to the
+  log's owner (the fetch API answers for any device on any router).
 - PING / PONG: liveness and RTT.
 - FETCH / RECORDS: "read device D from offset N" and the stored record bytes, unchanged (the
   follower fetch of the replication issue uses the same pair).
@@ -60,11 +62,14 @@ RECORDS = 16
 RESULTS = 17
 CLAIM = 18
 CLAIMED = 19
+ADMIN_REQUEST = 20
+ADMIN_RESPONSE = 21
 
 FRAME_NAMES = {HELLO: "hello", CHALLENGE: "challenge", AUTH: "auth", READY: "ready",
                REFUSE: "refuse", ENTRIES: "entries", ACK: "ack", ROUTES: "routes", PING: "ping",
                PONG: "pong", FETCH: "fetch", RECORDS: "records", RESULTS: "results",
-               CLAIM: "claim", CLAIMED: "claimed"}
+               CLAIM: "claim", CLAIMED: "claimed", ADMIN_REQUEST: "admin_request",
+               ADMIN_RESPONSE: "admin_response"}
 
 # entry kinds
 DELIVER = 0
@@ -436,3 +441,36 @@ def decode_claimed(body: bytes) -> tuple[int, bytes | None]:
     if len(body) < 9:
         raise FrameError("bad claimed frame")
     return _U64.unpack_from(body, 0)[0], (body[9:] if body[8] == 1 else None)
+
+
+def encode_admin(ftype: int, request: int, first: str, second: str,
+                 headers: list[tuple[str, str]], body: bytes) -> bytes:
+    """ADMIN_REQUEST (method, path) or ADMIN_RESPONSE (status, content type)."""
+    parts = [_U64.pack(request), _s(first), _s(second), _U16.pack(len(headers))]
+    for name, value in headers:
+        parts.append(_s(name))
+        parts.append(_s(value))
+    parts.append(_U32.pack(len(body)))
+    parts.append(body)
+    return frame(ftype, b"".join(parts))
+
+
+def decode_admin(body: bytes) -> tuple[int, str, str, list[tuple[str, str]], bytes]:
+    try:
+        (request,) = _U64.unpack_from(body, 0)
+        first, p = _read_s(body, 8)
+        second, p = _read_s(body, p)
+        (count,) = _U16.unpack_from(body, p)
+        p += 2
+        headers = []
+        for _ in range(count):
+            name, p = _read_s(body, p)
+            value, p = _read_s(body, p)
+            headers.append((name, value))
+        (n,) = _U32.unpack_from(body, p)
+        p += 4
+    except (struct.error, UnicodeDecodeError) as err:
+        raise FrameError(f"bad admin frame: {err}") from None
+    if p + n != len(body):
+        raise FrameError("bad admin frame: body length")
+    return request, first, second, headers, body[p:]

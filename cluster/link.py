@@ -334,6 +334,8 @@ class MeshLink:
             self.rtt_ms = (time.monotonic_ns() - frames.decode_seq(body)) / 1e6
         elif ftype in (frames.CLAIM, frames.CLAIMED):
             self.mesh.on_claim_frame(self, ftype, body)
+        elif ftype in (frames.ADMIN_REQUEST, frames.ADMIN_RESPONSE):
+            self.mesh.on_admin_frame(self, ftype, body)
         elif ftype in (frames.FETCH, frames.RECORDS):
             self.mesh.on_fetch_frame(self, ftype, body)
         else:

@@ -62,6 +62,10 @@ class Mesh:
         self._share_cursor: dict[tuple[str, str], int] = {}
         self._claims: dict[int, list] = {}
         self._claim_seq = 0
+        self._relays: dict[int, asyncio.Future] = {}
+        self._relay_seq = 0
+        # set by the node wiring: runs an admin request against this router's own admin API
+        self.admin_executor: Any = None
         self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
                                            burst=3, window=10.0)
 
@@ -312,6 +316,52 @@ class Mesh:
             entry[2] = state
         if not entry[1]:
             self._claim_done(req)
+
+    # -- admin requests relayed to a device log's owner ---------------------------------------
+    async def relay(self, owner: str, method: str, path: str, headers: list[tuple[str, str]],
+                    body: bytes, timeout: float) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        """Run an admin request at ``owner`` (its fetch API has the log); (status, content
+        type, headers, body). 503 when the link is down, 504 when no answer came in time."""
+        link = self.links[owner]
+        if link.state != "up" or link.conn is None:
+            return 503, "text/plain", [], f"the owner router {owner} is unreachable".encode()
+        self._relay_seq += 1
+        req = self._relay_seq
+        fut = self.loop.create_future()
+        self._relays[req] = fut
+        link.conn.write(frames.encode_admin(frames.ADMIN_REQUEST, req, method, path, headers,
+                                            body))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return 504, "text/plain", [], f"no answer from the owner router {owner}".encode()
+        finally:
+            self._relays.pop(req, None)
+
+    def on_admin_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
+        req, first, second, headers, payload = frames.decode_admin(body)
+        if ftype == frames.ADMIN_RESPONSE:
+            fut = self._relays.get(req)
+            if fut is not None and not fut.done():
+                fut.set_result((int(first), second, headers, payload))
+            return
+        if self.admin_executor is None:
+            link.conn.write(frames.encode_admin(frames.ADMIN_RESPONSE, req, "503", "text/plain",
+                                                [], b"no admin API on the owner"))
+            return
+        self.loop.create_task(self._execute(link, req, first, second, headers, payload))
+
+    async def _execute(self, link: MeshLink, req: int, method: str, path: str,
+                       headers: list[tuple[str, str]], body: bytes) -> None:
+        try:
+            status, ctype, out_headers, out = await self.admin_executor(method, path, headers,
+                                                                        body)
+        except Exception as err:  # noqa: BLE001 - the asker gets a 502, this router goes on
+            log.warning("relayed admin request failed: %s", err, extra={"path": path})
+            status, ctype, out_headers, out = 502, "text/plain", [], str(err).encode()
+        if link.conn is not None:
+            link.conn.write(frames.encode_admin(frames.ADMIN_RESPONSE, req, str(status), ctype,
+                                                out_headers, out))
 
     def on_fetch_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
         raise frames.FrameError("fetch over the mesh is not served by this version")

@@ -4,9 +4,12 @@ cluster/, see shared/notes/architecture.md)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
+from urllib.parse import unquote
 
+import aiohttp
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -38,8 +41,62 @@ async def attach_mesh(node: Any) -> Any:
         return web.json_response(status)
 
     node.admin.app.router.add_get("/api/v1/cluster", cluster_status)
+    _relay_device_requests(node, mesh)
     node.metrics.add_collector(lambda: mesh_metrics(mesh), "mesh")
     return mesh
+
+
+_DEVICE_PATH = re.compile(r"^/api/v1/logs/([^/]+)(/records)?$")
+_RELAYED = "X-Meshmq-Relayed"
+_PASS_HEADERS = ("authorization", "accept", "content-type")
+
+
+def _relay_device_requests(node: Any, mesh: Any) -> None:
+    """The fetch API answers for any device on any router: a request about a device log
+    another router owns goes over the mesh link to the owner, which runs it against its own
+    admin API (so authentication, the read ACL and every status code are the owner's).
+    Listing (``/api/v1/logs``) and the many-device fetch stay per router (see README)."""
+    session: dict[str, aiohttp.ClientSession] = {}
+
+    async def execute(method: str, path: str, headers: list[tuple[str, str]],
+                      body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        if "s" not in session:
+            session["s"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60))
+        scheme = "https" if node.config.admin_certfile else "http"
+        url = f"{scheme}://127.0.0.1:{node.admin.port}{path}"
+        async with session["s"].request(method, url, headers=[*headers, (_RELAYED, "1")],
+                                        data=body or None, ssl=False) as resp:
+            out = await resp.read()
+            keep = [(k, v) for k, v in resp.headers.items() if k.lower().startswith("x-meshmq")]
+            return resp.status, resp.content_type, keep, out
+
+    mesh.admin_executor = execute
+
+    async def close_session(_app: web.Application) -> None:
+        if "s" in session:
+            await session["s"].close()
+
+    node.admin.app.on_cleanup.append(close_session)
+
+    @web.middleware
+    async def relay(request: web.Request, handler: Any) -> web.StreamResponse:
+        match = _DEVICE_PATH.match(request.path)
+        if match is None or _RELAYED in request.headers:
+            return await handler(request)
+        owner = mesh.owner_of(unquote(match.group(1)))
+        if owner is None:
+            return await handler(request)
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() in _PASS_HEADERS]
+        body = await request.read() if request.can_read_body else b""
+        wait = 35.0  # above the fetch API's longest long poll (30 s)
+        status, ctype, out_headers, out = await mesh.relay(
+            owner, request.method, request.path_qs, headers, body, wait)
+        resp = web.Response(status=status, body=out, content_type=ctype)
+        for k, v in out_headers:
+            resp.headers[k] = v
+        return resp
+
+    node.admin.app.middlewares.append(relay)
 
 
 def mesh_metrics(mesh: Any) -> Iterable[Metric]:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import collections
 import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
 from helpers.broker import wait_for
 from helpers.clients import V5, V311, ClientFactory, PacketTypes, props, unique
 from helpers.cluster import Cluster
+
+from commitlog.fetch import decode_fetch_response
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -230,3 +233,21 @@ def test_connecting_at_another_node_takes_the_session_over(
     clients.connected(n1, cid, protocol=V5)
     reason = old.wait_disconnected(timeout=10)
     assert int(getattr(reason, "value", reason)) == 0x8E  # session taken over
+
+
+def test_the_fetch_api_of_any_node_answers_for_any_device(mesh: Cluster,
+                                                          clients: ClientFactory) -> None:
+    """A device whose log router 1 owns, read through node 2's admin endpoint: the request
+    goes over the mesh to the owner and comes back with its records."""
+    device = mesh.device_owned_by(1, unique("fetch"))
+    pub = clients.connected(mesh.nodes[0], protocol=V5)
+    for i in range(5):
+        pub.publish(f"devices/{device}/t", f"r{i}", 1)
+    for node in (mesh.nodes[2], mesh.nodes[0]):
+        code, _ = node.http_get(f"/api/v1/logs/{device}")
+        assert code == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{node.admin_port}/api/v1/logs/"
+                                    f"{device}/records?offset=0", timeout=10) as resp:
+            records = decode_fetch_response(resp.read())
+        assert [bytes(r.payload) for r in records] == [f"r{i}".encode() for i in range(5)]
+        assert [r.offset for r in records] == list(range(5))
