@@ -145,6 +145,8 @@ class DeviceLogs:
         self._loop = loop
         self._batch: list[PendingPublish] = []
         self.held = 0  # publishes appended and not yet durable (backpressure signal)
+        # in a cluster: the router owning a device log when it is another one (cluster/mesh.py)
+        self.remote_owner: Callable[[str], str | None] | None = None
         # Set by the node when retained messages are persisted (broker/retainstore.py).
         self.retain_log: RetainPersistence | None = None
         # Timestamp of the first append of the open batch, and of each sealed batch not yet
@@ -196,6 +198,11 @@ class DeviceLogs:
         if key is None:
             return None, (f"offset replay needs a filter covering one device log "
                           f"(like devices/<id>/#), not {real!r}")
+        owner = self.remote_owner(key) if self.remote_owner is not None else None
+        if owner is not None:  # a cluster: another router holds this log
+            return None, (f"offset replay of {key!r} is served by the router owning its log, "
+                          f"{owner}: connect to that node (GET /api/v1/cluster?device={key} "
+                          f"on any node names it); replay through any router is not built yet")
         store = self.store
         start, end = store.log_range(key)
         if spec == "earliest":

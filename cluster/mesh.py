@@ -77,6 +77,8 @@ class Mesh:
                                                     port, reuse_address=True)
         self.router.forwarder = self
         self.router.trie.on_route_change = self._route_changed
+        if self.router.logs is not None:
+            self.router.logs.remote_owner = self.owner_of
         for link in self.links.values():
             if link.dial:
                 link._dial()

@@ -251,3 +251,18 @@ def test_the_fetch_api_of_any_node_answers_for_any_device(mesh: Cluster,
             records = decode_fetch_response(resp.read())
         assert [bytes(r.payload) for r in records] == [f"r{i}".encode() for i in range(5)]
         assert [r.offset for r in records] == list(range(5))
+
+
+def test_offset_replay_at_a_router_that_does_not_own_the_log_is_refused_naming_the_owner(
+        mesh: Cluster, clients: ClientFactory) -> None:
+    """Not built yet: replay reads the owner's log, so a non-owner says where to go instead
+    of answering with an empty history."""
+    device = mesh.device_owned_by(1, unique("rp"))
+    sub = clients.connected(mesh.nodes[2], protocol=V5)
+    codes = sub.subscribe(f"devices/{device}/#", 1,
+                          properties=props(PacketTypes.SUBSCRIBE,
+                                           UserProperty=[("offset", "earliest")]))
+    assert codes[0] >= 0x80
+    at_owner = clients.connected(mesh.nodes[1], protocol=V5)
+    assert at_owner.subscribe(f"devices/{device}/#", 1, properties=props(
+        PacketTypes.SUBSCRIBE, UserProperty=[("offset", "earliest")])) == [1]
