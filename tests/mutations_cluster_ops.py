@@ -167,7 +167,20 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           "meshmq/node_admin.py",
           "if node == self.cluster.node_id and self.supervisor.admin_port(int(index)):",
           "if False:", (f"{ADM}::test_device_log_is_asked_of_its_local_owner",)),
+        m("cluster-adm-proxy-drops-body", "node admin: a proxied POST loses its body",
+          "meshmq/node_admin.py", "data=body, allow_redirects=False", "data=None, "
+          "allow_redirects=False",
+          (f"{ADM}::test_records_and_bulk_fetch_pass_through_the_proxy",)),
+        m("cluster-adm-proxy-drops-headers", "node admin: the router's response headers "
+          "(Content-Type...) are not passed back", "meshmq/node_admin.py",
+          "                    if name.lower() not in _HOP_BY_HOP:\n",
+          "                    if False:\n",
+          (f"{ADM}::test_records_and_bulk_fetch_pass_through_the_proxy",)),
         # ---------------------------------------------------------------- dev-cluster, status
+        m("cluster-status-links-up", "cluster status: up links counted as down",
+          "meshmq/clustercli.py", '            if state == "up":\n',
+          '            if state == "Up":\n',
+          (f"{DEV}::test_dev_cluster_starts_and_stops_three_nodes",)),
         m("cluster-dev-mqtt-ports", "dev-cluster: node i's MQTT port is base + 2i",
           "meshmq/devcluster.py", "    return [_DevNode(i, f\"node-{i}\", args.mqtt_port + i,",
           "    return [_DevNode(i, f\"node-{i}\", args.mqtt_port + 2 * i,",
