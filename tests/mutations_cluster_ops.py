@@ -159,6 +159,11 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           '                            "local": owner.rpartition("/")[0] == c.node_id}\n',
           '                            "local": owner.rpartition("/")[0] != c.node_id}\n',
           (f"{SUP}::test_readyz_and_cluster_status",)),
+        m("cluster-sup-router-up-renamed", "node admin: meshmq_router_up's family renamed "
+          "(the dashboard's cluster panels go blank)", "meshmq/node_admin.py",
+          '    up = Metric("meshmq_router_up",', '    up = Metric("meshmq_routers_up",',
+          ("tests/meshmq/test_dashboard.py::"
+           "test_every_cluster_panel_metric_exists_on_a_cluster_node",)),
         # ---------------------------------------------------------------- node admin proxy
         m("cluster-adm-unsorted-listing", "node admin: merged log listing not sorted",
           "meshmq/node_admin.py", '        logs.sort(key=lambda entry: entry["device"])\n',
