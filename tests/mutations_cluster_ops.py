@@ -149,6 +149,11 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           "                out.samples.append(Sample(s.name, {**s.labels, label: rid}, s.value,\n",
           "                out.samples.append(Sample(s.name, dict(s.labels), s.value,\n",
           (f"{SUP}::test_merged_metrics_carry_the_router_label",)),
+        m("cluster-sup-metrics-classic-scrape", "node admin: routers scraped in the classic "
+          "text format (their _created series become families of their own)",
+          "meshmq/node_admin.py", 'self._get(i, "/metrics", _OPENMETRICS)',
+          'self._get(i, "/metrics")',
+          (f"{SUP}::test_merged_metrics_carry_the_router_label",)),
         m("cluster-sup-readyz-blind", "node admin: /readyz ready whatever the routers say",
           "meshmq/node_admin.py",
           '        not_ready = {rid: why for rid, why in routers.items() if why != "ready"}\n',
