@@ -146,8 +146,8 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           (f"{SUP}::test_router_start_failure_stops_the_node_with_exit_1",)),
         m("cluster-sup-no-router-label", "node admin: merged samples lose the router label",
           "meshmq/node_admin.py",
-          "                out.samples.append(Sample(s.name, {**s.labels, label: rid}, s.value,\n",
-          "                out.samples.append(Sample(s.name, dict(s.labels), s.value,\n",
+          "out.samples.append(s._replace(labels={**s.labels, label: rid}))",
+          "out.samples.append(s)",
           (f"{SUP}::test_merged_metrics_carry_the_router_label",)),
         m("cluster-sup-metrics-classic-scrape", "node admin: routers scraped in the classic "
           "text format (their _created series become families of their own)",
