@@ -7,9 +7,9 @@ another ``routers`` value) on ports the kernel picks, and asking every scrape co
 to follow them would make the process layout part of every tool's config. So the supervisor
 answers for the node, the way EMQX answers for its whole node on one dashboard port:
 
-* ``/metrics``: every router's metrics, scraped over loopback at request time and re-emitted
-  with a ``router="<node id>/<r>"`` label (parsed with ``prometheus_client.parser``), plus the
-  supervisor's own ``meshmq_router_up`` and ``meshmq_router_restarts_total``. Prometheus text
+* ``/metrics``: every router's metrics, scraped over loopback at request time (OpenMetrics,
+  parsed with ``prometheus_client``) and re-emitted with a ``router="<node id>/<r>"`` label,
+  plus the supervisor's own ``meshmq_router_up`` and ``meshmq_router_restarts_total``. Text
   by default, OpenMetrics when the scraper asks for it, as a router's own endpoint does. A
   router that cannot be scraped is ``meshmq_router_up 0`` and is left out, never a 500.
 * ``/healthz``: the supervisor is alive (it restarts routers itself; restarting the pod for a
@@ -40,8 +40,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from cluster.ownership import Ownership
 from cluster.settings import ClusterSettings
@@ -55,6 +54,7 @@ log = logging.getLogger("meshmq.node_admin")
 
 ROUTER_TIMEOUT_S = 5.0
 PROXY_TIMEOUT_S = 65.0  # above the fetch API's longest long poll (30 s) with room to spare
+_OPENMETRICS = {"Accept": "application/openmetrics-text; version=1.0.0"}
 # Request headers a proxy must not pass on (RFC 9110 7.6.1) or that aiohttp sets itself.
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
                "trailer", "transfer-encoding", "upgrade", "host", "content-length"}
@@ -71,7 +71,13 @@ class _Families:
 
 
 def merge_metrics(scrapes: dict[str, str | None], restarts: dict[str, int]) -> list[Metric]:
-    """Merge routers' Prometheus text scrapes into families labelled ``router``.
+    """Merge routers' OpenMetrics scrapes into families labelled ``router``.
+
+    The routers are scraped in OpenMetrics, not the classic text format: classic text carries a
+    histogram's or counter's ``_created`` series as a family of its own, which re-emitted as
+    OpenMetrics would clash with the ``_created`` sample of the real family (a scraper asking
+    for OpenMetrics then rejects the whole page). Parsed from OpenMetrics, every sample stays
+    in its family, and either format can be written back out.
 
     ``scrapes`` maps a router id to its scrape (None: unreachable); ``restarts`` to its restart
     count. A family whose samples already carry a ``router`` label (it names something else,
@@ -102,8 +108,7 @@ def merge_metrics(scrapes: dict[str, str | None], restarts: dict[str, int]) -> l
             label = "source_router" if "router" in (fam.samples[0].labels if fam.samples
                                                     else {}) else "router"
             for s in fam.samples:
-                out.samples.append(Sample(s.name, {**s.labels, label: rid}, s.value,
-                                          s.timestamp, s.exemplar))
+                out.samples.append(s._replace(labels={**s.labels, label: rid}))
     return [up, restart_family, *families.values()]
 
 
@@ -189,7 +194,8 @@ class NodeAdmin:
 
     # -- routes -------------------------------------------------------------------------------
     async def _metrics(self, request: web.Request) -> web.Response:
-        results = await asyncio.gather(*(self._get(i, "/metrics") for i in self._indexes()))
+        results = await asyncio.gather(*(self._get(i, "/metrics", _OPENMETRICS)
+                                         for i in self._indexes()))
         scrapes: dict[str, str | None] = {}
         restarts: dict[str, int] = {}
         for child, result in zip(self.supervisor.children, results, strict=True):

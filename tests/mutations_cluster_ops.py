@@ -146,8 +146,13 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           (f"{SUP}::test_router_start_failure_stops_the_node_with_exit_1",)),
         m("cluster-sup-no-router-label", "node admin: merged samples lose the router label",
           "meshmq/node_admin.py",
-          "                out.samples.append(Sample(s.name, {**s.labels, label: rid}, s.value,\n",
-          "                out.samples.append(Sample(s.name, dict(s.labels), s.value,\n",
+          "out.samples.append(s._replace(labels={**s.labels, label: rid}))",
+          "out.samples.append(s)",
+          (f"{SUP}::test_merged_metrics_carry_the_router_label",)),
+        m("cluster-sup-metrics-classic-scrape", "node admin: routers scraped in the classic "
+          "text format (their _created series become families of their own)",
+          "meshmq/node_admin.py", 'self._get(i, "/metrics", _OPENMETRICS)',
+          'self._get(i, "/metrics")',
           (f"{SUP}::test_merged_metrics_carry_the_router_label",)),
         m("cluster-sup-readyz-blind", "node admin: /readyz ready whatever the routers say",
           "meshmq/node_admin.py",
@@ -159,6 +164,11 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           '                            "local": owner.rpartition("/")[0] == c.node_id}\n',
           '                            "local": owner.rpartition("/")[0] != c.node_id}\n',
           (f"{SUP}::test_readyz_and_cluster_status",)),
+        m("cluster-sup-router-up-renamed", "node admin: meshmq_router_up's family renamed "
+          "(the dashboard's cluster panels go blank)", "meshmq/node_admin.py",
+          '    up = Metric("meshmq_router_up",', '    up = Metric("meshmq_routers_up",',
+          ("tests/meshmq/test_dashboard.py::"
+           "test_every_cluster_panel_metric_exists_on_a_cluster_node",)),
         # ---------------------------------------------------------------- node admin proxy
         m("cluster-adm-unsorted-listing", "node admin: merged log listing not sorted",
           "meshmq/node_admin.py", '        logs.sort(key=lambda entry: entry["device"])\n',
@@ -167,7 +177,20 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           "meshmq/node_admin.py",
           "if node == self.cluster.node_id and self.supervisor.admin_port(int(index)):",
           "if False:", (f"{ADM}::test_device_log_is_asked_of_its_local_owner",)),
+        m("cluster-adm-proxy-drops-body", "node admin: a proxied POST loses its body",
+          "meshmq/node_admin.py", "data=body, allow_redirects=False", "data=None, "
+          "allow_redirects=False",
+          (f"{ADM}::test_records_and_bulk_fetch_pass_through_the_proxy",)),
+        m("cluster-adm-proxy-drops-headers", "node admin: the router's response headers "
+          "(Content-Type...) are not passed back", "meshmq/node_admin.py",
+          "                    if name.lower() not in _HOP_BY_HOP:\n",
+          "                    if False:\n",
+          (f"{ADM}::test_records_and_bulk_fetch_pass_through_the_proxy",)),
         # ---------------------------------------------------------------- dev-cluster, status
+        m("cluster-status-links-up", "cluster status: up links counted as down",
+          "meshmq/clustercli.py", '            if state == "up":\n',
+          '            if state == "Up":\n',
+          (f"{DEV}::test_dev_cluster_starts_and_stops_three_nodes",)),
         m("cluster-dev-mqtt-ports", "dev-cluster: node i's MQTT port is base + 2i",
           "meshmq/devcluster.py", "    return [_DevNode(i, f\"node-{i}\", args.mqtt_port + i,",
           "    return [_DevNode(i, f\"node-{i}\", args.mqtt_port + 2 * i,",

@@ -64,10 +64,39 @@ PANELS = [
         ("sum by (reason) (rate(meshmq_tls_handshake_failures_total[1m]))", "TLS {{reason}}")]),
 ]
 
+# A cluster node's supervisor merges its routers' metrics with a router="<node>/<r>" label and
+# adds meshmq_router_up / meshmq_router_restarts_total; each router adds meshmq_link_* per peer.
+# These panels stay empty on a single node (tests/meshmq/test_dashboard.py checks them against
+# a cluster node).
+CLUSTER_TITLE = "Cluster: "
+CLUSTER_PANELS = [
+    (CLUSTER_TITLE + "routers up, restarts", "short", [
+        ("sum(meshmq_router_up)", "routers up"),
+        ("count(meshmq_router_up == 0)", "routers down"),
+        ("sum by (router) (increase(meshmq_router_restarts_total[1h]))",
+         "restarts in 1h {{router}}")]),
+    (CLUSTER_TITLE + "mesh links up / down", "short", [
+        ("sum(meshmq_link_up)", "up"),
+        ("count(meshmq_link_up == 0)", "down"),
+        ("sum(rate(meshmq_link_reconnects_total[5m]))", "reconnects/s")]),
+    (CLUSTER_TITLE + "messages per second over links", "ops", [
+        ("sum by (router, peer) (rate(meshmq_link_messages_sent_total[1m]))",
+         "{{router}} -> {{peer}}")]),
+    (CLUSTER_TITLE + "link bytes per second", "Bps", [
+        ("sum(rate(meshmq_link_bytes_sent_total[1m]))", "sent"),
+        ("sum(rate(meshmq_link_bytes_received_total[1m]))", "received")]),
+    (CLUSTER_TITLE + "link RTT (max per link)", "s", [
+        ("max by (router, peer) (meshmq_link_rtt_seconds)", "{{router}} -> {{peer}}")]),
+    (CLUSTER_TITLE + "link queues and drops (alert on drops)", "short", [
+        ("sum by (router, peer) (meshmq_link_queued_bytes)", "queued bytes {{router}} -> {{peer}}"),
+        ("sum by (router, peer) (meshmq_link_unacked)", "unacked {{router}} -> {{peer}}"),
+        ("sum by (reason) (increase(meshmq_link_dropped_total[5m]))", "dropped {{reason}}")]),
+]
+
 
 def dashboard() -> dict:
     panels = []
-    for i, (title, unit, targets) in enumerate(PANELS):
+    for i, (title, unit, targets) in enumerate(PANELS + CLUSTER_PANELS):
         panels.append({
             "id": i + 1, "type": "timeseries", "title": title,
             "datasource": {"type": "prometheus", "uid": "${datasource}"},

@@ -72,6 +72,14 @@ def test_dev_cluster_starts_and_stops_three_nodes(tmp_path: Path) -> None:
         assert doc["router_ids"] == ["node-0/0", "node-1/0", "node-2/0"]
         assert doc["owner"]["router"] in doc["router_ids"]
 
+        def links_up() -> str | None:  # node-1's one router links to node-0/0 and node-2/0
+            human = _meshmq("cluster", "status", "--admin", f"127.0.0.1:{admin + 1}")
+            return human.stdout if human.returncode == 0 else None
+
+        human = wait_for(links_up, timeout=30, message="node-1's links up in cluster status")
+        assert "links: 2 up, 0 down" in human
+        assert re.search(r"node-1/0\s+node-0/0\s+up", human), human
+
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert "stopping every node" in out_path.read_text()

@@ -15,6 +15,7 @@ from helpers.broker import wait_for
 from helpers.clusternode import ClusterNode, mqtt_connect, mqtt_publish_qos1
 
 from cluster.ownership import Ownership
+from commitlog.fetch import decode_multi_fetch
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,6 +76,35 @@ def test_device_log_is_asked_of_its_local_owner(node):
             status, body = node.http_get(f"/api/v1/logs/{device}")
             assert status == 200, (device, body)
             assert json.loads(body)["end"] == 1
+
+
+def _admin_port(node: ClusterNode, index: int) -> int:
+    return int(json.loads((node.workdir / "data" / f"router-{index}" / "router.json")
+                          .read_text())["admin_port"])
+
+
+def test_records_and_bulk_fetch_pass_through_the_proxy(node):
+    """Binary bodies come back byte for byte, and a POST's body reaches the router."""
+    owners = Ownership(["test/0", "test/1"])
+    device = next(d for d in DEVICES if d in _router_logs(node, int(owners.owner_of(d)[-1])))
+    path = f"/api/v1/logs/{device}/records?offset=0"
+    direct_port = _admin_port(node, int(owners.owner_of(device)[-1]))
+    def fetch(port: int) -> tuple[bytes, dict[str, str]]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            assert resp.status == 200
+            return resp.read(), {k: v for k, v in resp.headers.items()
+                                 if k.lower().startswith(("x-meshmq-", "content-type"))}
+
+    direct = fetch(direct_port)
+    assert direct[1]["X-Meshmq-Record-Count"] == "1"  # the offsets travel in headers
+    assert fetch(node.admin_port) == direct
+    body = json.dumps({"devices": [{"device": d} for d in DEVICES]}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{node.admin_port}/api/v1/fetch", data=body,
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+        sections = decode_multi_fetch(resp.read())
+    assert [s.device for s in sections] == DEVICES
 
 
 def test_readyz_names_the_router_that_does_not_answer(node):

@@ -20,6 +20,9 @@ import pytest
 from helpers.broker import metric_sum, parse_metrics, wait_for
 from helpers.certs import self_signed
 from helpers.clusternode import ClusterNode, mqtt_connect, pid_alive
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as openmetrics_families,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(120)
@@ -125,6 +128,12 @@ def test_merged_metrics_carry_the_router_label(shared_node):
         body = resp.read().decode()
     assert body.rstrip().endswith("# EOF")
     assert 'meshmq_router_up{router="test/1"} 1.0' in body
+    # A valid OpenMetrics page (strict parser: no family twice, _created inside its family),
+    # with the router label on the routers' samples there too.
+    om = {f.name: f for f in openmetrics_families(body)}
+    assert sorted(s.labels["router"] for s in om["meshmq_sessions"].samples) == list(ROUTERS)
+    assert {s.name for s in om["meshmq_event_loop_lag_seconds"].samples} >= {
+        "meshmq_event_loop_lag_seconds_bucket", "meshmq_event_loop_lag_seconds_count"}
 
 
 def test_readyz_and_cluster_status(shared_node):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers.broker import REPO_ROOT
+from helpers.clusternode import free_port_block
 
 from cluster.settings import NodeAddress
 from meshmq.config import load_config
@@ -85,6 +86,15 @@ def test_one_router_needs_no_secret(tmp_path):
     assert cfg.cluster is not None and cfg.cluster.secret == b""
 
 
+# Cases whose ports are on this machine use free ones: should a planted bug let such a config
+# through, the node it starts must not take a port someone else uses (or a default one).
+_FREE = free_port_block(4)
+
+
+def _n0_port(port: int) -> str:
+    return THREE_NODES.replace("port = 7883", f"port = {port}", 1)
+
+
 def _secret_file(tmp_path: Path) -> Path:
     path = tmp_path / "short.secret"
     path.write_text("short\n")
@@ -109,12 +119,14 @@ CASES = [
      {}, "cluster.nodes[0].port", "beyond 65535"),
     ("ranges-overlap-on-one-host",
      _config(cluster="routers = 3", nodes=THREE_NODES.replace("10.0.0.1", "127.0.0.1")
-             .replace("port = 7883", "port = 7000", 1).replace("port = 7883", "port = 7002", 1)),
+             .replace("port = 7883", f"port = {_FREE}", 1)
+             .replace("port = 7883", f"port = {_FREE + 2}", 1)),
      {}, "cluster.nodes[1].port", "overlap"),
-    ("clash-with-mqtt-port", _config(cluster="routers = 2",
-                                     extra='[listener.tcp]\nbind = "0.0.0.0:7884"'),
+    ("clash-with-mqtt-port", _config(cluster="routers = 2", nodes=_n0_port(_FREE),
+                                     extra=f'[listener.tcp]\nbind = "127.0.0.1:{_FREE + 1}"'),
      {}, "cluster.nodes[0].port", "listener.tcp.bind"),
-    ("clash-with-admin-port", _config(extra='[admin]\nbind = "127.0.0.1:7883"'), {},
+    ("clash-with-admin-port", _config(nodes=_n0_port(_FREE),
+                                      extra=f'[admin]\nbind = "127.0.0.1:{_FREE}"'), {},
      "cluster.nodes[0].port", "admin.bind"),
     ("no-secret", _config().replace(f'secret = "{SECRET}"', ""), {}, "cluster.secret",
      "required"),
