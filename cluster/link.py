@@ -51,6 +51,7 @@ log = logging.getLogger("cluster.link")
 
 _MAX_ENTRIES_FRAME = 1 << 20  # bytes of entries per ENTRIES frame (many frames per write is fine)
 _WRITE_HIGH_WATER = 4 << 20  # transport buffer above which the link stops writing (paused)
+_HANDSHAKE_TIMEOUT = 5.0
 
 Done = Callable[[BaseException | None, int], None]  # APPEND outcome: (error or None, offset)
 
@@ -449,6 +450,9 @@ class LinkConnection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         self.mesh.connections.add(self)
+        # a connection that does not finish the handshake in time (a port scanner, a peer
+        # frozen mid-handshake) is closed: nothing else would ever time it out
+        self._deadline = self.mesh.loop.call_later(_HANDSHAKE_TIMEOUT, self._handshake_late)
         peername = transport.get_extra_info("peername")
         self.remote = f"{peername[0]}:{peername[1]}" if peername else None
         if isinstance(self.hs, DialerHandshake):
@@ -490,7 +494,14 @@ class LinkConnection(asyncio.Protocol):
                       extra={"peer": self.peer})
             self.close()
 
+    def _handshake_late(self) -> None:
+        if not self.established and not self._closed:
+            log.warning("mesh handshake not finished in %.0f s: closing the connection",
+                        _HANDSHAKE_TIMEOUT, extra={"peer": self.peer, "remote": self.remote})
+            self.close()
+
     def _established(self, est: Established) -> None:
+        self._deadline.cancel()
         self.hs = None
         self.established = True
         self.peer = est.peer
@@ -500,6 +511,8 @@ class LinkConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if getattr(self, "_deadline", None) is not None:
+            self._deadline.cancel()
         self.mesh.connections.discard(self)
         if self.link is not None and self.established:
             self.link.lost(self, f"connection closed ({exc or 'EOF'})")

@@ -68,6 +68,9 @@ class Mesh:
         self.admin_executor: Any = None
         self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
                                            burst=3, window=10.0)
+        self._entry_log = RateLimitedLog(log, logging.ERROR, "mesh entries not applied",
+                                         burst=3, window=10.0)
+        self.entry_failures = 0
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -257,26 +260,39 @@ class Mesh:
         router = self.router
         now = time.monotonic()
         for e in entries:
-            expiry_at = None if e.expiry is None else now + e.expiry
-            msg = Message(e.topic, e.payload, e.qos, e.retain, e.properties, expiry_at,
-                          e.origin)
-            kind = e.kind
-            if kind == frames.DELIVER:
-                router.route(msg, forward=False)
-            elif kind == frames.APPEND:
-                slot = link.append_pending(e.seq)
-                try:
-                    router.remote.append_for_peer(e.device, msg, e.expiry,
-                                         (link, slot, link.peer_incarnation))
-                except LogWriteError as err:
-                    link.append_done(slot, link.peer_incarnation, err, -1)
-            elif kind == frames.RETAIN:
+            try:
+                self._apply(link, router, e, now)
+            except Exception as err:  # noqa: BLE001 - one bad entry must not wedge the link:
+                # raising here would close it, and the resend after the reconnect would fail
+                # again, forever
+                self.entry_failures += 1
+                self._entry_log("a mesh entry could not be applied, skipped (counted in "
+                                "meshmq_link_entry_failures_total): %r", err,
+                                extra={"peer": link.peer, "topic": e.topic})
+
+    def _apply(self, link: MeshLink, router: Any, e: frames.Entry, now: float) -> None:
+        expiry_at = None if e.expiry is None else now + e.expiry
+        msg = Message(e.topic, e.payload, e.qos, e.retain, e.properties, expiry_at, e.origin)
+        kind = e.kind
+        if kind == frames.DELIVER:
+            router.route(msg, forward=False)
+        elif kind == frames.APPEND:
+            slot = link.append_pending(e.seq)
+            try:
+                router.remote.append_for_peer(e.device, msg, e.expiry,
+                                              (link, slot, link.peer_incarnation))
+            except Exception as err:  # noqa: BLE001 - LogWriteError or worse: the publisher
+                # is refused ("not stored"), and the slot must not hold the link's ACK forever
+                link.append_done(slot, link.peer_incarnation, err, -1)
+                if not isinstance(err, LogWriteError):
+                    raise
+        elif kind == frames.RETAIN:
+            router.remote.retain_from_peer(msg)
+        elif kind == frames.SHARE:
+            router.shared.deliver_share(msg, *e.group)
+        elif kind == frames.RETAIN_SYNC:
+            if e.payload and not router.retained.match(e.topic):
                 router.remote.retain_from_peer(msg)
-            elif kind == frames.SHARE:
-                router.shared.deliver_share(msg, *e.group)
-            elif kind == frames.RETAIN_SYNC:
-                if e.payload and not router.retained.match(e.topic):
-                    router.remote.retain_from_peer(msg)
 
     # -- sessions across routers -------------------------------------------------------------
     def claim(self, client_id: str, clean: bool, done: Any) -> None:

@@ -131,4 +131,7 @@ def mesh_metrics(mesh: Any) -> Iterable[Metric]:
         dropped.add_metric([link.peer, "queue_full"], link.stats["dropped_full"])
         dropped.add_metric([link.peer, "refused"], link.stats["refused_full"])
         dropped.add_metric([link.peer, "reconnect"], link.stats["dropped_reconnect"])
-    return [state, queued, unacked, rtt, routes, dropped, *counters.values()]
+    failures = CounterMetricFamily("meshmq_link_entry_failures", "Entries from peers that "
+                                   "raised while applied and were skipped (a bug: see the "
+                                   "log).", value=mesh.entry_failures)
+    return [state, queued, unacked, rtt, routes, dropped, failures, *counters.values()]
