@@ -412,6 +412,7 @@ class MeshLink:
             "reconnects": self.reconnects,
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
             "routes_in": self.mesh.routes.count(self.peer),
+            "routes_out": self.mesh.local_route_count() if self.state == "up" else 0,
             "queued": len(self.unsent), "queued_bytes": self.queued_bytes,
             "unacked": len(self.inflight), "window": self.mesh.settings.link_window,
             **self.stats,

@@ -143,6 +143,10 @@ class Mesh:
     def local_routes(self) -> list[tuple[int, str, str | None]]:
         return [(frames.ROUTE_ADD, flt, group) for flt, group in self.router.trie.routes()]
 
+    def local_route_count(self) -> int:
+        """Distinct (filter, group) routes this router advertises (what every peer holds)."""
+        return len(self.router.trie.routes())
+
     def _route_changed(self, flt: str, group: str | None, added: bool) -> None:
         change = [(_ROUTE_OP[added], flt, group)]
         for link in self.links.values():

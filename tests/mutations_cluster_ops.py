@@ -173,10 +173,8 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
         m("cluster-adm-unsorted-listing", "node admin: merged log listing not sorted",
           "meshmq/node_admin.py", '        logs.sort(key=lambda entry: entry["device"])\n',
           "", (f"{ADM}::test_log_listing_merges_every_router",)),
-        m("cluster-adm-ignore-owner", "node admin: device requests round-robin, owner ignored",
-          "meshmq/node_admin.py",
-          "if node == self.cluster.node_id and self.supervisor.admin_port(int(index)):",
-          "if False:", (f"{ADM}::test_device_log_is_asked_of_its_local_owner",)),
+        # (no "owner ignored" mutation: any router now answers for any device, relaying over
+        # the mesh, so asking the local owner first saves a hop and is not a correctness rule)
         m("cluster-adm-proxy-drops-body", "node admin: a proxied POST loses its body",
           "meshmq/node_admin.py", "data=body, allow_redirects=False", "data=None, "
           "allow_redirects=False",
