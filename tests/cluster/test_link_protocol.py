@@ -160,3 +160,20 @@ def test_an_acceptor_refuses_a_dialer_that_cannot_prove_the_secret() -> None:
     with pytest.raises(HandshakeRefused) as err:
         a.on_frame(ftype, body)
     assert "failed the secret check" in err.value.why
+
+
+def test_fetch_and_records_frames_carry_stored_bytes_unchanged() -> None:
+    """The follower fetch of the replication issue: "read D from N", answered with the record
+    bytes as the log stores them (not decoded and encoded again)."""
+    from commitlog.record import decode_batch, encode_batch, make_record
+
+    recs = [make_record(i, 1_000 + i, "d1", "devices/d1/t", 1, [("k", b"v")], b"p%d" % i)
+            for i in range(3)]
+    stored = encode_batch(recs)
+    [(ftype, body)] = frames.FrameReader().feed(frames.encode_fetch(7, "d1", 0, 100))
+    assert ftype == frames.FETCH and frames.decode_fetch(body) == (7, "d1", 0, 100)
+    [(ftype, body)] = frames.FrameReader().feed(frames.encode_records(7, 0, 0, 3, 3, stored))
+    request, status, start, hw, end, raw = frames.decode_records(body)
+    assert (request, status, start, hw, end) == (7, 0, 0, 3, 3)
+    assert raw == stored
+    assert [r.payload for r in decode_batch(raw, 0)] == [b"p0", b"p1", b"p2"]
