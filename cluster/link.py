@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.lograte import RateLimitedLog
 from cluster import frames
+from cluster.frames import entry_head
 from cluster.handshake import (
     AcceptorHandshake,
     DialerHandshake,
@@ -142,6 +143,7 @@ class MeshLink:
         self.inflight: deque[Out] = deque()
         self.unsent: deque[Out] = deque()
         self.queued_bytes = 0
+        self.awaiting: dict[int, Out] = {}  # seq -> APPEND waiting for its result
         # receive side: what we processed of the peer's current incarnation
         self.inbound = InboundSequence()
         self.acked_out = 0  # the last ACK we sent
@@ -170,6 +172,8 @@ class MeshLink:
                            if kind == frames.APPEND else "delivery dropped")
             return False
         out = Out(self.next_seq, kind, qos, head, body, done)
+        if done is not None:
+            self.awaiting[out.seq] = out  # its RESULT finds it without a walk of the window
         self.next_seq += 1
         self.unsent.append(out)
         self.queued_bytes += out.size
@@ -201,15 +205,16 @@ class MeshLink:
             out = unsent.popleft()
             inflight.append(out)
             flags, tlen = out.head
-            batch.append(frames.entry_bytes(out.seq, out.kind, flags, tlen, out.body))
+            batch.append(entry_head(out.seq, out.kind, flags, tlen))
+            batch.append(out.body)  # the shared body is not copied into a per-link entry
             size += out.size
             sent += 1
             if size >= _MAX_ENTRIES_FRAME:
-                parts.append(frames.encode_entries(batch))
+                parts.append(frames.encode_entries_parts(batch, len(batch) // 2))
                 batch = []
                 size = 0
         if batch:
-            parts.append(frames.encode_entries(batch))
+            parts.append(frames.encode_entries_parts(batch, len(batch) // 2))
         ack = self.inbound.ack_point()
         if ack > self.acked_out:
             parts.append(frames.encode_seq(frames.ACK, ack))
@@ -382,18 +387,18 @@ class MeshLink:
             self.queued_bytes -= out.size
             if out.done is not None:  # its RESULT died with a connection: an ACK means stored
                 done, out.done = out.done, None
+                del self.awaiting[out.seq]
                 done(None, -1)
         if self.unsent:
             self.mesh.want_flush(self)
 
     def _on_results(self, results: list[tuple[int, int, int, str]]) -> None:
-        by_seq = {seq: (status, offset, why) for seq, status, offset, why in results}
-        for out in self.inflight:
-            res = by_seq.get(out.seq)
-            if res is None or out.done is None:
+        awaiting = self.awaiting
+        for seq, status, offset, why in results:
+            out = awaiting.pop(seq, None)
+            if out is None or out.done is None:
                 continue
             done, out.done = out.done, None
-            status, offset, why = res
             done(None if status == 0 else RemoteAppendError(self.peer, why), offset)
 
     def fail_pending(self, why: str) -> None:
@@ -402,6 +407,7 @@ class MeshLink:
             if out.done is not None:
                 done, out.done = out.done, None
                 done(RemoteAppendError(self.peer, why), -1)
+        self.awaiting.clear()
 
     def status(self) -> dict[str, Any]:
         return {
