@@ -485,12 +485,18 @@ def summarize(doc: dict) -> None:
     doc["ratios"] = rows
 
 
-def _cpu_cell(r: dict | None) -> str:
+def _cpu_cell(r: dict | None, w: str = "") -> str:
     if not r or "broker_cpu" not in r:
         return "-"
+    if "us_per_msg" not in r and r.get("value") and WORKLOADS.get(w, ("", ""))[1] == "msg/s":
+        r = {**r, "us_per_msg": r["broker_cpu"] * 1e6 / r["value"]}
     procs = r.get("broker_procs_cpu") or {}
     parts = [f"{k} {v * 100:.0f}%" for k, v in procs.items()]
-    return (f"broker {r['broker_cpu'] * 100:.0f}% ({', '.join(parts) or 'one process'}); "
+    per_msg = ""
+    if r.get("value") and "us_per_msg" in r:
+        per_msg = f", {r['us_per_msg']:.1f} us/msg"
+    return (f"broker {r['broker_cpu'] * 100:.0f}%{per_msg} "
+            f"({', '.join(parts) or 'one process'}); "
             f"generator {r['gen_cpu_total'] * 100:.0f}% (busiest {r['gen_cpu_busiest'] * 100:.0f}%)"
             f"; other {r['other_cpu'] * 100:.0f}%; steal {r['steal_cpu'] * 100:.0f}%")
 
@@ -526,11 +532,12 @@ def tables(doc: dict) -> list[tuple[list[str], list[list[str]]]]:
     rat = [[r["name"], report.fmt(r["ratio"]), " / ".join(f"{v:.2f}" for v in r["per_round"]),
             r["target"], r["result"]] for r in doc["ratios"] if r["ratio"] is not None
            or r["result"] == "N/A"]
-    cpu = [[w, _cpu_cell(_median_run(doc, w)), _extra(w, _median_run(doc, w))]
+    cpu = [[w, _cpu_cell(_median_run(doc, w), w), _extra(w, _median_run(doc, w))]
            for w in WORKLOADS if GROUP_OF[w] in doc["groups"]]
     return [(["workload", "what", "median", "per round", "load avg (1 min) per round"], main),
             (["ratio", "median", "per round", "target", "result"], rat),
-            (["workload (median run)", "CPU, % of one core", "details"], cpu)]
+            (["workload (median run)", "CPU, % of one core (us/msg: broker CPU per message)",
+              "details"], cpu)]
 
 
 def render_markdown(doc: dict) -> str:
@@ -542,6 +549,13 @@ def render_markdown(doc: dict) -> str:
     for head, body in tables(doc):
         out.append(report.md_table(head, body))
         out.append("")
+    other = [r["result"]["other_cpu"] for r in doc["runs"] if "other_cpu" in r["result"]]
+    if other and statistics.median(other) > 0.3:
+        out.append(f"**A disturbed run**: other processes on the machine (not the nodes, not the "
+                   f"generator) took a median {statistics.median(other) * 100:.0f}% of a core "
+                   "during the measurement windows (column \"other\"), so the nodes got only "
+                   "the scheduler's share of the 2 cores: compare the us/msg figures (broker CPU "
+                   "per delivered message) more than the rates, and rerun on a quiet machine.\n")
     return "\n".join(out)
 
 
@@ -585,7 +599,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--link-window", type=int, default=None, metavar="N",
                     help="set cluster.link_window on every node (default: meshmq's default)")
     ap.add_argument("--out", default="bench/results", help="output folder (git-ignored)")
-    ap.add_argument("--markdown", metavar="RESULTS_JSON", help="only print an earlier run's tables")
+    ap.add_argument("--markdown", metavar="RESULTS_JSON",
+                    help="only print an earlier run's tables (with --update-readme: write them "
+                         "into README.md)")
     ap.add_argument("--update-readme", action="store_true",
                     help="write the tables into README.md's Performance section")
     args = ap.parse_args(argv)
@@ -628,6 +644,10 @@ def run(args: argparse.Namespace) -> int:
 
     def record(rnd: int, results: dict[str, dict], t0: float) -> None:
         for w, r in results.items():
+            if r.get("status") == "ok" and WORKLOADS[w][1] == "msg/s" and "broker_cpu" in r:
+                # broker CPU (every router and supervisor) per delivered message: what the
+                # cores cost per message whatever share of them the scheduler gave the broker
+                r["us_per_msg"] = round(r["broker_cpu"] * 1e6 / r["value"], 2)
             doc["runs"].append({"round": rnd, "workload": w, "result": r})
             unit = WORKLOADS[w][1]
             val = (f"{report.fmt(r['value'], unit)} {unit}" if r.get("status") == "ok"
@@ -678,8 +698,12 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.markdown:
-        sys.stdout.write(render_markdown(json.loads(Path(args.markdown).read_text())))
+    if args.markdown:  # with --update-readme: that run's tables into README.md
+        md = render_markdown(json.loads(Path(args.markdown).read_text()))
+        if args.update_readme:
+            update_readme(md)
+        else:
+            sys.stdout.write(md)
         return 0
 
     def _term(signum, frame) -> None:
