@@ -436,8 +436,8 @@ def _with_cluster(nodes: int, routers: int, fn, names: list[str]) -> dict[str, d
     try:
         cl.start()
         return fn(cl)
-    except RuntimeError as exc:
-        return {w: {"status": "failed", "error": str(exc)} for w in names}
+    except (RuntimeError, OSError) as exc:  # OSError: an admin API that did not answer
+        return {w: {"status": "failed", "error": f"{type(exc).__name__}: {exc}"} for w in names}
     finally:
         cl.stop()
 
