@@ -333,9 +333,11 @@ async def _connect_many(port: int, prefix: str, n: int, subs_for, concurrency: i
 
 
 async def w_sub(p: dict, arr, base: int) -> dict:
-    """Subscribers: n connections, each subscribed to ``filter``; count deliveries."""
+    """Subscribers: n connections, each subscribed to ``filter`` (or connection i to
+    ``filters[i]``: topics of one length, so one packet size); count deliveries."""
+    filters = p.get("filters") or [p["filter"]] * p["n"]
     conns = await _connect_many(p["port"], f"{p['tag']}-sub{base}", p["n"],
-                                lambda i: [(p["filter"], p["qos"])])
+                                lambda i: [(filters[i], p["qos"])])
     for c in conns:
         c.set_handler(SubCounter(c, arr, base, p["topic"], p["payload_len"], p["qos"]))
     arr[base + READY] = 1
@@ -427,9 +429,10 @@ async def w_pubn(p: dict, arr, base: int) -> dict:
 
 async def w_latency(p: dict, arr, base: int) -> dict:
     """Open loop at a fixed rate; publisher and subscriber in this one process so that the
-    ``perf_counter_ns`` stamps in the payload and the receive times share a clock."""
+    ``perf_counter_ns`` stamps in the payload and the receive times share a clock. The
+    subscriber may connect elsewhere (``sub_port``: another node of a cluster)."""
     port, topic, rate = p["port"], p["topic"], float(p["rate"])
-    sub = await open_conn(port, f"{p['tag']}-lsub", [(topic, 0)])
+    sub = await open_conn(p.get("sub_port") or port, f"{p['tag']}-lsub", [(topic, 0)])
     pub = await open_conn(port, f"{p['tag']}-lpub")
     pub.set_handler(_ignore)
     prefix = mp.publish_prefix(topic, 64, 0)

@@ -126,7 +126,9 @@ class Phase:
         return [cpu_seconds([p.pid]) for p in self.procs]
 
     def snapshot(self, fields: dict[str, tuple[int, tuple[str, ...]]]) -> dict:
+        by_proc = getattr(self.broker, "cpu_by_process", None)  # a cluster: one per process
         return {"t": time.monotonic(), "broker_cpu": self.broker.cpu_seconds(),
+                "broker_procs": by_proc() if by_proc else {},
                 "machine": machine_busy_seconds(),
                 "steal": machine_steal_seconds(),
                 "gen_cpu": self.cpu(),
@@ -169,7 +171,11 @@ def _cpu_stats(s0: dict, s1: dict) -> dict:
     broker = (s1["broker_cpu"] - s0["broker_cpu"]) / dt
     busy = (s1["machine"] - s0["machine"]) / dt
     steal = (s1["steal"] - s0["steal"]) / dt
+    procs = {name: round((s1["broker_procs"][name] - cpu0) / dt, 3)
+             for name, cpu0 in s0.get("broker_procs", {}).items()
+             if name in s1.get("broker_procs", {})}
     return {
+        **({"broker_procs_cpu": procs} if procs else {}),
         "window_s": round(dt, 3),
         "broker_cpu": round(broker, 3),
         "gen_cpu_total": round(sum(gen) / dt, 3),
@@ -236,20 +242,26 @@ def _worst_burst(samples: list[tuple[float, float]], span: float = STEAL_BURST_S
 def _throughput(broker: Broker, mode: Mode, tag: str, *, qos: int, topics: list[str],
                 sub_filter: str, sub_topic: str, n_subs: int = 1, payload_len: int = 64,
                 window: int = 2000, batch: int = 64, idle_filters: int = 0,
-                scale: float = 1.0, sub_procs: int = 1) -> dict:
+                scale: float = 1.0, sub_procs: int = 1, pub_port: int | None = None,
+                sub_port: int | None = None) -> dict:
+    """One throughput run. ``pub_port``/``sub_port``: connect publishers/subscribers to another
+    port than the broker's (the nodes of a cluster, bench/cluster.py)."""
     ph = Phase(broker, mode, tag)
+    ports = {"pub": {"port": pub_port} if pub_port else {},
+             "sub": {"port": sub_port} if sub_port else {}}
     try:
         if idle_filters:
             ph.add("idle_subs", n_conns=10, filters=idle_filters)
         per_proc = [n_subs // sub_procs + (i < n_subs % sub_procs) for i in range(sub_procs)]
         recv_slots = [ph.add("sub", n=k, filter=sub_filter, topic=sub_topic, qos=qos,
-                             payload_len=payload_len) + lg.RECV for k in per_proc]
+                             payload_len=payload_len, **ports["sub"]) + lg.RECV
+                      for k in per_proc]
         if qos == 0:
             ph.add("pub0", topics=topics, payload_len=payload_len, window=window, batch=batch,
-                   recv_slots=recv_slots, fanout=n_subs)
+                   recv_slots=recv_slots, fanout=n_subs, **ports["pub"])
         else:
             ph.add("pubn", topic=topics[0], payload_len=payload_len, qos=qos, window=window,
-                   recv_slots=recv_slots)
+                   recv_slots=recv_slots, **ports["pub"])
         ph.start()
         why = ph.wait_ready(mode.ready_timeout)
         if why:
@@ -327,8 +339,9 @@ def run_latency(b: Broker, m: Mode, ctx: dict) -> dict:
     rate = max(100.0, 0.5 * max_rate)
     ph = Phase(b, m, "lat")
     try:
+        # ctx["sub_port"]: the subscriber on another node of a cluster (bench/cluster.py)
         base = ph.add("latency", topic="bench/lat", rate=rate, warmup=m.warmup,
-                      duration=m.duration, grace=2.0)
+                      duration=m.duration, grace=2.0, sub_port=ctx.get("sub_port"))
         ph.start(extra_time=3.0)
         why = ph.wait_ready(m.ready_timeout)
         if why:

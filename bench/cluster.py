@@ -1,0 +1,717 @@
+"""``python -m bench.cluster``: the cluster benchmarks of issue 15, ratios measured in one run.
+
+* ``scale``: one node with ``routers = 2`` vs ``routers = 1`` (same config otherwise), QoS 0
+  from many publishers to many subscribers on unlogged topics, every connection placed by the
+  kernel (``SO_REUSEPORT``) as real clients would be. Aggregate msg/s, the ratio, the share of
+  messages that crossed a link, and the CPU of every process (routers, supervisor, generator).
+* ``single`` + ``mesh``: a plain single node (no ``[cluster]``) vs 3 nodes on loopback with the
+  publisher on node 0 and the subscriber on node 2 (every message crosses a link): QoS 0 1->1,
+  QoS 1 on a logged topic whose owner router is node 1 (APPEND n0->n1, fsync on n1, DELIVER
+  n1->n2, the PUBACK back n1->n0), and p99 publish->deliver at half of each one's QoS 0 rate.
+* ``stall``: 3 nodes, publisher on n0, subscribers of the same topic on n1 and n2; the n0->n2
+  rate before, while n1's router is SIGSTOPped, and after SIGCONT, in one cluster.
+
+It reuses the load generator (``bench/loadgen.py``), the coordinator (``bench/runner.py``) and the
+broker process handling (``bench/brokers.py``): every process is started by the bench and stopped
+by PID. Results go to ``bench/results/cluster-*.json|md``; ``--update-readme`` writes the tables
+into README.md's Performance section between ``<!-- bench-cluster:start/end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from bench import loadgen as lg
+from bench import report
+from bench.brokers import REPO, Broker, cpu_seconds, free_port, meshmq_config
+from bench.hosttune import cpu_latency_request
+from bench.loadgen import raise_nofile
+from bench.runner import (
+    DEVICE_TOPIC,
+    FULL,
+    QUICK,
+    Mode,
+    Phase,
+    _cpu_stats,
+    _throughput,
+    run_latency,
+    run_qos1,
+)
+
+SECRET = "bench-cluster-secret-0123456789abcdef"
+PAIRS = 32  # scale: publisher i -> subscriber i on bench/p<i>, 32 of each
+GROUPS = ["scale", "single", "mesh", "stall"]
+# The generator's QoS 0 window (sent - received, messages) of every QoS 0 run here: --window
+QOS0_WINDOW = {"n": 2000}
+# [cluster] keys set on every node (--link-window): empty means meshmq's defaults
+CLUSTER_OVERRIDES: dict[str, int] = {}
+
+# workload -> (label, unit, higher is better)
+WORKLOADS = {
+    "scale_r1": ("1 node, routers = 1: 32 pub -> 32 sub, QoS 0", "msg/s", True),
+    "scale_r2": ("1 node, routers = 2: 32 pub -> 32 sub, QoS 0", "msg/s", True),
+    "single_qos0": ("single node 1 -> 1 QoS 0", "msg/s", True),
+    "mesh_qos0": ("3 nodes, pub n0 -> sub n2, QoS 0", "msg/s", True),
+    "single_qos1": ("single node 1 -> 1 QoS 1 (logged)", "msg/s", True),
+    "mesh_qos1": ("3 nodes, pub n0 -> sub n2, QoS 1 logged, owner n1", "msg/s", True),
+    "single_latency": ("single node p99 at 50% of its qos0", "ms", False),
+    "mesh_latency": ("3 nodes n0 -> n2 p99 at 50% of mesh qos0", "ms", False),
+    "stall_before": ("n0 -> n2 QoS 0, n1 running (before)", "msg/s", True),
+    "stall_stopped": ("n0 -> n2 QoS 0, n1's router SIGSTOPped", "msg/s", True),
+    "stall_after": ("n0 -> n2 QoS 0, after SIGCONT", "msg/s", True),
+}
+GROUP_OF = {w: w.split("_")[0] for w in WORKLOADS}
+
+# (name, numerator, denominator or None for a plain value, target, direction)
+TARGETS = [
+    ("2 routers / 1 router, aggregate QoS 0", "scale_r2", "scale_r1", 1.5, ">="),
+    ("3-node QoS 0 n0->n2 / single-node QoS 0", "mesh_qos0", "single_qos0", 0.6, ">="),
+    ("3-node QoS 1 (owner n1) / single-node logged QoS 1", "mesh_qos1", "single_qos1", 0.5, ">="),
+    ("3-node p99 / single-node p99 (reported, no target)", "mesh_latency", "single_latency",
+     None, ""),
+    ("n0->n2 with n1's router stopped / before", "stall_stopped", "stall_before", 0.1, "|1-x|<"),
+    ("n0->n2 after SIGCONT / before (no target: n0 also drains n1's backlog)", "stall_after",
+     "stall_before", None, ""),
+]
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def loadavg() -> str:
+    with contextlib.suppress(OSError):
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return "?"
+
+
+def free_port_range(n: int) -> int:
+    """A base port with base .. base+n-1 free now (router r of a node listens on base + r)."""
+    for _ in range(200):
+        base = free_port()
+        if base + n >= 65535:
+            continue
+        ok = True
+        for p in range(base + 1, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port range")
+
+
+# ------------------------------------------------------------------------------------ the cluster
+
+
+class MeshNode(Broker):
+    """One ``meshmq serve`` with a ``[cluster]`` section: the node's supervisor (by PID)."""
+
+    def __init__(self, node_id: str, cluster_toml) -> None:
+        super().__init__("meshmq")
+        self.node_id = node_id
+        self.cluster_toml = cluster_toml  # () -> the [cluster] tables
+        self.admin_port = 0
+
+    def _command(self, tmp: Path) -> list[str]:
+        self.port = free_port()
+        self.admin_port = free_port()
+        data = tmp / "data"
+        data.mkdir()
+        text = meshmq_config(str(data), self.port, self.admin_port)
+        text = text.replace("[node]\n", f'[node]\nid = "{self.node_id}"\n', 1)
+        cfg = tmp / "meshmq.toml"
+        cfg.write_text(text + self.cluster_toml())
+        return [sys.executable, "-m", "meshmq", "serve", "-c", str(cfg)]
+
+    def status(self, timeout: float = 5.0) -> dict:
+        url = f"http://127.0.0.1:{self.admin_port}/api/v1/cluster"
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback
+            return json.loads(r.read())
+
+
+class Cluster:
+    """N nodes x R routers on loopback; quacks like ``Broker`` for ``runner.Phase``."""
+
+    name = "meshmq-cluster"
+
+    def __init__(self, nodes: int, routers: int) -> None:
+        self.routers = routers
+        self.mesh_ports = [free_port_range(routers) for _ in range(nodes)]
+        self.nodes = [MeshNode(f"n{i}", self._toml_fn(i)) for i in range(nodes)]
+        self.procs: dict[str, int] = {}  # "n0" (supervisor), "n0/1" (router) -> PID
+
+    def _toml_fn(self, i: int):
+        def toml() -> str:
+            lines = ["", "[cluster]", 'name = "bench"', f"routers = {self.routers}",
+                     f'secret = "{SECRET}"']
+            lines += [f"{k} = {v}" for k, v in CLUSTER_OVERRIDES.items()]
+            if len(self.mesh_ports) == 1:  # the one-host shorthand: N routers on one node
+                lines.append(f"port = {self.mesh_ports[0]}")
+            else:
+                for j, port in enumerate(self.mesh_ports):
+                    lines += ["", "[[cluster.nodes]]", f'id = "n{j}"', 'host = "127.0.0.1"',
+                              f"port = {port}"]
+            return "\n".join(lines) + "\n"
+        return toml
+
+    # -- Broker's interface (Phase, _measure) ----------------------------------------------
+    @property
+    def port(self) -> int:
+        return self.nodes[0].port
+
+    def alive(self) -> bool:
+        return all(n.alive() for n in self.nodes)
+
+    def log_tail(self, n: int = 3) -> str:
+        return " || ".join(f"n{i}: {node.log_tail(n)}" for i, node in enumerate(self.nodes))
+
+    def cpu_seconds(self) -> float:
+        return sum(n.cpu_seconds() for n in self.nodes)
+
+    def cpu_by_process(self) -> dict[str, float]:
+        return {name: cpu_seconds([pid]) for name, pid in self.procs.items()}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self, timeout: float = 60.0) -> Cluster:
+        for node in self.nodes:
+            node.start(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        want = len(self.nodes) * self.routers - 1
+        while True:
+            try:
+                if self._all_up(want):
+                    return self
+            except OSError:
+                pass
+            if not self.alive():
+                raise RuntimeError(f"a node exited: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster links not all up within {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def _all_up(self, want: int) -> bool:
+        procs = {}
+        for i, node in enumerate(self.nodes):
+            st = node.status()
+            procs[f"n{i}"] = node.proc.pid
+            for r in st.get("routers", []):
+                if r.get("state") != "up":
+                    return False
+                procs[r["router"]] = r["pid"]
+                ups = [lk for lk in r.get("mesh", {}).get("links", []) if lk["state"] == "up"]
+                if len(ups) < want:
+                    return False
+        self.procs = procs
+        return True
+
+    def stop(self) -> None:
+        for name, pid in self.procs.items():  # a SIGSTOPped router must be able to drain
+            if "/" in name:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGCONT)
+        for node in self.nodes:  # SIGTERM, then SIGKILL to its whole process tree, by PID
+            node.stop()
+
+    # -- observation -------------------------------------------------------------------------
+    def links(self, nodes: list[int] | None = None) -> dict[str, dict]:
+        """Every link of every router of the given nodes: "n0/0->n2/0" -> its status."""
+        out = {}
+        for i in nodes if nodes is not None else range(len(self.nodes)):
+            for r in self.nodes[i].status().get("routers", []):
+                for lk in r.get("mesh", {}).get("links", []):
+                    out[f"{r['router']}->{lk['peer']}"] = lk
+        return out
+
+
+def drain_links(cl: Cluster, timeout: float = 10.0) -> bool:
+    """Between runs on one cluster: until no link holds queued or unacknowledged entries, so a
+    run does not start with the previous run's backlog still crossing."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError):
+            if all(lk["queued"] == 0 and lk["unacked"] == 0 for lk in cl.links().values()):
+                return True
+        time.sleep(0.1)
+    return False
+
+
+def _msgs_out(links: dict[str, dict]) -> int:
+    return sum(lk.get("msgs_out", 0) for lk in links.values())
+
+
+# -------------------------------------------------------------------------------------- workloads
+
+
+def run_pairs(cl: Cluster, mode: Mode, pairs: int = PAIRS) -> dict:
+    """``pairs`` publishers (bench/p<i>) -> ``pairs`` subscribers (one filter each), QoS 0, all
+    connecting to the node's one MQTT port: the kernel places each connection on a router."""
+    topics = [f"bench/p{i:03d}" for i in range(pairs)]
+    ph = Phase(cl, mode, "pr")
+    try:
+        half = pairs // 2
+        recv_slots = [ph.add("sub", n=len(chunk), filters=chunk, filter=chunk[0], topic=chunk[0],
+                             qos=0, payload_len=64) + lg.RECV
+                      for chunk in (topics[:half], topics[half:])]
+        ph.add("pub0", topics=topics, payload_len=64, window=2 * QOS0_WINDOW["n"], batch=16,
+               recv_slots=recv_slots, fanout=1)
+        ph.start()
+        why = ph.wait_ready(mode.ready_timeout)
+        if why:
+            return {"status": "failed", "error": why}
+        time.sleep(0.2 if mode.duration < 2 else 0.5)  # the routes reach the other router
+        links0, recv0 = _msgs_out(cl.links()), ph.total(lg.RECV, ("sub",))
+        res = _measure_rate(ph, lambda: ph.total(lg.RECV, ("sub",)), mode.warmup, mode.duration)
+        links1, recv1 = _msgs_out(cl.links()), ph.total(lg.RECV, ("sub",))
+        if isinstance(res, str):
+            return {"status": "stalled" if res.startswith("stalled") else "failed", "error": res}
+        share = (links1 - links0) / max(1, recv1 - recv0)
+        return {**res, "crossed_link_share": round(share, 3), "pairs": pairs}
+    finally:
+        ph.stop()
+
+
+def _measure_rate(ph: Phase, counter, warmup: float, duration: float, go: bool = True):
+    """Warm up, then the counter's rate over ``duration`` with the CPU of every process."""
+    if go:
+        ph.go()
+    end = time.monotonic() + warmup
+    while time.monotonic() < end:
+        if not ph.broker.alive():
+            return f"broker died: {ph.broker.log_tail()}"
+        time.sleep(0.02)
+    s0, c0 = ph.snapshot({}), counter()
+    time.sleep(duration)
+    s1, c1 = ph.snapshot({}), counter()
+    if not ph.broker.alive():
+        return f"broker died: {ph.broker.log_tail()}"
+    if c1 == c0:
+        return "stalled: nothing delivered during the measurement window"
+    rate = (c1 - c0) / (s1["t"] - s0["t"])
+    return {"status": "ok", "value": rate, **_cpu_stats(s0, s1), "loadavg": loadavg()}
+
+
+def device_owned_by(cl: Cluster, router: str) -> str:
+    from cluster.ownership import Ownership
+    from cluster.settings import router_sort_key
+
+    rids = sorted((f"n{i}/{r}" for i in range(len(cl.nodes)) for r in range(cl.routers)),
+                  key=router_sort_key)
+    own = Ownership(rids)
+    return next(f"bench-{k:04d}" for k in range(100_000)
+                if own.owner_of(f"bench-{k:04d}") == router)
+
+
+def run_mesh(cl: Cluster, mode: Mode) -> dict[str, dict]:
+    n0, n2 = cl.nodes[0].port, cl.nodes[2].port
+    out: dict[str, dict] = {}
+    links0 = cl.links()
+    q0 = _throughput(cl, mode, "m0", qos=0, topics=["bench/0"], sub_filter="bench/0",
+                     sub_topic="bench/0", pub_port=n0, sub_port=n2, window=QOS0_WINDOW["n"])
+    out["mesh_qos0"] = _crossed(cl, links0, q0)
+    drain_links(cl)
+    device = device_owned_by(cl, "n1/0")
+    topic = DEVICE_TOPIC.replace("bench-0001", device)
+    links0 = cl.links()
+    q1 = _throughput(cl, mode, "m1", qos=1, topics=[topic], sub_filter=topic, sub_topic=topic,
+                     window=1000, pub_port=n0, sub_port=n2)
+    out["mesh_qos1"] = {**_crossed(cl, links0, q1), "device": device, "owner": "n1/0"}
+    rate = q0.get("value") if q0.get("status") == "ok" else None
+    drain_links(cl)
+    with cpu_latency_request(0) as held:
+        lat = run_latency(cl, mode, {"qos0": rate, "sub_port": n2})
+    out["mesh_latency"] = {**lat, "cpu_latency_qos": held, "loadavg": loadavg()}
+    return out
+
+
+def _crossed(cl: Cluster, links0: dict, res: dict) -> dict:
+    """Messages that crossed each link during a run (whole run, warm-up included)."""
+    links1 = cl.links()
+    moved = {k: lk["msgs_out"] - links0.get(k, {}).get("msgs_out", 0)
+             for k, lk in links1.items()}
+    return {**res, "link_msgs": {k: v for k, v in moved.items() if v}, "loadavg": loadavg()}
+
+
+def run_single(mode: Mode) -> dict[str, dict]:
+    out = {}
+    def qos0(b: Broker, m: Mode, ctx: dict) -> dict:  # runner.run_qos0 with this run's window
+        return _throughput(b, m, "q0", qos=0, topics=["bench/0"], sub_filter="bench/0",
+                           sub_topic="bench/0", window=QOS0_WINDOW["n"])
+
+    for name, fn in (("single_qos0", qos0), ("single_qos1", run_qos1)):
+        b = Broker("meshmq")
+        try:
+            b.start()
+            out[name] = {**fn(b, mode, {}), "loadavg": loadavg()}
+        except RuntimeError as exc:
+            out[name] = {"status": "failed", "error": str(exc)}
+        finally:
+            b.stop()
+    b = Broker("meshmq")
+    rate = out["single_qos0"].get("value") if out["single_qos0"].get("status") == "ok" else None
+    try:
+        b.start()
+        with cpu_latency_request(0) as held:
+            lat = run_latency(b, mode, {"qos0": rate})
+        out["single_latency"] = {**lat, "cpu_latency_qos": held, "loadavg": loadavg()}
+    except RuntimeError as exc:
+        out["single_latency"] = {"status": "failed", "error": str(exc)}
+    finally:
+        b.stop()
+    return out
+
+
+def run_stall(cl: Cluster, mode: Mode) -> dict[str, dict]:
+    """n0 -> n2 before, during and after a SIGSTOP of n1's router (which subscribes too)."""
+    n0, n1, n2 = (n.port for n in cl.nodes)
+    topic = "bench/stall"
+    ph = Phase(cl, mode, "sl")
+    victim = cl.procs["n1/0"]
+    out: dict[str, dict] = {}
+    stopped = False
+    try:
+        s2 = ph.add("sub", n=1, filter=topic, topic=topic, qos=0, payload_len=64, port=n2)
+        ph.add("sub", n=1, filter=topic, topic=topic, qos=0, payload_len=64, port=n1)
+        # the window follows n2's subscriber only: n1's stops counting while it is stopped
+        ph.add("pub0", topics=[topic], payload_len=64, window=QOS0_WINDOW["n"], batch=64,
+               recv_slots=[s2 + lg.RECV], fanout=1, port=n0)
+        ph.start(extra_time=3 * (mode.warmup + mode.duration) + 5)
+        why = ph.wait_ready(mode.ready_timeout)
+        if why:
+            return {w: {"status": "failed", "error": why} for w in
+                    ("stall_before", "stall_stopped", "stall_after")}
+
+        def n2_recv() -> int:
+            return ph.slot(s2, lg.RECV)
+
+        def window(name: str, go: bool = False) -> None:
+            l0 = cl.links([0])
+            res = _measure_rate(ph, n2_recv, mode.warmup, mode.duration, go=go)
+            l1 = cl.links([0])
+            if isinstance(res, str):
+                out[name] = {"status": "failed", "error": res}
+                return
+            res["n0_links"] = {k: {"msgs_out": lk["msgs_out"] - l0.get(k, {}).get("msgs_out", 0),
+                                   "state": lk["state"], "queued": lk["queued"],
+                                   "unacked": lk["unacked"],
+                                   "dropped": lk["dropped_full"] + lk["dropped_reconnect"]}
+                               for k, lk in l1.items()}
+            out[name] = res
+
+        window("stall_before", go=True)
+        os.kill(victim, signal.SIGSTOP)
+        stopped = True
+        window("stall_stopped")
+        os.kill(victim, signal.SIGCONT)
+        stopped = False
+        window("stall_after")
+        return out
+    finally:
+        if stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+        ph.stop()
+
+
+# --------------------------------------------------------------------------------------- the run
+
+
+def _with_cluster(nodes: int, routers: int, fn, names: list[str]) -> dict[str, dict]:
+    cl = Cluster(nodes, routers)
+    try:
+        cl.start()
+        return fn(cl)
+    except (RuntimeError, OSError) as exc:  # OSError: an admin API that did not answer
+        return {w: {"status": "failed", "error": f"{type(exc).__name__}: {exc}"} for w in names}
+    finally:
+        cl.stop()
+
+
+def _median(doc: dict, w: str) -> float | None:
+    vals = [r["result"]["value"] for r in doc["runs"]
+            if r["workload"] == w and r["result"].get("status") == "ok"]
+    return statistics.median(vals) if vals else None
+
+
+def _median_run(doc: dict, w: str) -> dict | None:
+    runs = sorted((r["result"] for r in doc["runs"]
+                   if r["workload"] == w and r["result"].get("status") == "ok"),
+                  key=lambda r: r["value"])
+    return runs[(len(runs) - 1) // 2] if runs else None
+
+
+def summarize(doc: dict) -> None:
+    summary = {w: _median(doc, w) for w in WORKLOADS}
+    doc["summary"] = summary
+    rows = []
+    rounds_seen = sorted({r["round"] for r in doc["runs"]})
+    for name, num, den, target, how in TARGETS:
+        a, b = summary.get(num), summary.get(den)
+        rounds = []
+        for rnd in rounds_seen:
+            va = [r["result"]["value"] for r in doc["runs"] if r["round"] == rnd
+                  and r["workload"] == num and r["result"].get("status") == "ok"]
+            vb = [r["result"]["value"] for r in doc["runs"] if r["round"] == rnd
+                  and r["workload"] == den and r["result"].get("status") == "ok"]
+            if va and vb:
+                rounds.append(va[0] / vb[0])
+        # the median of the per-round ratios (each from runs minutes apart), else of medians
+        x = statistics.median(rounds) if rounds else (a / b if a and b else None)
+        if x is None or target is None:
+            result = "N/A" if target is not None else "-"
+        elif how == ">=":
+            result = "PASS" if x >= target else "FAIL"
+        else:
+            result = "PASS" if abs(1 - x) < target else "FAIL"
+        label = ("no target" if target is None else f"target >= {target}x" if how == ">="
+                 else f"target within {target * 100:.0f}%")
+        rows.append({"name": name, "ratio": x, "per_round": [round(v, 3) for v in rounds],
+                     "target": label, "result": result})
+    doc["ratios"] = rows
+
+
+def _cpu_cell(r: dict | None, w: str = "") -> str:
+    if not r or "broker_cpu" not in r:
+        return "-"
+    if "us_per_msg" not in r and r.get("value") and WORKLOADS.get(w, ("", ""))[1] == "msg/s":
+        r = {**r, "us_per_msg": r["broker_cpu"] * 1e6 / r["value"]}
+    procs = r.get("broker_procs_cpu") or {}
+    parts = [f"{k} {v * 100:.0f}%" for k, v in procs.items()]
+    per_msg = ""
+    if r.get("value") and "us_per_msg" in r:
+        per_msg = f", {r['us_per_msg']:.1f} us/msg"
+    return (f"broker {r['broker_cpu'] * 100:.0f}%{per_msg} "
+            f"({', '.join(parts) or 'one process'}); "
+            f"generator {r['gen_cpu_total'] * 100:.0f}% (busiest {r['gen_cpu_busiest'] * 100:.0f}%)"
+            f"; other {r['other_cpu'] * 100:.0f}%; steal {r['steal_cpu'] * 100:.0f}%")
+
+
+def _extra(w: str, r: dict | None) -> str:
+    if not r:
+        return ""
+    bits = []
+    if "crossed_link_share" in r:
+        bits.append(f"{r['crossed_link_share'] * 100:.0f}% of messages crossed a link")
+    if "link_msgs" in r and w != "mesh_latency":
+        bits.append("links: " + ", ".join(f"{k} {v:,}" for k, v in r["link_msgs"].items()))
+    if "p50_ms" in r:
+        bits.append(f"p50 {r['p50_ms']:.2f} / p99 {r['p99_ms']:.2f} / p999 {r['p999_ms']:.2f} ms "
+                    f"at {r['target_rate']:,.0f} msg/s")
+    if "n0_links" in r:
+        bits.append("; ".join(f"{k}: {v['state']}, {v['msgs_out']:,} out, queued "
+                              f"{v['queued']:,}, unacked {v['unacked']}"
+                              for k, v in r["n0_links"].items()))
+    return "; ".join(bits)
+
+
+def tables(doc: dict) -> list[tuple[list[str], list[list[str]]]]:
+    main = []
+    for w, (label, unit, _) in WORKLOADS.items():
+        if GROUP_OF[w] not in doc["groups"]:
+            continue
+        per = [r["result"] for r in doc["runs"] if r["workload"] == w]
+        per_s = " / ".join(report.fmt(r.get("value"), unit) if r.get("status") == "ok"
+                           else r.get("status", "?").upper() for r in per)
+        loads = " / ".join(r.get("loadavg", "?").split()[0] for r in per)
+        main.append([w, label, f"{report.fmt(doc['summary'].get(w), unit)} {unit}", per_s, loads])
+    rat = [[r["name"], report.fmt(r["ratio"]), " / ".join(f"{v:.2f}" for v in r["per_round"]),
+            r["target"], r["result"]] for r in doc["ratios"] if r["ratio"] is not None
+           or r["result"] == "N/A"]
+    cpu = [[w, _cpu_cell(_median_run(doc, w), w), _extra(w, _median_run(doc, w))]
+           for w in WORKLOADS if GROUP_OF[w] in doc["groups"]]
+    return [(["workload", "what", "median", "per round", "load avg (1 min) per round"], main),
+            (["ratio", "median", "per round", "target", "result"], rat),
+            (["workload (median run)", "CPU, % of one core (us/msg: broker CPU per message)",
+              "details"], cpu)]
+
+
+def render_markdown(doc: dict) -> str:
+    m = doc["meta"]
+    out = [f"Measured with `python -m bench.cluster` on {m['machine']} ({m['date']}, "
+           f"{'quick' if m['quick'] else 'full'} mode, {m['rounds']} round(s), median shown; "
+           f"load average {m['loadavg_start']} at the start). Nodes, routers and the load "
+           "generator share the same 2 cores.\n"]
+    for head, body in tables(doc):
+        out.append(report.md_table(head, body))
+        out.append("")
+    other = [r["result"]["other_cpu"] for r in doc["runs"] if "other_cpu" in r["result"]]
+    if other and statistics.median(other) > 0.3:
+        out.append(f"**A disturbed run**: other processes on the machine (not the nodes, not the "
+                   f"generator) took a median {statistics.median(other) * 100:.0f}% of a core "
+                   "during the measurement windows (column \"other\"), so the nodes got only "
+                   "the scheduler's share of the 2 cores: compare the us/msg figures (broker CPU "
+                   "per delivered message) more than the rates, and rerun on a quiet machine.\n")
+    return "\n".join(out)
+
+
+def render_text(doc: dict) -> str:
+    return "\n\n".join(report.text_table(h, b) for h, b in tables(doc))
+
+
+README_START = "<!-- bench-cluster:start -->"
+README_END = "<!-- bench-cluster:end -->"
+
+
+def update_readme(markdown: str) -> None:
+    """Write the tables between the cluster markers in README.md (after the single-node ones)."""
+    from bench.__main__ import README_END as SINGLE_END
+
+    readme = REPO / "README.md"
+    text = readme.read_text()
+    if README_START not in text:
+        head, sep, tail = text.partition(SINGLE_END)
+        if not sep:
+            _say(f"README.md has no {SINGLE_END} marker; not updated")
+            return
+        text = f"{head}{sep}\n\n### Cluster\n\n{README_START}\n{README_END}{tail}"
+    head, _, rest = text.partition(README_START)
+    _, _, tail = rest.partition(README_END)
+    readme.write_text(f"{head}{README_START}\n{markdown}{README_END}{tail}")
+    _say("updated README.md (Performance, cluster)")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.cluster", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1 round, 0.3 s warm-up, 1 s runs")
+    ap.add_argument("--groups", default=",".join(GROUPS),
+                    help=f"comma list of {','.join(GROUPS)} (default: all)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3, quick 1)")
+    ap.add_argument("--duration", type=float, default=None, help="seconds measured per run")
+    ap.add_argument("--warmup", type=float, default=None, help="seconds of warm-up per run")
+    ap.add_argument("--window", type=int, default=2000, metavar="N",
+                    help="the generator's QoS 0 window, sent - received messages (default 2000, "
+                         "as bench's qos0; the 32 pairs of 'scale' get twice it)")
+    ap.add_argument("--link-window", type=int, default=None, metavar="N",
+                    help="set cluster.link_window on every node (default: meshmq's default)")
+    ap.add_argument("--out", default="bench/results", help="output folder (git-ignored)")
+    ap.add_argument("--markdown", metavar="RESULTS_JSON",
+                    help="only print an earlier run's tables (with --update-readme: write them "
+                         "into README.md)")
+    ap.add_argument("--update-readme", action="store_true",
+                    help="write the tables into README.md's Performance section")
+    args = ap.parse_args(argv)
+    bad = [g for g in args.groups.split(",") if g not in GROUPS]
+    if bad:
+        ap.error(f"unknown group(s) {bad}; choose from {GROUPS}")
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    mode = replace(QUICK if args.quick else FULL)
+    if args.rounds:
+        mode.rounds = args.rounds
+    if args.duration:
+        mode.duration = args.duration
+    if args.warmup is not None:
+        mode.warmup = args.warmup
+    groups = [g for g in GROUPS if g in args.groups.split(",")]
+    QOS0_WINDOW["n"] = args.window
+    if args.link_window:
+        CLUSTER_OVERRIDES["link_window"] = args.link_window
+    raise_nofile()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.UTC)
+    from bench.__main__ import machine_info
+
+    info = machine_info()
+    doc = {"meta": {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "quick": args.quick,
+                    "rounds": mode.rounds, "mode": asdict(mode), "argv": sys.argv[1:],
+                    "loadavg_start": loadavg(), "cluster_overrides": dict(CLUSTER_OVERRIDES),
+                    "qos0_window": QOS0_WINDOW["n"],
+                    **info,
+                    "machine": f"{info['cpu'] or 'unknown CPU'}, {os.cpu_count()} cores"},
+           "groups": groups, "runs": []}
+    _say(f"groups: {', '.join(groups)}; rounds: {mode.rounds}; {mode.duration:g}s per run after "
+         f"{mode.warmup:g}s warm-up; load average {loadavg()}")
+    t_start = time.monotonic()
+    interrupted = False
+
+    def record(rnd: int, results: dict[str, dict], t0: float) -> None:
+        for w, r in results.items():
+            if r.get("status") == "ok" and WORKLOADS[w][1] == "msg/s" and "broker_cpu" in r:
+                # broker CPU (every router and supervisor) per delivered message: what the
+                # cores cost per message whatever share of them the scheduler gave the broker
+                r["us_per_msg"] = round(r["broker_cpu"] * 1e6 / r["value"], 2)
+            doc["runs"].append({"round": rnd, "workload": w, "result": r})
+            unit = WORKLOADS[w][1]
+            val = (f"{report.fmt(r['value'], unit)} {unit}" if r.get("status") == "ok"
+                   else f"{r.get('status', 'failed').upper()}: {r.get('error', '')}")
+            _say(f"[round {rnd + 1}/{mode.rounds}] {w:<15} {val:>16}  {_extra(w, r)}  "
+                 f"| {_cpu_cell(r)} | load {r.get('loadavg', '?')}  [{time.monotonic() - t0:.0f}s]")
+
+    try:
+        for rnd in range(mode.rounds):
+            if "scale" in groups:
+                order = (1, 2) if rnd % 2 == 0 else (2, 1)  # A/B then B/A: drift cancels
+                for routers in order:
+                    t0 = time.monotonic()
+                    w = f"scale_r{routers}"
+                    record(rnd, _with_cluster(1, routers, lambda cl, w=w: {w: run_pairs(cl, mode)},
+                                              [w]), t0)
+            if "single" in groups:
+                t0 = time.monotonic()
+                record(rnd, run_single(mode), t0)
+            if "mesh" in groups:
+                t0 = time.monotonic()
+                record(rnd, _with_cluster(3, 1, lambda cl: run_mesh(cl, mode),
+                                          ["mesh_qos0", "mesh_qos1", "mesh_latency"]), t0)
+            if "stall" in groups:
+                t0 = time.monotonic()
+                record(rnd, _with_cluster(3, 1, lambda cl: run_stall(cl, mode),
+                                          ["stall_before", "stall_stopped", "stall_after"]), t0)
+    except KeyboardInterrupt:
+        interrupted = True
+        _say("\ninterrupted: every process stopped; writing partial results")
+    doc["meta"]["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    doc["meta"]["interrupted"] = interrupted
+    doc["meta"]["loadavg_end"] = loadavg()
+    summarize(doc)
+    stamp = started.strftime("%Y%m%d-%H%M%S")
+    report.write_json(doc, out / f"cluster-results-{stamp}.json")
+    report.write_json(doc, out / "cluster-latest.json")
+    md = render_markdown(doc)
+    (out / "cluster-latest.md").write_text(md)
+    _say("")
+    _say(render_text(doc))
+    _say(f"\nwrote {out}/cluster-latest.json, {out}/cluster-results-{stamp}.json, "
+         f"{out}/cluster-latest.md  ({doc['meta']['elapsed_s']}s)")
+    if args.update_readme and not interrupted:
+        update_readme(md)
+    return 130 if interrupted else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.markdown:  # with --update-readme: that run's tables into README.md
+        md = render_markdown(json.loads(Path(args.markdown).read_text()))
+        if args.update_readme:
+            update_readme(md)
+        else:
+            sys.stdout.write(md)
+        return 0
+
+    def _term(signum, frame) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
