@@ -112,7 +112,8 @@ def test_a_stopped_router_does_not_stall_the_other_links(tmp_path: Path,
     """More messages than a link's window (1,024) while router 1 is frozen: its link's window
     fills and stays full; router 2's link must not care."""
     N = 1500
-    mesh = Cluster(tmp_path, n=3, overrides={"mqtt": {"max_queued_messages": 10_000}}).start()
+    mesh = Cluster(tmp_path, n=3, overrides={"mqtt": {"max_queued_messages": 10_000},
+                                             "cluster": {"link_window": 1024}}).start()
     try:
         n0, n1, n2 = mesh.nodes
         topic = f"u/{unique('stop')}/t"
