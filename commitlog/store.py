@@ -1684,12 +1684,22 @@ class LogStore:
             if dev in self._lru:
                 self._lru.move_to_end(dev)
         if cs <= want < upto <= cend and (not parts or used < max_bytes):
-            enc = _encode_records(dev.kb, dev.cache[want - cs : upto - cs])
-            n = upto - want
-            if used + len(enc) > max_bytes:
-                enc, n = _cut_bytes(enc, max_bytes - used, not parts)
-            parts.append(enc)
-            want += n
+            # Encode about what fits (the cache's mean charged size per record, plus a
+            # margin), not the whole cached range: a reader slicing a 1 MiB cache in small
+            # byte budgets would otherwise encode it again for every slice.
+            cache = dev.cache
+            step = max(16, (max_bytes - used) * len(cache) // max(1, dev.cache_bytes) + 16)
+            while want < upto:
+                ask = n = min(upto - want, step)
+                enc = _encode_records(dev.kb, cache[want - cs : want - cs + ask])
+                if used + len(enc) > max_bytes:
+                    enc, n = _cut_bytes(enc, max_bytes - used, not parts)
+                if n:
+                    parts.append(enc)
+                    used += len(enc)
+                    want += n
+                if n < ask or used >= max_bytes:
+                    break
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         return data, want - offset, want
 
