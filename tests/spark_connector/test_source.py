@@ -76,6 +76,29 @@ def test_arrow_schema_is_what_spark_expects() -> None:
         assert arrow_schema(headers) == to_arrow_schema(spark_schema(headers), timezone="UTC")
 
 
+def test_bulk_arrow_batch_equals_the_list_built_one() -> None:
+    """read() builds batches from column buffers (from_buffers, no per-record objects); they
+    must equal the reference built from per-record lists, schema included."""
+    from commitlog.fetch import (
+        FETCH_HEADER,
+        decode_fetch_buffers,
+        decode_fetch_columns,
+        encode_fetch_response,
+    )
+    from commitlog.record import make_record
+    from spark_connector.arrow import buffers_to_record_batch, to_record_batch
+
+    recs = [make_record(i, 1_700_000_000_000_000 + i, "dév" if i % 3 else "d",
+                        f"devices/ü{i % 4}/t", i % 8, [("h", b"v")] if i % 5 == 0 else (),
+                        bytes(range(i % 70))) for i in range(1000)]
+    body = encode_fetch_response(recs)
+    bulk = buffers_to_record_batch(decode_fetch_buffers(body, FETCH_HEADER.size))
+    ref = to_record_batch(decode_fetch_columns(body), False)
+    assert bulk.schema == arrow_schema(False)
+    assert bulk.equals(ref)
+    assert bulk.slice(3, 5).equals(ref.slice(3, 5))
+
+
 def test_bad_options_fail_at_load_naming_the_option(spark: Any, shared_broker: Any) -> None:
     """Each load() builds the data source in a fresh Python worker (~1 s): a few cases only;
     tests/spark_connector/test_options.py covers every rule without Spark."""
@@ -112,6 +135,23 @@ def test_batch_read_with_filters_and_ending_offsets(spark: Any, shared_broker: A
         .option("startingOffsets", json.dumps({a: 5, b: -2})) \
         .option("endingOffsets", json.dumps({a: 10, b: -1})).load().collect()
     assert_contiguous(rows, {a: (5, 10), b: (0, 20)})
+
+
+def test_reads_whole_ranges_under_a_small_fetch_budget(spark: Any, shared_broker: Any) -> None:
+    """One many-device fetch per request: with fetchMaxBytes far below a partition's data the
+    budget runs out mid-request (later devices come back with no records and are asked
+    again), and endingOffsets below the logs' ends make the server hold more than planned
+    (cut at the planned end). Every record once, no more."""
+    devs = [unique_device("bud") for _ in range(4)]
+    publish(shared_broker, [m for d in devs for m in device_messages(d, 0, 120)])
+    ends = {devs[0]: 100, devs[1]: 7, devs[2]: -1, devs[3]: 119}
+    for part in ("1000000", "90"):
+        rows = spark.read.format("meshmq").option("servers", admin(shared_broker)) \
+            .option("devices", ",".join(devs)).option("fetchMaxBytes", "3000") \
+            .option("maxRecordsPerPartition", part) \
+            .option("endingOffsets", json.dumps(ends)).load().collect()
+        assert_contiguous(rows, {devs[0]: (0, 100), devs[1]: (0, 7), devs[2]: (0, 120),
+                                 devs[3]: (0, 119)})
 
 
 def test_servers_fail_over_to_one_that_answers(spark: Any, shared_broker: Any) -> None:
