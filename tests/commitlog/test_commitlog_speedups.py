@@ -395,28 +395,30 @@ def test_decode_fetch_buffers_same_result_or_same_error(data, verify, cut):
 def device_runs(draw):
     """One device's stored records (consecutive offsets from ``first``), maybe damaged,
     and where a raw reader starts reading them."""
-    key = draw(keys)
+    key = draw(st.text(min_size=1, max_size=12))
     first = draw(st.integers(0, 2**40))
     recs = [make_record(first + i, draw(i64), key, draw(topics), draw(st.integers(0, 0xFFFF)),
                         draw(header_lists), draw(payloads))
             for i in range(draw(st.integers(1, 6)))]
     data = bytearray(encode_batch(recs))
+    starts = [0]
+    for r in recs[:-1]:
+        starts.append(starts[-1] + len(encode_batch([r])))
     for _ in range(draw(st.integers(0, 2))):
-        i = draw(st.integers(0, len(data) - 1))
         how = draw(st.sampled_from(["flip", "cut", "key", "offset"]))
         if how == "flip":
-            data[i] ^= draw(st.integers(1, 255))
+            data[draw(st.integers(0, len(data) - 1))] ^= draw(st.integers(1, 255))
         elif how == "cut":
-            del data[i:]
-            if not data:
-                break
+            del data[draw(st.integers(0, len(data) - 1)):]
+            break
         else:  # a wrong key byte or offset under a valid CRC: only the checks catch it
-            length = int.from_bytes(data[0:4], "little")
-            j = 12 if how == "offset" else HEADER_SIZE
-            if j < 4 + length <= len(data):
-                data[j] ^= 1
-                data[4:8] = zlib.crc32(data[8 : 4 + length]).to_bytes(4, "little")
-    return bytes(data), key.encode(), first + draw(st.integers(-1, 1))
+            at = draw(st.sampled_from(starts))
+            length = int.from_bytes(data[at : at + 4], "little")
+            if at + 4 + length <= len(data):
+                data[at + (12 if how == "offset" else HEADER_SIZE)] ^= 1
+                data[at + 4 : at + 8] = zlib.crc32(data[at + 8 : at + 4 + length]).to_bytes(
+                    4, "little")
+    return bytes(data), key.encode(), first + draw(st.sampled_from([0, 0, 0, -1, 1]))
 
 
 @HYP
