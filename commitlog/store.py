@@ -184,19 +184,6 @@ def _raw_run(data: bytes, p: int, kb: bytes, want: int, upto: int, used: int,
     return p, want, used, done
 
 
-def _cut_bytes(data: bytes, room: int, first: bool) -> tuple[bytes, int]:
-    """The longest prefix of whole records of ``data`` within ``room`` bytes (one record
-    at least when ``first``): ``(prefix, record count)``."""
-    p = n = 0
-    while p < len(data):
-        end = p + 4 + U32.unpack_from(data, p)[0]
-        if end > room and not (first and n == 0):
-            break
-        p = end
-        n += 1
-    return data[:p], n
-
-
 def _parse_follower_batch(
     data: bytes, kb: bytes, key: str, nxt: int, table: list[_ep.EpochEntry]
 ) -> tuple[list[Record], array, list[tuple[int, int, int, int]], int]:
@@ -1636,19 +1623,22 @@ class LogStore:
 
     def read_raw(
         self, key: str, offset: int, max_records: int = 1000, max_bytes: int = 1 << 20
-    ) -> tuple[bytes, int, int]:
-        """What :meth:`read` returns, as stored bytes: ``(records in the record framing,
-        record count, next offset)``. For readers that forward records (the fetch API).
+    ) -> tuple[list[bytes], int, int]:
+        """What :meth:`read` returns, as stored bytes: ``(chunks, record count, next
+        offset)``, the chunks holding the records back to back in the record framing (join
+        them, or send them as they are: the fetch API joins a whole response once). For
+        readers that forward records.
 
         Why: forwarding through ``read`` decodes every record into a ``Record`` and encodes
         it back, ~3 µs per record in Python, which capped the Spark source near 300k
-        records/s. Here records on disk are sent as ``pread`` returned them once their
-        framing, key, offset and CRC are checked (C loop ``raw_run`` when built); records
-        in the tail cache (decoded objects) are encoded by the flush encoder, which gives
-        the bytes ``flush`` wrote. Anything the plain path does not cover (a truncation
-        marker or a quarantine gap after the start, a segment without a position index, a
-        record failing a check) goes through ``read`` and is encoded back, so errors,
-        warnings and skips stay exactly ``read``'s.
+        records/s. Here records are sent as ``pread`` returned them from the segment files
+        once their framing, key, offset and CRC are checked (C loop ``raw_run`` when built).
+        The tail cache is not used: its records are decoded objects (encoding them again is
+        the cost this avoids), and committed records near the head are in the page cache
+        anyway. Anything the plain path does not cover (a truncation marker or a quarantine
+        gap after the start, a segment without a position index, a record failing a check)
+        goes through ``read`` and is encoded back, so errors, warnings and skips stay
+        exactly ``read``'s.
 
         Same range rules and errors as ``read``; ``max_bytes`` counts exact encoded bytes
         (always at least one record if one exists). ``next offset`` is the last returned
@@ -1656,52 +1646,22 @@ class LogStore:
         dev = self._devices.get(key)
         if dev is None:
             if offset == 0:
-                return b"", 0, 0
+                return [], 0, 0
             raise OffsetOutOfRangeError(key, offset, 0, 0)
         hwm = dev.hwm if dev.hw < 0 else dev.hw
         if offset < dev.start or offset > hwm:
             raise OffsetOutOfRangeError(key, offset, dev.start, hwm)
         upto = min(hwm, offset + max_records)
         if upto <= offset:
-            return b"", 0, offset
-        cs = dev.cache_start
-        cend = cs + len(dev.cache)
-        parts: list[bytes] = []
-        want = offset
-        used = 0
-        if not (cs <= offset and upto <= cend):
-            self.stats.tail_cache_misses += 1
-            # Disk up to where the cache starts (if the cache holds the rest), else all of it.
-            disk_upto = cs if (offset < cs < upto <= cend) else upto
-            got = self._raw_disk(dev, offset, disk_upto, max_bytes)
-            if got is None:
-                recs = self._read(dev, offset, hwm, max_records, max_bytes)
-                return (_encode_records(dev.kb, recs), len(recs),
-                        recs[-1][0] + 1 if recs else offset)
-            parts, want, used = got
-        else:
-            self.stats.tail_cache_hits += 1
-            if dev in self._lru:
-                self._lru.move_to_end(dev)
-        if cs <= want < upto <= cend and (not parts or used < max_bytes):
-            # Encode about what fits (the cache's mean charged size per record, plus a
-            # margin), not the whole cached range: a reader slicing a 1 MiB cache in small
-            # byte budgets would otherwise encode it again for every slice.
-            cache = dev.cache
-            step = max(16, (max_bytes - used) * len(cache) // max(1, dev.cache_bytes) + 16)
-            while want < upto:
-                ask = n = min(upto - want, step)
-                enc = _encode_records(dev.kb, cache[want - cs : want - cs + ask])
-                if used + len(enc) > max_bytes:
-                    enc, n = _cut_bytes(enc, max_bytes - used, not parts)
-                if n:
-                    parts.append(enc)
-                    used += len(enc)
-                    want += n
-                if n < ask or used >= max_bytes:
-                    break
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
-        return data, want - offset, want
+            return [], 0, offset
+        got = self._raw_disk(dev, offset, upto, max_bytes)
+        if got is None:
+            recs = self._read(dev, offset, hwm, max_records, max_bytes)
+            return ([_encode_records(dev.kb, recs)] if recs else [], len(recs),
+                    recs[-1][0] + 1 if recs else offset)
+        self.stats.tail_cache_misses += 1  # served from the files (see above)
+        parts, want, _used = got
+        return parts, want - offset, want
 
     def _raw_disk(
         self, dev: DeviceLog, offset: int, upto: int, max_bytes: int

@@ -305,8 +305,8 @@ async def _serve_records(store: LogStore, device: str,
     if not start <= offset <= end:
         raise _out_of_range(device, offset, start, end)
     try:
-        data, count, next_offset = await _read_raw_sliced(store, device, offset, max_records,
-                                                          max_bytes)
+        data, count, next_offset, _ = await _read_raw_sliced(store, device, offset,
+                                                             max_records, max_bytes)
     except OffsetOutOfRangeError as exc:  # retention or truncation moved the range meanwhile
         raise _out_of_range(device, offset, exc.start, exc.end) from None
     start, end = store.log_range(device)
@@ -331,10 +331,11 @@ def _out_of_range(device: str, offset: int, start: int, end: int) -> _HttpError:
 
 
 async def _read_raw_sliced(store: LogStore, device: str, offset: int, max_records: int,
-                           max_bytes: int) -> tuple[bytes, int, int]:
+                           max_bytes: int) -> tuple[list[bytes], int, int, int]:
     """Up to ``max_records`` / ``max_bytes`` of stored records in loop-friendly slices:
-    ``(bytes, count, next_offset)``. The first record is kept whatever its size, later ones
-    only while they fit (exact encoded sizes: what goes on the wire)."""
+    ``(chunks, count, next_offset, bytes)``. The first record is kept whatever its size,
+    later ones only while they fit (exact encoded sizes: what goes on the wire). The chunks
+    are joined once, into the response."""
     parts: list[bytes] = []
     count = used = 0
     nxt = offset
@@ -342,28 +343,31 @@ async def _read_raw_sliced(store: LogStore, device: str, offset: int, max_record
         want = min(max_records - count, READ_SLICE_RECORDS)
         room = min(max_bytes - used, READ_SLICE_BYTES)
         try:
-            data, n, after = store.read_raw(device, nxt, want, room)
+            chunks, n, after = store.read_raw(device, nxt, want, room)
         except OffsetOutOfRangeError:
             if parts:
                 break  # what we have is still valid; the reader asks again from next_offset
             raise
-        if not n or (parts and used + len(data) > max_bytes):
+        size = sum(len(c) for c in chunks)
+        if not n or (parts and used + size > max_bytes):
             break  # (read_raw always gives one record, even one over this slice's room)
-        parts.append(data)
+        parts.extend(chunks)
         count += n
-        used += len(data)
+        used += size
         nxt = after
         if nxt >= store.high_watermark(device):
             break
         await asyncio.sleep(0)
-    if len(parts) > 1 and nxt > store.high_watermark(device):
+    end = store.high_watermark(device)
+    if nxt > end:
         # The log was truncated below what we read while we yielded (a leader change): read
         # again in one go, without yielding, so no cut record is served.
-        end = store.high_watermark(device)
         if offset > end:
-            return b"", 0, offset
-        return store.read_raw(device, offset, min(max_records, end - offset), max_bytes)
-    return b"".join(parts), count, nxt
+            return [], 0, offset, 0
+        chunks, count, nxt = store.read_raw(device, offset, min(max_records, end - offset),
+                                            max_bytes)
+        return chunks, count, nxt, sum(len(c) for c in chunks)
+    return parts, count, nxt, used
 
 
 def register_fetch_routes(app: web.Application, store: LogStore,
@@ -466,16 +470,17 @@ async def _fetch_many(request: web.Request) -> web.Response:
         log.error("fetch API: corrupt record while reading device logs",
                   extra={"error": str(exc)})
         return _json(500, {"error": f"corrupt record: {exc}"})
-    return web.Response(body=_fetch.encode_multi_fetch([s[0] for s in sections]),
+    return web.Response(body=_fetch.encode_multi_fetch_parts([s[0] for s in sections]),
                         content_type="application/octet-stream",
                         headers={"Cache-Control": "no-store"})
 
 
 async def _read_many(store: LogStore, devices: list[tuple[str, int | None]], max_records: int,
-                     max_bytes: int, per_dev: int) -> tuple[list[tuple[bytes, int, int]], bool]:
-    """Sections ``(encoded, status, offset)`` in request order, and whether any device has
+                     max_bytes: int, per_dev: int,
+                     ) -> tuple[list[tuple[list[bytes], int, int]], bool]:
+    """Sections ``(parts, status, offset)`` in request order, and whether any device has
     records or a range error to report (what ends a long poll)."""
-    out: list[tuple[bytes, int, int]] = []
+    out: list[tuple[list[bytes], int, int]] = []
     used = 0
     found = False
     for i, (device, asked) in enumerate(devices):
@@ -485,36 +490,38 @@ async def _read_many(store: LogStore, devices: list[tuple[str, int | None]], max
         end_here = store.durable_end(device)
         if rng is None:
             off = asked or 0
-            out.append((_fetch.encode_section(device, _fetch.STATUS_UNKNOWN_DEVICE, off, 0, 0,
-                                              end_here, off, 0), _fetch.STATUS_UNKNOWN_DEVICE,
-                        off))
+            out.append(([_fetch.section_head(device, _fetch.STATUS_UNKNOWN_DEVICE, off, 0, 0,
+                                             end_here, off, 0, 0)],
+                        _fetch.STATUS_UNKNOWN_DEVICE, off))
             continue
         start, hw = rng
         off = start if asked is None else asked
         if off < start or off > hw:
             status = _fetch.STATUS_BELOW_START if off < start else _fetch.STATUS_ABOVE_END
-            out.append((_fetch.encode_section(device, status, off, start, hw, end_here, off, 0),
-                        status, off))
+            out.append(([_fetch.section_head(device, status, off, start, hw, end_here, off, 0,
+                                             0)], status, off))
             found = True
             continue
-        data, count, nxt = b"", 0, off
+        chunks: list[bytes] = []
+        count, nxt, size = 0, off, 0
         budget = min(per_dev, max_bytes - used)
         if off < hw and (budget > 0 or not found):
             # Capped at ``hw`` as read above: slices yield, and records committed meanwhile
             # must not appear past the high_water this section reports.
             want = min(max_records, hw - off) if budget > 0 else 1
-            data, count, nxt = await _read_raw_sliced(store, device, off, want, max(budget, 1))
-        if count and used and used + len(data) > max_bytes:
-            data, count, nxt = b"", 0, off  # (only when one record over the budget came)
-        used += len(data)
+            chunks, count, nxt, size = await _read_raw_sliced(store, device, off, want,
+                                                              max(budget, 1))
+        if count and used and used + size > max_bytes:
+            chunks, count, nxt, size = [], 0, off, 0  # (one record over the budget came)
+        used += size
         found = found or bool(count)
-        out.append((_fetch.encode_section(device, _fetch.STATUS_OK, off, start, hw, end_here,
-                                          nxt, count, data), _fetch.STATUS_OK, off))
+        out.append(([_fetch.section_head(device, _fetch.STATUS_OK, off, start, hw, end_here,
+                                         nxt, count, size), *chunks], _fetch.STATUS_OK, off))
     return out, found
 
 
 async def _wait_for_data(store: LogStore, devices: list[tuple[str, int | None]],
-                         sections: list[tuple[bytes, int, int]], timeout: float) -> None:
+                         sections: list[tuple[list[bytes], int, int]], timeout: float) -> None:
     """Long poll: until one of the devices' high-water marks passes the offset asked (a
     new committed record, or a device appearing), or ``timeout``. Uses the store's
     per-device commit waiters, removed again however the wait ends."""
