@@ -14,8 +14,9 @@ Layout (little-endian)::
     16   8     high_water    i64   committed end offset at response time (-1: not given)
     24   ...   record_count records in the record framing of commitlog.record
 
-The response reuses the store's record framing byte for byte, so a server can later
-send stored bytes without re-encoding, and every record keeps its CRC end to end.
+The response reuses the store's record framing byte for byte, so the server sends stored
+bytes without re-encoding them (``LogStore.read_raw``), and every record keeps its CRC end
+to end.
 ``log_start`` and ``high_water`` let a reader detect data loss to retention
 (requested offset < log_start) and compute lag without a second request.
 """
