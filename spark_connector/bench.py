@@ -10,7 +10,11 @@ What it does (defaults: 1,000,000 records, 8 devices, 64-byte payloads):
    ``triggerExecution`` time (Spark's own progress), and rows / query wall time;
 3. the same into a Parquet sink;
 4. the fixed cost of a micro-batch: ``--small-triggers`` batches of one record per device,
-   median ``triggerExecution``.
+   median ``triggerExecution``;
+5. Spark's own ceiling in the same session: an in-memory source yielding Arrow batches of the
+   same schema, size and partitioning (no I/O, no decoding) into ``noop``, as many runs, and
+   meshmq's rate as a fraction of it. Why: this box's CPU is shared and the absolute figures
+   move 2-4x with the neighbours' load; the fraction moves much less (``--no-ceiling``).
 
 Why one big trigger: each micro-batch costs ~0.4-1 s of planning and Python-worker round trips
 on a 2-core box (notes/spark-python-datasource.md), so rates are only meaningful with >= 1M
@@ -30,9 +34,15 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
+
+from spark_connector.arrow import arrow_schema, spark_schema
 from spark_connector.mqtt import Publisher
 
 
@@ -105,6 +115,76 @@ def load(mqtt: str, admin: str, prefix: str, records: int, devices: int, payload
     return per_dev * devices / (time.monotonic() - t0)
 
 
+class _CeilingPartition(InputPartition):
+    def __init__(self, lo: int, hi: int) -> None:
+        super().__init__(None)
+        self.lo, self.hi = lo, hi
+
+
+class _CeilingReader(DataSourceStreamReader):
+    """``records`` rows in one trigger, cut like meshmq's partitions (250k) and batches."""
+
+    def __init__(self, records: int, devices: int, payload: int) -> None:
+        self.records, self.devices, self.payload = records, devices, payload
+
+    def initialOffset(self) -> dict:  # noqa: N802 - Spark's name
+        return {"i": 0}
+
+    def latestOffset(self) -> dict:  # noqa: N802
+        return {"i": self.records}
+
+    def partitions(self, start: dict, end: dict) -> list[_CeilingPartition]:
+        lo, hi, step = int(start["i"]), int(end["i"]), 250_000
+        return [_CeilingPartition(a, min(hi, a + step)) for a in range(lo, hi, step)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        import numpy as np
+
+        assert isinstance(partition, _CeilingPartition)
+        lo, n = partition.lo, partition.hi - partition.lo
+        offs = np.arange(lo, lo + n, dtype=np.int64)
+        which = pa.array(offs % self.devices)
+        names = [f"dev{d:03d}" for d in range(self.devices)]
+        device = pa.array(names).take(which)
+        topic = pa.array([f"devices/{d}/telemetry" for d in names]).take(which)
+        payload = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(
+            np.arange(0, self.payload * (n + 1), self.payload, dtype=np.int32).tobytes()),
+            pa.py_buffer(b"x" * (self.payload * n))])
+        ts = pa.array(offs).view(pa.timestamp("us", tz="UTC"))
+        qos, retain = pa.array(np.ones(n, np.int32)), pa.array(np.zeros(n, np.bool_))
+        cols = [device, pa.array(offs), ts, topic, qos, retain, payload]
+        for a in range(0, n, 60_000):  # about the rows of one fetched section
+            k = min(60_000, n - a)
+            yield pa.RecordBatch.from_arrays([c.slice(a, k) for c in cols],
+                                             schema=arrow_schema(False))
+
+
+class CeilingSource(DataSource):
+    """``format("meshmq_bench_ceiling")``: Spark's own cost of Arrow rows from Python."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "meshmq_bench_ceiling"
+
+    def schema(self) -> StructType:
+        return spark_schema(False)
+
+    def streamReader(self, schema: StructType) -> _CeilingReader:  # noqa: N802
+        o = self.options
+        return _CeilingReader(int(o["records"]), int(o["devices"]), int(o["payload"]))
+
+
+def run_ceiling(spark: Any, out: Path, records: int, devices: int, payload: int) -> list[dict]:
+    q = (spark.readStream.format("meshmq_bench_ceiling").option("records", str(records))
+         .option("devices", str(devices)).option("payload", str(payload)).load()
+         .writeStream.format("noop").option("checkpointLocation", str(out / "ck"))
+         .trigger(availableNow=True).start())
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise SystemExit(f"ceiling query failed: {q.exception()}")
+    return [p for p in q.recentProgress if p["numInputRows"] > 0]
+
+
 def run_query(spark: Any, admin: str, prefix: str, sink: str, out: Path, per_trigger: int,
               ) -> list[dict]:
     shutil.rmtree(out, ignore_errors=True)
@@ -133,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--admin", help="admin HTTP of a running node (default: start one)")
     ap.add_argument("--mqtt", help="MQTT listener of that node")
     ap.add_argument("--no-parquet", action="store_true")
+    ap.add_argument("--no-ceiling", action="store_true",
+                    help="skip the in-memory Arrow source (Spark's own ceiling)")
     args = ap.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -181,6 +263,21 @@ def main(argv: list[str] | None = None) -> int:
                 results[sink] = {"records_per_s_trigger": round(statistics.median(best)),
                                  "records_per_s_wall": round(statistics.median(walls[1:]
                                                                            or walls))}
+        if not args.no_ceiling and args.runs:
+            spark.dataSource.register(CeilingSource)
+            rates = []
+            for i in range(args.runs):
+                prog = run_ceiling(spark, tmp / f"ceiling{i}", n, args.devices, args.payload)
+                ms = sum(p["durationMs"]["triggerExecution"] for p in prog)
+                rates.append(n / (ms / 1000))
+                print(f"ceiling run {i + 1} (in-memory Arrow source, same schema and "
+                      f"batches): {rates[-1]:,.0f} records/s (trigger)")
+            ceiling = statistics.median(rates[1:] or rates)
+            results["ceiling_records_per_s_trigger"] = round(ceiling)
+            if "noop" in results:
+                share = results["noop"]["records_per_s_trigger"] / ceiling
+                results["noop_share_of_ceiling"] = round(share, 2)
+                print(f"meshmq noop = {share:.0%} of the ceiling measured in this session")
         if args.small_triggers:
             # its own small devices: one record per device per trigger
             small = prefix + "s"
