@@ -11,10 +11,11 @@ What it does (defaults: 1,000,000 records, 8 devices, 64-byte payloads):
 3. the same into a Parquet sink;
 4. the fixed cost of a micro-batch: ``--small-triggers`` batches of one record per device,
    median ``triggerExecution``;
-5. Spark's own ceiling in the same session: an in-memory source yielding Arrow batches of the
-   same schema, size and partitioning (no I/O, no decoding) into ``noop``, as many runs, and
-   meshmq's rate as a fraction of it. Why: this box's CPU is shared and the absolute figures
-   move 2-4x with the neighbours' load; the fraction moves much less (``--no-ceiling``).
+5. Spark's own ceiling: after each noop run, an in-memory source yielding Arrow batches of the
+   same schema, size and partitioning (no I/O, no decoding) into ``noop``, and meshmq's rate as
+   a fraction of it; and the node's CPU seconds per 1M records read (when the bench started
+   the node). Why: this box's CPU is shared and the absolute figures move 2-4x with the
+   neighbours' load; the fraction and the CPU cost move much less (``--no-ceiling``).
 
 Why one big trigger: each micro-batch costs ~0.4-1 s of planning and Python-worker round trips
 on a 2-core box (notes/spark-python-datasource.md), so rates are only meaningful with >= 1M
@@ -185,6 +186,14 @@ def run_ceiling(spark: Any, out: Path, records: int, devices: int, payload: int)
     return [p for p in q.recentProgress if p["numInputRows"] > 0]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc): the node's cost of serving a
+    query, which the neighbours' load changes far less than any rate."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_query(spark: Any, admin: str, prefix: str, sink: str, out: Path, per_trigger: int,
               ) -> list[dict]:
     shutil.rmtree(out, ignore_errors=True)
@@ -244,9 +253,16 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, Any] = {"records": n, "devices": args.devices,
                                    "payload_bytes": args.payload, "master": args.master,
                                    "publish_rate": round(rate)}
+        ceiling_on = not args.no_ceiling and args.runs > 0
+        if ceiling_on:
+            spark.dataSource.register(CeilingSource)
+        shares: list[float] = []
+        ceilings: list[float] = []
+        node_cpu: list[float] = []
         for sink, runs in (("noop", args.runs), ("parquet", 0 if args.no_parquet else 1)):
             rates, walls = [], []
             for i in range(runs):
+                cpu0 = _cpu_seconds(node.pid) if node is not None else None
                 t0 = time.monotonic()
                 prog = run_query(spark, admin, prefix, sink, tmp / f"{sink}{i}", n)
                 wall = time.monotonic() - t0
@@ -255,29 +271,35 @@ def main(argv: list[str] | None = None) -> int:
                 assert rows == n, f"read {rows} of {n} records"
                 rates.append(rows / (ms / 1000))
                 walls.append(rows / wall)
+                extra = ""
+                if cpu0 is not None and node is not None:
+                    node_cpu.append((_cpu_seconds(node.pid) - cpu0) / rows * 1e6)
+                    extra = f", node CPU {node_cpu[-1]:.2f} s per 1M records"
                 print(f"{sink} run {i + 1}: {rows} rows in {len(prog)} trigger(s): "
                       f"{rows / (ms / 1000):,.0f} records/s (trigger), "
-                      f"{rows / wall:,.0f} records/s (query wall incl. start)")
+                      f"{rows / wall:,.0f} records/s (query wall incl. start){extra}")
+                if sink == "noop" and ceiling_on:
+                    # right after it, under the same neighbours' load
+                    cprog = run_ceiling(spark, tmp / f"ceiling{i}", n, args.devices,
+                                        args.payload)
+                    cms = sum(p["durationMs"]["triggerExecution"] for p in cprog)
+                    ceilings.append(n / (cms / 1000))
+                    shares.append(rates[-1] / ceilings[-1])
+                    print(f"ceiling run {i + 1} (in-memory Arrow source, same schema and "
+                          f"batches): {ceilings[-1]:,.0f} records/s (trigger); meshmq = "
+                          f"{shares[-1]:.0%} of it")
             if rates:
                 best = rates[1:] or rates  # the first run warms the Python workers
                 results[sink] = {"records_per_s_trigger": round(statistics.median(best)),
+                                 "records_per_s_trigger_best": round(max(rates)),
                                  "records_per_s_wall": round(statistics.median(walls[1:]
                                                                            or walls))}
-        if not args.no_ceiling and args.runs:
-            spark.dataSource.register(CeilingSource)
-            rates = []
-            for i in range(args.runs):
-                prog = run_ceiling(spark, tmp / f"ceiling{i}", n, args.devices, args.payload)
-                ms = sum(p["durationMs"]["triggerExecution"] for p in prog)
-                rates.append(n / (ms / 1000))
-                print(f"ceiling run {i + 1} (in-memory Arrow source, same schema and "
-                      f"batches): {rates[-1]:,.0f} records/s (trigger)")
-            ceiling = statistics.median(rates[1:] or rates)
-            results["ceiling_records_per_s_trigger"] = round(ceiling)
-            if "noop" in results:
-                share = results["noop"]["records_per_s_trigger"] / ceiling
-                results["noop_share_of_ceiling"] = round(share, 2)
-                print(f"meshmq noop = {share:.0%} of the ceiling measured in this session")
+        if ceilings:
+            results["ceiling_records_per_s_trigger"] = round(statistics.median(ceilings[1:]
+                                                                               or ceilings))
+            results["noop_share_of_ceiling"] = round(statistics.median(shares[1:] or shares), 2)
+        if node_cpu:
+            results["node_cpu_s_per_1m_records"] = round(statistics.median(node_cpu), 2)
         if args.small_triggers:
             # its own small devices: one record per device per trigger
             small = prefix + "s"

@@ -224,14 +224,19 @@ def _section_batch(opts: SourceOptions, sec: DeviceFetch, todo: dict[str, list],
         raise CorruptRecordError(f"section of {device!r} says {sec.record_count} records, "
                                  f"holds {batch.num_rows}", 0)
     offsets = batch.column(1)
-    if offsets[0].as_py() != off:  # the server's contract; a mismatch would skip or repeat
-        raise RuntimeError(f"meshmq: asked {device!r} from offset {off}, got "
-                           f"{offsets[0].as_py()}")
+    first = offsets[0].as_py()
+    if first < off:  # the server's contract; serving it would repeat records
+        raise RuntimeError(f"meshmq: asked {device!r} from offset {off}, got {first}")
+    if first > off:
+        # The node skipped records lost to quarantined corruption (issue 11; it reported them
+        # at ERROR): go on past the gap, as the per-device fetch did.
+        log.warning("meshmq: records [%d, %d) of %r were lost to corruption on the server; "
+                    "skipping them", off, min(first, hi), device)
     take = batch.num_rows
     if offsets[take - 1].as_py() >= hi:  # more than planned: cut at the planned end
         take = bisect.bisect_left(_Offsets(offsets), hi)
         batch = batch.slice(0, take)
-    nxt = offsets[take - 1].as_py() + 1 if take else off
+    nxt = offsets[take - 1].as_py() + 1 if take else hi
     _advance(todo, device, max(nxt, sec.next_offset) if take == sec.record_count else nxt)
     return batch if take else None
 
