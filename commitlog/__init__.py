@@ -6,13 +6,16 @@ Knows nothing of MQTT sockets; the broker maps publishes to ``append`` calls.
 from commitlog.epochs import StaleEpochError
 from commitlog.fetch import (
     DeviceFetch,
+    FetchBuffers,
     FetchColumns,
     FetchMeta,
+    decode_fetch_buffers,
     decode_fetch_columns,
     decode_fetch_meta,
     decode_fetch_response,
     decode_multi_fetch,
     decode_multi_records,
+    encode_fetch_raw,
     encode_fetch_response,
 )
 from commitlog.groupcommit import GroupCommitter
@@ -32,6 +35,7 @@ __all__ = [
     "ATTR_RETAIN",
     "CorruptRecordError",
     "DeviceFetch",
+    "FetchBuffers",
     "FetchColumns",
     "FetchMeta",
     "GroupCommitter",
@@ -44,10 +48,12 @@ __all__ = [
     "OffsetOutOfRangeError",
     "Record",
     "StaleEpochError",
+    "decode_fetch_buffers",
     "decode_fetch_columns",
     "decode_fetch_meta",
     "decode_fetch_response",
     "decode_multi_fetch",
     "decode_multi_records",
+    "encode_fetch_raw",
     "encode_fetch_response",
 ]

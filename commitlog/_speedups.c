@@ -1312,6 +1312,240 @@ static PyObject *py_trim_count(PyObject *self, PyObject *const *args, Py_ssize_t
     return Py_BuildValue("nL", k, freed);
 }
 
+/* ------------------------------------------------------------------ raw device reads */
+
+/* raw_run(data: bytes, p, kb: bytes, want, upto, used, max_bytes) -> (p, want, used, done)
+ *
+ * The loop of LogStore._raw_positions (the fetch path that sends stored bytes): checks the
+ * records of ``data`` from ``p`` as read_run does (framing, this device's key, no control
+ * record, offset == want, the byte cap, CRC, key and topic inside the record) WITHOUT
+ * decoding them: the caller sends data[start:p] as it is. done=True once ``upto`` or
+ * ``max_bytes`` is reached (after the record that reached it, or before a record the cap
+ * refuses); otherwise it stopped at a record the Python loop must look at. */
+static PyObject *py_raw_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "raw_run(bytes, p, kb: bytes, want, upto, used, max_bytes)");
+        return NULL;
+    }
+    Py_ssize_t p = PyLong_AsSsize_t(args[1]);
+    long long want = PyLong_AsLongLong(args[3]);
+    long long upto = PyLong_AsLongLong(args[4]);
+    long long used = PyLong_AsLongLong(args[5]);
+    long long max_bytes = PyLong_AsLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t dn = PyBytes_GET_SIZE(args[0]);
+    const char *kb = PyBytes_AS_STRING(args[2]);
+    Py_ssize_t klen = PyBytes_GET_SIZE(args[2]);
+    int done = want >= upto;
+    while (!done && p >= 0 && p < dn) {
+        if (dn - p < HEADER_SIZE)
+            break;
+        Hdr h;
+        unpack_header(b + p, &h);
+        Py_ssize_t rend;
+        int framed = frame_ok(&h, p, dn, &rend);
+        Py_ssize_t q = p + HEADER_SIZE;
+        if (!framed || (Py_ssize_t)h.kl != klen || (h.flags & FLAG_CONTROL) ||
+            (Py_ssize_t)h.kl + (Py_ssize_t)h.tl > rend - q ||
+            memcmp(b + q, kb, (size_t)klen) != 0 || h.off != want)
+            break;
+        long long rlen = (long long)h.len_u + 4;
+        if (used && used + rlen > max_bytes) {
+            done = 1;
+            break;
+        }
+        if (crc(b + p + 8, rend - p - 8) != h.crc)
+            break;
+        used += rlen;
+        want += 1;
+        p = rend;
+        if (want >= upto || used >= max_bytes)
+            done = 1;
+    }
+    return Py_BuildValue("(nLLO)", p, want, used, done ? Py_True : Py_False);
+}
+
+/* ------------------------------------------------------------------ Arrow buffers */
+
+/* True if b[0:n] is what the last check accepted, else checks it as Python's strict UTF-8
+ * decode does (and remembers it). 0 valid, 1 invalid (hand back), -1 exception. */
+static int utf8_check(const unsigned char **last, Py_ssize_t *last_n, const unsigned char *b,
+                      Py_ssize_t n)
+{
+    if (*last != NULL && *last_n == n && memcmp(*last, b, (size_t)n) == 0)
+        return 0;
+    PyObject *s = PyUnicode_DecodeUTF8((const char *)b, n, NULL);
+    if (s == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            return 1;
+        }
+        return -1;
+    }
+    Py_DECREF(s);
+    *last = b;
+    *last_n = n;
+    return 0;
+}
+
+/* arrow_run(buf, pos, end, verify) -> tuple | None
+ *
+ * All of fetch.decode_fetch_buffers over buf[pos:end] in C, or nothing: the Arrow buffers
+ * (count, key offsets/data, offsets, timestamps, topic offsets/data, qos, retain bitmap,
+ * payload offsets/data; offsets int32 from 0, little-endian, as Arrow lays them out), or
+ * None when any record needs the Python loop (which then decodes the whole range and
+ * raises the reference error). Two passes: check and size, then fill exact-size bytes. */
+static PyObject *py_arrow_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "arrow_run(buf, pos, end, verify)");
+        return NULL;
+    }
+    Py_ssize_t pos0 = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    int verify = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || verify < 0)
+        return NULL;
+    Py_buffer view;
+    if (get_buffer_ro(args[0], &view))
+        return NULL;
+    const unsigned char *b = view.buf;
+    if (end > view.len)
+        end = view.len;
+    PyObject *result = NULL;
+    PyObject *o[11] = {NULL};
+    Py_ssize_t n = 0, kbytes = 0, tbytes = 0, pbytes = 0;
+    const unsigned char *lk = NULL, *lt = NULL, *lh = NULL;
+    Py_ssize_t lkn = 0, ltn = 0, lhn = 0;
+    int rc;
+    /* pass 1: check every record, count, size the columns */
+    Py_ssize_t pos = pos0;
+    while (pos < end) {
+        if (pos < 0 || end - pos < HEADER_SIZE)
+            goto hand_back;
+        Hdr h;
+        unpack_header(b + pos, &h);
+        Py_ssize_t rend;
+        if (!frame_ok(&h, pos, end, &rend))
+            goto hand_back;
+        if (verify && crc(b + pos + 8, rend - pos - 8) != h.crc)
+            goto hand_back;
+        if (h.flags & FLAG_CONTROL) {
+            pos = rend;
+            continue;
+        }
+        Py_ssize_t q = pos + HEADER_SIZE;
+        if ((Py_ssize_t)h.kl + (Py_ssize_t)h.tl > rend - q)
+            goto hand_back;
+        if ((rc = utf8_check(&lk, &lkn, b + q, h.kl)) != 0)
+            goto rc_out;
+        q += h.kl;
+        if ((rc = utf8_check(&lt, &ltn, b + q, h.tl)) != 0)
+            goto rc_out;
+        q += h.tl;
+        for (unsigned i = 0; i < h.hc; i++) { /* headers: bounds and names, as Python */
+            if (q + 6 > rend)
+                goto hand_back;
+            Py_ssize_t nl = rd16(b + q), vl = rd32(b + q + 2);
+            q += 6;
+            if (nl > rend - q || vl > rend - q - nl)
+                goto hand_back;
+            if ((rc = utf8_check(&lh, &lhn, b + q, nl)) != 0)
+                goto rc_out;
+            q += nl + vl;
+        }
+        if (q > rend)
+            goto hand_back;
+        n++;
+        kbytes += h.kl;
+        tbytes += h.tl;
+        pbytes += rend - q;
+        pos = rend;
+    }
+    if (kbytes > INT32_MAX || tbytes > INT32_MAX || pbytes > INT32_MAX)
+        goto hand_back;
+    /* pass 2: fill */
+    Py_ssize_t sizes[11] = {0, 4 * (n + 1), kbytes, 8 * n, 8 * n, 4 * (n + 1), tbytes, 4 * n,
+                            (n + 7) / 8, 4 * (n + 1), pbytes};
+    o[0] = PyLong_FromSsize_t(n);
+    if (o[0] == NULL)
+        goto done;
+    for (int c = 1; c < 11; c++) {
+        o[c] = PyBytes_FromStringAndSize(NULL, sizes[c]);
+        if (o[c] == NULL)
+            goto done;
+    }
+    unsigned char *ko = (unsigned char *)PyBytes_AS_STRING(o[1]);
+    unsigned char *kd = (unsigned char *)PyBytes_AS_STRING(o[2]);
+    unsigned char *oo = (unsigned char *)PyBytes_AS_STRING(o[3]);
+    unsigned char *to = (unsigned char *)PyBytes_AS_STRING(o[4]);
+    unsigned char *tpo = (unsigned char *)PyBytes_AS_STRING(o[5]);
+    unsigned char *tpd = (unsigned char *)PyBytes_AS_STRING(o[6]);
+    unsigned char *qo = (unsigned char *)PyBytes_AS_STRING(o[7]);
+    unsigned char *ro = (unsigned char *)PyBytes_AS_STRING(o[8]);
+    unsigned char *po = (unsigned char *)PyBytes_AS_STRING(o[9]);
+    unsigned char *pd = (unsigned char *)PyBytes_AS_STRING(o[10]);
+    memset(ro, 0, (size_t)sizes[8]);
+    uint32_t kacc = 0, tacc = 0, pacc = 0;
+    wr32(ko, 0);
+    wr32(tpo, 0);
+    wr32(po, 0);
+    Py_ssize_t i = 0;
+    pos = pos0;
+    while (pos < end) {
+        Hdr h;
+        unpack_header(b + pos, &h);
+        Py_ssize_t rend = pos + 4 + (Py_ssize_t)h.len_u;
+        if (h.flags & FLAG_CONTROL) {
+            pos = rend;
+            continue;
+        }
+        Py_ssize_t q = pos + HEADER_SIZE;
+        memcpy(kd + kacc, b + q, h.kl);
+        kacc += h.kl;
+        q += h.kl;
+        memcpy(tpd + tacc, b + q, h.tl);
+        tacc += h.tl;
+        q += h.tl;
+        for (unsigned j = 0; j < h.hc; j++)
+            q += 6 + (Py_ssize_t)rd16(b + q) + (Py_ssize_t)rd32(b + q + 2);
+        memcpy(pd + pacc, b + q, (size_t)(rend - q));
+        pacc += (uint32_t)(rend - q);
+        wr64(oo + 8 * i, h.off);
+        wr64(to + 8 * i, h.ts);
+        wr32(qo + 4 * i, h.attrs & 0x03);
+        if (h.attrs & 0x04)
+            ro[i >> 3] |= (unsigned char)(1u << (i & 7));
+        i++;
+        wr32(ko + 4 * i, kacc);
+        wr32(tpo + 4 * i, tacc);
+        wr32(po + 4 * i, pacc);
+        pos = rend;
+    }
+    result = PyTuple_New(11);
+    if (result != NULL) {
+        for (int c = 0; c < 11; c++) {
+            PyTuple_SET_ITEM(result, c, o[c]);
+            o[c] = NULL;
+        }
+    }
+    goto done;
+rc_out:
+    if (rc < 0)
+        goto done;
+hand_back:
+    result = Py_NewRef(Py_None);
+done:
+    for (int c = 0; c < 11; c++)
+        Py_XDECREF(o[c]);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* ------------------------------------------------------------------ crc */
 
 static PyObject *py_crc32(PyObject *self, PyObject *arg)
@@ -1346,6 +1580,10 @@ static PyMethodDef methods[] = {
      "Coalescing loop of LogStore._read_positions (see the C source)."},
     {"trim_count", (PyCFunction)(void (*)(void))py_trim_count, METH_FASTCALL,
      "Loop of LogStore._trim_cache_front (see the C source)."},
+    {"raw_run", (PyCFunction)(void (*)(void))py_raw_run, METH_FASTCALL,
+     "Loop of LogStore._raw_positions: check stored records without decoding them."},
+    {"arrow_run", (PyCFunction)(void (*)(void))py_arrow_run, METH_FASTCALL,
+     "fetch.decode_fetch_buffers in one C call, or None (see the C source)."},
     {"crc32", (PyCFunction)py_crc32, METH_O, "zlib.crc32 of a buffer (for tests)."},
     {NULL, NULL, 0, NULL},
 };

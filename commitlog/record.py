@@ -114,6 +114,8 @@ c_scan_run = _speedups.scan_run if _speedups else None
 c_walk_run = _speedups.walk_run if _speedups else None
 c_columns_run = _speedups.columns_run if _speedups else None
 c_coalesce = _speedups.coalesce if _speedups else None
+c_raw_run = _speedups.raw_run if _speedups else None
+c_arrow_run = _speedups.arrow_run if _speedups else None
 c_make_append = _speedups.make_append if _speedups else None  # bound once, in store.py
 
 

@@ -10,7 +10,12 @@ What it does (defaults: 1,000,000 records, 8 devices, 64-byte payloads):
    ``triggerExecution`` time (Spark's own progress), and rows / query wall time;
 3. the same into a Parquet sink;
 4. the fixed cost of a micro-batch: ``--small-triggers`` batches of one record per device,
-   median ``triggerExecution``.
+   median ``triggerExecution``;
+5. Spark's own ceiling: after each noop run, an in-memory source yielding Arrow batches of the
+   same schema, size and partitioning (no I/O, no decoding) into ``noop``, and meshmq's rate as
+   a fraction of it; and the node's CPU seconds per 1M records read (when the bench started
+   the node). Why: this box's CPU is shared and the absolute figures move 2-4x with the
+   neighbours' load; the fraction and the CPU cost move much less (``--no-ceiling``).
 
 Why one big trigger: each micro-batch costs ~0.4-1 s of planning and Python-worker round trips
 on a 2-core box (notes/spark-python-datasource.md), so rates are only meaningful with >= 1M
@@ -30,9 +35,15 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.types import StructType
+
+from spark_connector.arrow import arrow_schema, spark_schema
 from spark_connector.mqtt import Publisher
 
 
@@ -105,6 +116,84 @@ def load(mqtt: str, admin: str, prefix: str, records: int, devices: int, payload
     return per_dev * devices / (time.monotonic() - t0)
 
 
+class _CeilingPartition(InputPartition):
+    def __init__(self, lo: int, hi: int) -> None:
+        super().__init__(None)
+        self.lo, self.hi = lo, hi
+
+
+class _CeilingReader(DataSourceStreamReader):
+    """``records`` rows in one trigger, cut like meshmq's partitions (250k) and batches."""
+
+    def __init__(self, records: int, devices: int, payload: int) -> None:
+        self.records, self.devices, self.payload = records, devices, payload
+
+    def initialOffset(self) -> dict:  # noqa: N802 - Spark's name
+        return {"i": 0}
+
+    def latestOffset(self) -> dict:  # noqa: N802
+        return {"i": self.records}
+
+    def partitions(self, start: dict, end: dict) -> list[_CeilingPartition]:
+        lo, hi, step = int(start["i"]), int(end["i"]), 250_000
+        return [_CeilingPartition(a, min(hi, a + step)) for a in range(lo, hi, step)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        import numpy as np
+
+        assert isinstance(partition, _CeilingPartition)
+        lo, n = partition.lo, partition.hi - partition.lo
+        offs = np.arange(lo, lo + n, dtype=np.int64)
+        which = pa.array(offs % self.devices)
+        names = [f"dev{d:03d}" for d in range(self.devices)]
+        device = pa.array(names).take(which)
+        topic = pa.array([f"devices/{d}/telemetry" for d in names]).take(which)
+        payload = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(
+            np.arange(0, self.payload * (n + 1), self.payload, dtype=np.int32).tobytes()),
+            pa.py_buffer(b"x" * (self.payload * n))])
+        ts = pa.array(offs).view(pa.timestamp("us", tz="UTC"))
+        qos, retain = pa.array(np.ones(n, np.int32)), pa.array(np.zeros(n, np.bool_))
+        cols = [device, pa.array(offs), ts, topic, qos, retain, payload]
+        for a in range(0, n, 60_000):  # about the rows of one fetched section
+            k = min(60_000, n - a)
+            yield pa.RecordBatch.from_arrays([c.slice(a, k) for c in cols],
+                                             schema=arrow_schema(False))
+
+
+class CeilingSource(DataSource):
+    """``format("meshmq_bench_ceiling")``: Spark's own cost of Arrow rows from Python."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "meshmq_bench_ceiling"
+
+    def schema(self) -> StructType:
+        return spark_schema(False)
+
+    def streamReader(self, schema: StructType) -> _CeilingReader:  # noqa: N802
+        o = self.options
+        return _CeilingReader(int(o["records"]), int(o["devices"]), int(o["payload"]))
+
+
+def run_ceiling(spark: Any, out: Path, records: int, devices: int, payload: int) -> list[dict]:
+    q = (spark.readStream.format("meshmq_bench_ceiling").option("records", str(records))
+         .option("devices", str(devices)).option("payload", str(payload)).load()
+         .writeStream.format("noop").option("checkpointLocation", str(out / "ck"))
+         .trigger(availableNow=True).start())
+    q.awaitTermination()
+    if q.exception() is not None:
+        raise SystemExit(f"ceiling query failed: {q.exception()}")
+    return [p for p in q.recentProgress if p["numInputRows"] > 0]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc): the node's cost of serving a
+    query, which the neighbours' load changes far less than any rate."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_query(spark: Any, admin: str, prefix: str, sink: str, out: Path, per_trigger: int,
               ) -> list[dict]:
     shutil.rmtree(out, ignore_errors=True)
@@ -133,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--admin", help="admin HTTP of a running node (default: start one)")
     ap.add_argument("--mqtt", help="MQTT listener of that node")
     ap.add_argument("--no-parquet", action="store_true")
+    ap.add_argument("--no-ceiling", action="store_true",
+                    help="skip the in-memory Arrow source (Spark's own ceiling)")
     args = ap.parse_args(argv)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -162,9 +253,16 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, Any] = {"records": n, "devices": args.devices,
                                    "payload_bytes": args.payload, "master": args.master,
                                    "publish_rate": round(rate)}
+        ceiling_on = not args.no_ceiling and args.runs > 0
+        if ceiling_on:
+            spark.dataSource.register(CeilingSource)
+        shares: list[float] = []
+        ceilings: list[float] = []
+        node_cpu: list[float] = []
         for sink, runs in (("noop", args.runs), ("parquet", 0 if args.no_parquet else 1)):
             rates, walls = [], []
             for i in range(runs):
+                cpu0 = _cpu_seconds(node.pid) if node is not None else None
                 t0 = time.monotonic()
                 prog = run_query(spark, admin, prefix, sink, tmp / f"{sink}{i}", n)
                 wall = time.monotonic() - t0
@@ -173,14 +271,35 @@ def main(argv: list[str] | None = None) -> int:
                 assert rows == n, f"read {rows} of {n} records"
                 rates.append(rows / (ms / 1000))
                 walls.append(rows / wall)
+                extra = ""
+                if cpu0 is not None and node is not None:
+                    node_cpu.append((_cpu_seconds(node.pid) - cpu0) / rows * 1e6)
+                    extra = f", node CPU {node_cpu[-1]:.2f} s per 1M records"
                 print(f"{sink} run {i + 1}: {rows} rows in {len(prog)} trigger(s): "
                       f"{rows / (ms / 1000):,.0f} records/s (trigger), "
-                      f"{rows / wall:,.0f} records/s (query wall incl. start)")
+                      f"{rows / wall:,.0f} records/s (query wall incl. start){extra}")
+                if sink == "noop" and ceiling_on:
+                    # right after it, under the same neighbours' load
+                    cprog = run_ceiling(spark, tmp / f"ceiling{i}", n, args.devices,
+                                        args.payload)
+                    cms = sum(p["durationMs"]["triggerExecution"] for p in cprog)
+                    ceilings.append(n / (cms / 1000))
+                    shares.append(rates[-1] / ceilings[-1])
+                    print(f"ceiling run {i + 1} (in-memory Arrow source, same schema and "
+                          f"batches): {ceilings[-1]:,.0f} records/s (trigger); meshmq = "
+                          f"{shares[-1]:.0%} of it")
             if rates:
                 best = rates[1:] or rates  # the first run warms the Python workers
                 results[sink] = {"records_per_s_trigger": round(statistics.median(best)),
+                                 "records_per_s_trigger_best": round(max(rates)),
                                  "records_per_s_wall": round(statistics.median(walls[1:]
                                                                            or walls))}
+        if ceilings:
+            results["ceiling_records_per_s_trigger"] = round(statistics.median(ceilings[1:]
+                                                                               or ceilings))
+            results["noop_share_of_ceiling"] = round(statistics.median(shares[1:] or shares), 2)
+        if node_cpu:
+            results["node_cpu_s_per_1m_records"] = round(statistics.median(node_cpu), 2)
         if args.small_triggers:
             # its own small devices: one record per device per trigger
             small = prefix + "s"

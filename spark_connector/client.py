@@ -1,9 +1,13 @@
 """The connector's only door to meshmq: the admin HTTP fetch API (``meshmq/fetch_api.py``).
 
 Everything the source asks a node goes through ``LogClient`` (list the logs, fetch records from
-an offset, find an offset by time), so moving to the many-device fetch and the high-water-mark
-endpoint of the replication work changes this module only. Today it uses the per-device fetch:
-one request per device range, which is fine for a few thousand devices per trigger.
+offsets, find an offset by time). Records are read with the many-device fetch
+(``POST /api/v1/fetch``, ``fetch_many``): one request serves every device range of a Spark
+partition, up to a byte budget, and each device's section says where its log stands
+(``log_start``, ``high_water``, ``log_end``). Only records below the high-water mark are ever
+in a section (the server's rule; ``high_water`` is what ``list_logs`` reports as ``end`` and
+what the driver plans with), so a reader never sees a record a replica could still lose.
+The per-device ``GET .../records`` is kept for ``offset_for_timestamp`` (startingTimestamp).
 
 Why plain ``http.client`` and not a library: the connector runs inside every Spark Python worker
 and must add nothing heavier than pyarrow; one keep-alive connection per ``LogClient`` is all we
@@ -25,17 +29,21 @@ import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from commitlog.fetch import DeviceFetch, decode_multi_fetch
+
 # Devices per page of GET /api/v1/logs (the server's maximum page).
 LIST_PAGE = 10_000
 
 __all__ = ["LogClient", "LogRange", "FetchResult", "ServerUnavailable", "OffsetOutOfRange",
-           "UnknownDevice"]
+           "UnknownDevice", "MAX_DEVICES_PER_REQUEST"]
 
 log = logging.getLogger("spark_connector.client")
 
 LOGS_PATH = "/api/v1/logs"
-# The fetch API's own cap on records per request (meshmq/fetch_api.py MAX_MAX_RECORDS).
+FETCH_PATH = "/api/v1/fetch"
+# The fetch API's own caps (meshmq/fetch_api.py MAX_MAX_RECORDS, MAX_FETCH_DEVICES).
 MAX_RECORDS_PER_REQUEST = 100_000
+MAX_DEVICES_PER_REQUEST = 10_000
 
 
 class ServerUnavailable(ConnectionError):
@@ -106,11 +114,29 @@ class LogClient:
             if after is None:
                 return out
 
-    def fetch(self, device: str, offset: int, max_records: int, max_bytes: int) -> FetchResult:
-        """Committed records of ``device`` from ``offset``: a fetch response body
-        (``commitlog.fetch`` format) with at most ``max_records`` records."""
-        n = max(1, min(max_records, MAX_RECORDS_PER_REQUEST))
-        return self._records(device, f"offset={offset}&max_records={n}&max_bytes={max_bytes}")
+    def fetch_many(self, positions: list[tuple[str, int]], max_records_per_device: int,
+                   max_bytes: int) -> list[DeviceFetch]:
+        """Committed records of several devices, each from its offset: one section per
+        device in request order (``commitlog.fetch.decode_multi_fetch``; records left
+        encoded). ``max_bytes`` is the budget of the whole response: devices after it is
+        spent come back ``ok`` with no records (ask again). Range problems are per section
+        (``status``), not exceptions: the caller decides what data loss means."""
+        if not 1 <= len(positions) <= MAX_DEVICES_PER_REQUEST:
+            raise ValueError(f"fetch_many takes 1 to {MAX_DEVICES_PER_REQUEST} devices")
+        body = json.dumps({
+            "devices": [{"device": d, "offset": int(o)} for d, o in positions],
+            "max_records_per_device": max(1, min(max_records_per_device,
+                                                 MAX_RECORDS_PER_REQUEST)),
+            "max_bytes": max(1, max_bytes),
+        }).encode()
+        status, _, data = self._request("POST", FETCH_PATH, body)
+        if status != 200:
+            raise ValueError(f"POST {FETCH_PATH} answered HTTP {status}: "
+                             f"{_json_or_text(data)!r}")
+        sections = decode_multi_fetch(data)
+        if [s.device for s in sections] != [d for d, _ in positions]:
+            raise ValueError(f"POST {FETCH_PATH}: the sections do not match the devices asked")
+        return sections
 
     def offset_for_timestamp(self, device: str, timestamp_us: int) -> int:
         """First offset whose record timestamp is >= ``timestamp_us`` (the end if none)."""
@@ -144,8 +170,13 @@ class LogClient:
         raise ValueError(f"fetch of {device!r} answered HTTP {status}: {info!r}")
 
     def _get(self, path: str) -> tuple[int, dict[str, str], bytes]:
-        """GET with failover; 5xx and connection errors move on to the next server until every
-        server has failed within one request timeout (then ServerUnavailable)."""
+        return self._request("GET", path)
+
+    def _request(self, method: str, path: str, body: bytes | None = None,
+                 ) -> tuple[int, dict[str, str], bytes]:
+        """A request with failover; 5xx and connection errors move on to the next server until
+        every server has failed within one request timeout (then ServerUnavailable). Every
+        request here is a read, so repeating it on another server is safe."""
         deadline = time.monotonic() + self.timeout_s
         errors: list[str] = []
         attempt = 0
@@ -156,14 +187,17 @@ class LogClient:
                 if conn is None:
                     left = max(0.5, deadline - time.monotonic())
                     conn = self._conn = http.client.HTTPConnection(host, port, timeout=left)
-                conn.request("GET", path, headers={"Connection": "keep-alive"})
+                headers = {"Connection": "keep-alive"}
+                if body is not None:
+                    headers["Content-Type"] = "application/json"
+                conn.request(method, path, body=body, headers=headers)
                 resp = conn.getresponse()
-                body = resp.read()
-                headers = {k.lower(): v for k, v in resp.getheaders()}
+                data = resp.read()
+                got = {k.lower(): v for k, v in resp.getheaders()}
                 if resp.status < 500:
                     if resp.will_close:
                         self.close()
-                    return resp.status, headers, body
+                    return resp.status, got, data
                 errors.append(f"{host}:{port} HTTP {resp.status}")
             except (OSError, http.client.HTTPException) as exc:
                 errors.append(f"{host}:{port} {exc!r}")
@@ -172,7 +206,7 @@ class LogClient:
             self._current = (self._current + 1) % len(self.servers)
             if time.monotonic() >= deadline:
                 raise ServerUnavailable(
-                    f"no meshmq server answered GET {path.split('?')[0]} within "
+                    f"no meshmq server answered {method} {path.split('?')[0]} within "
                     f"{self.timeout_s:g}s: " + "; ".join(errors[-len(self.servers):]))
             if attempt % len(self.servers) == 0:  # every server failed once: back off a little
                 log.warning("meshmq servers unavailable, retrying: %s", errors[-1])

@@ -34,7 +34,7 @@ def crash_image(src: Path, dst: Path) -> Path:
 
 
 C_HOOKS = ("c_encode_run", "c_decode_run", "c_read_run", "c_scan_run", "c_walk_run",
-           "c_columns_run", "c_coalesce", "c_trim_count")
+           "c_columns_run", "c_coalesce", "c_trim_count", "c_raw_run", "c_arrow_run")
 
 
 def use_impl(monkeypatch, impl: str) -> None:

@@ -81,3 +81,41 @@ def test_columnar_decode_matches_records():
     assert cols.retain == [False, True, False, False]
     assert cols.payloads == [r.payload for r in recs]
     assert cols.headers == [list(r.headers) for r in recs]
+
+
+def _column(offsets: bytes, data: bytes) -> list[bytes]:
+    import struct
+
+    o = struct.unpack(f"<{len(offsets) // 4}i", offsets)
+    return [data[o[i] : o[i + 1]] for i in range(len(o) - 1)]
+
+
+def test_buffer_decode_matches_records():
+    """decode_fetch_buffers (the Spark source's path: Arrow buffers, no Python object per
+    record) holds what the records hold, control records skipped, from any start offset."""
+    import struct
+
+    from commitlog.fetch import FETCH_HEADER, decode_fetch_buffers
+
+    recs = sample() + [make_record(8, 9, "k", "x/y", 3 | ATTR_RETAIN, (), b"\x00")] * 9
+    body = encode_fetch_response(recs)
+    b = decode_fetch_buffers(body, FETCH_HEADER.size)
+    n = len(recs)
+    assert b.count == n
+    assert [k.decode() for k in _column(b.key_offsets, b.key_data)] == [r.key for r in recs]
+    assert [t.decode() for t in _column(b.topic_offsets, b.topic_data)] == [r.topic
+                                                                           for r in recs]
+    assert _column(b.payload_offsets, b.payload_data) == [r.payload for r in recs]
+    assert list(struct.unpack(f"<{n}q", b.offsets)) == [r.offset for r in recs]
+    assert list(struct.unpack(f"<{n}q", b.timestamps_us)) == [r.timestamp_us for r in recs]
+    assert list(struct.unpack(f"<{n}i", b.qos)) == [r.attrs & 3 for r in recs]
+    bits = [bool(b.retain[i >> 3] >> (i & 7) & 1) for i in range(n)]
+    assert bits == [bool(r.attrs & ATTR_RETAIN) for r in recs]
+    assert len(b.retain) == (n + 7) // 8
+    # a range of the body (one device's section of a many-device fetch), as a memoryview
+    one = encode_batch(recs[:2])
+    part = decode_fetch_buffers(memoryview(body + one), len(body), len(body) + len(one))
+    assert part.count == 2 and _column(part.payload_offsets, part.payload_data) == [
+        r.payload for r in recs[:2]]
+    with pytest.raises(CorruptRecordError):
+        decode_fetch_buffers(body[:-1], FETCH_HEADER.size)

@@ -28,6 +28,7 @@ from commitlog import store as store_mod
 from commitlog.fetch import (
     FETCH_HEADER,
     FETCH_MAGIC,
+    decode_fetch_buffers,
     decode_fetch_columns,
     decode_fetch_response,
     encode_fetch_response,
@@ -379,6 +380,58 @@ def test_decode_fetch_columns_same_result_or_same_error(data, verify, with_heade
     body = FETCH_HEADER.pack(FETCH_MAGIC, count, -1, -1) + data
     both(decode_fetch_columns, body, verify, with_headers)
     both(decode_fetch_response, body, verify)
+
+
+@HYP
+@given(data=damaged_batches(), verify=st.booleans(), cut=st.integers(0, 400))
+def test_decode_fetch_buffers_same_result_or_same_error(data, verify, cut):
+    """The C arrow_run does a range or hands it back whole; either way the buffers (or the
+    error) are the reference's."""
+    both(decode_fetch_buffers, data, 0, None, verify)
+    both(decode_fetch_buffers, memoryview(data), min(cut, len(data)), len(data), verify)
+
+
+@st.composite
+def device_runs(draw):
+    """One device's stored records (consecutive offsets from ``first``), maybe damaged,
+    and where a raw reader starts reading them."""
+    key = draw(st.text(min_size=1, max_size=12))
+    first = draw(st.integers(0, 2**40))
+    recs = [make_record(first + i, draw(i64), key, draw(topics), draw(st.integers(0, 0xFFFF)),
+                        draw(header_lists), draw(payloads))
+            for i in range(draw(st.integers(1, 6)))]
+    data = bytearray(encode_batch(recs))
+    starts = [0]
+    for r in recs[:-1]:
+        starts.append(starts[-1] + len(encode_batch([r])))
+    for _ in range(draw(st.integers(0, 2))):
+        how = draw(st.sampled_from(["flip", "cut", "key", "offset"]))
+        if how == "flip":
+            data[draw(st.integers(0, len(data) - 1))] ^= draw(st.integers(1, 255))
+        elif how == "cut":
+            del data[draw(st.integers(0, len(data) - 1)):]
+            break
+        else:  # a wrong key byte or offset under a valid CRC: only the checks catch it
+            at = draw(st.sampled_from(starts))
+            length = int.from_bytes(data[at : at + 4], "little")
+            if at + 4 + length <= len(data):
+                data[at + (12 if how == "offset" else HEADER_SIZE)] ^= 1
+                data[at + 4 : at + 8] = zlib.crc32(data[at + 8 : at + 4 + length]).to_bytes(
+                    4, "little")
+    return bytes(data), key.encode(), first + draw(st.sampled_from([0, 0, 0, -1, 1]))
+
+
+@HYP
+@given(run=device_runs(), upto_extra=st.integers(0, 8), used=st.sampled_from([0, 10, 500]),
+       max_bytes=st.integers(1, 3000))
+def test_raw_run_same_as_python(run, upto_extra, used, max_bytes):
+    """LogStore._raw_disk's loop: C raw_run and the Python _raw_run accept the same records
+    and stop at the same place for the same reason."""
+    data, kb, want = run
+    args = (data, 0, kb, want, want + upto_extra, used, max_bytes)
+    c = outcome(record.c_raw_run, *args)
+    py = outcome(store_mod._raw_run, *args)
+    assert c == py
 
 
 def test_decode_batch_round_trip_both():

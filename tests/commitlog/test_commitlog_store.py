@@ -384,3 +384,59 @@ def test_inspect_reports_keys_and_corruption(tmp_path, small_settings):
     assert len(bad) == 1
     assert (bad[0].ranges[0][0] if bad[0].ranges else bad[0].corrupt_at) <= 100
     assert "CORRUPT" in rep.format()
+
+
+def _expect_raw(st, key, offset, max_records, max_bytes):
+    """What read_raw must return: the encoding of read()'s records (the bytes flush wrote),
+    as many as fit in max_bytes (exact sizes; the first one always)."""
+    from commitlog.record import encode_batch
+
+    recs = st.read(key, offset, max_records, 1 << 40)
+    out, n = b"", 0
+    for r in recs:
+        enc = encode_batch([r])
+        if n and len(out) + len(enc) > max_bytes:
+            break
+        out += enc
+        n += 1
+    return out, n, (recs[n - 1].offset + 1 if n else offset)
+
+
+@pytest.mark.parametrize("cache", [0, 3000])
+def test_read_raw_is_read_in_stored_bytes(tmp_path, cache):
+    """read_raw (the fetch API's path: stored bytes, not decoded) gives exactly the encoding
+    of read(): across segments, from any offset (the jump from the index entry may cross a
+    segment), at the tail cache's boundary, under byte caps; and after a key truncation
+    (markers: the read() fallback) still the live records only."""
+    import random
+
+    s = LogSettings(segment_bytes=8192, index_interval_bytes=300, retention_ms=0,
+                    tail_cache_bytes_per_device=cache)
+    st = LogStore.open(str(tmp_path / "log"), s)
+    fill(st, ["a", "bb", "c"], 400, batch=37)
+    assert len(st.segments) > 5
+    rnd = random.Random(7)
+
+    def check(n_reads):
+        for _ in range(n_reads):
+            key = rnd.choice(["a", "bb", "c"])
+            start, end = st.log_range(key)
+            off = rnd.randrange(start, end + 1)
+            mr = rnd.choice([1, 2, 17, 400, 10_000])
+            mb = rnd.choice([1, 100, 1000, 5000, 1 << 20])
+            chunks, n, nxt = st.read_raw(key, off, mr, mb)
+            assert (b"".join(chunks), n, nxt) == _expect_raw(st, key, off, mr, mb), (
+                key, off, mr, mb)
+
+    check(400)
+    assert st.stats.disk_reads > 0
+    st.truncate("bb", 250)
+    for i in range(250, 300):
+        st.append("bb", 5, "t/bb", 0, None, payload_for("bb", 1000 + i))
+    st.flush_sync_commit()
+    check(200)
+    assert st.read_raw("bb", 240, 20)[1] == 20
+    with pytest.raises(OffsetOutOfRangeError):
+        st.read_raw("bb", 301)
+    assert st.read_raw("nobody", 0) == ([], 0, 0)
+    st.close()
