@@ -104,12 +104,16 @@ class RemotePublishes:
         """From Router._on_durable, for a publish stored for a peer: route it here (the owner
         routes every logged message, so all subscribers see its log order) and answer."""
         router = self.router
-        if exc is None:
-            if msg.retain:
-                router._retain(msg)
-            router.route(msg)
-        else:
-            router.stats.dropped(DropReason.NOT_STORED)
+        try:
+            if exc is None:
+                if msg.retain:
+                    router._retain(msg)
+                router.route(msg)
+            else:
+                router.stats.dropped(DropReason.NOT_STORED)
+        except Exception:  # noqa: BLE001 - it is stored: the peer must still hear so (and
+            # the rest of the durable batch must go on)
+            log.exception("routing a peer's stored publish failed", extra={"topic": msg.topic})
         router.forwarder.appended(ticket, msg, exc)
 
     def retain_from_peer(self, msg: Message) -> None:
