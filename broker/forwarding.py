@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.connection import fail_client
 from broker.protocol.properties import Prop
+from broker.protocol.reasons import Reason
 from broker.stats import DropReason
 
 if TYPE_CHECKING:
@@ -163,8 +165,6 @@ class RemoteSessions:
             if pending and conn.session is not None and not conn.closing:
                 router.handle_packets(conn, pending)
         except Exception as err:  # noqa: BLE001 - this client only
-            from broker.connection import fail_client
-
             fail_client(router.stats, conn, err)
         router.flush_writes()
 
@@ -175,8 +175,6 @@ class RemoteSessions:
         session = router.sessions.get(client_id)
         if session is None:
             return None
-        from broker.protocol.reasons import Reason
-
         old = session.conn
         state = None
         moves = not clean and session.expiry_interval != 0
@@ -189,8 +187,8 @@ class RemoteSessions:
             old.close(Reason.SESSION_TAKEN_OVER)
         if moves:
             state = router.persist.export(session)
-        log.info("session %s to router %s", "handed over" if state else "ended for a clean "
-                 "start" if clean else "ended", to, extra={"client_id": client_id})
+        what = "handed over" if state else ("ended for a clean start" if clean else "ended")
+        log.info("session %s to router %s", what, to, extra={"client_id": client_id})
         session.will = None  # moved with the session, or discarded by the clean start
         router._end_session(session)
         return state
