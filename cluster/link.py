@@ -409,7 +409,8 @@ class MeshLink:
                 done(RemoteAppendError(self.peer, why), -1)
         self.awaiting.clear()
 
-    def status(self) -> dict[str, Any]:
+    def status(self, local_routes: int) -> dict[str, Any]:
+        """``local_routes``: the filters this router advertises (the same for every link)."""
         return {
             "peer": self.peer, "state": self.state, "since": self.since,
             "address": f"{self.address[0]}:{self.address[1]}",
@@ -418,7 +419,7 @@ class MeshLink:
             "reconnects": self.reconnects,
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
             "routes_in": self.mesh.routes.count(self.peer),
-            "routes_out": self.mesh.local_route_count() if self.state == "up" else 0,
+            "routes_out": local_routes if self.state == "up" else 0,
             "queued": len(self.unsent), "queued_bytes": self.queued_bytes,
             "unacked": len(self.inflight), "window": self.mesh.settings.link_window,
             **self.stats,

@@ -58,7 +58,6 @@ class Mesh:
         self._flush_handle: asyncio.Handle | None = None
         self._ping_handle: asyncio.TimerHandle | None = None
         self.server: asyncio.AbstractServer | None = None
-        self.dropped = {"queue_full": 0, "reconnect": 0}
         self._share_cursor: dict[tuple[str, str], int] = {}
         self._claims: dict[int, list] = {}
         self._claim_seq = 0
@@ -143,10 +142,6 @@ class Mesh:
     def local_routes(self) -> list[tuple[int, str, str | None]]:
         return [(frames.ROUTE_ADD, flt, group) for flt, group in self.router.trie.routes()]
 
-    def local_route_count(self) -> int:
-        """Distinct (filter, group) routes this router advertises (what every peer holds)."""
-        return len(self.router.trie.routes())
-
     def _route_changed(self, flt: str, group: str | None, added: bool) -> None:
         change = [(_ROUTE_OP[added], flt, group)]
         for link in self.links.values():
@@ -185,9 +180,8 @@ class Mesh:
         if not peers or msg.topic.startswith("$SYS"):
             return
         head, body = self._encode(msg, frames.DELIVER)
-        for peer in peers:
-            if not self.links[peer].enqueue(frames.DELIVER, msg.qos, head, body):
-                self.dropped["queue_full"] += 1
+        for peer in peers:  # a full link counts and logs what it drops (MeshLink.enqueue)
+            self.links[peer].enqueue(frames.DELIVER, msg.qos, head, body)
 
     def share(self, msg: Message, groups: list) -> list:
         """Shared subscriptions cluster-wide: each message to exactly one member of a group,
@@ -214,8 +208,7 @@ class Mesh:
                 out.append(local[key])
                 continue
             head, body = self._encode(msg, frames.SHARE, group=key)
-            if not self.links[pick].enqueue(frames.SHARE, msg.qos, head, body):
-                self.dropped["queue_full"] += 1
+            self.links[pick].enqueue(frames.SHARE, msg.qos, head, body)
         return out
 
     def owner_of(self, device: str) -> str | None:
@@ -246,8 +239,7 @@ class Mesh:
             return
         head, body = self._encode(msg, frames.RETAIN)
         for link in self.links.values():
-            if not link.enqueue(frames.RETAIN, 1, head, body):
-                self.dropped["queue_full"] += 1
+            link.enqueue(frames.RETAIN, 1, head, body)
 
     def _encode(self, msg: Message, kind: int, device: str | None = None,
                 expiry: int | None = None, group: tuple[str, str] | None = None
@@ -390,10 +382,11 @@ class Mesh:
 
     # -- operations -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
+        local = len(self.router.trie.routes())  # what every up link has been told
         return {
             "router": self.rid, "cluster": self.settings.name,
-            "links": [link.status() for link in self.links.values()],
-            "local_filters": len(self.router.trie.routes()),
+            "links": [link.status(local) for link in self.links.values()],
+            "local_filters": local,
             "peer_routes": len(self.routes),
         }
 

@@ -38,6 +38,16 @@ log = logging.getLogger("meshmq.admin")
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+
+def bound_port(runner: web.AppRunner | None, configured: int) -> int:
+    """The port an aiohttp runner really listens on (``configured`` before it starts): the one
+    the kernel picked when the bind asked for port 0."""
+    if runner is not None:
+        for address in runner.addresses:
+            if isinstance(address, tuple) and len(address) >= 2:
+                return int(address[1])
+    return configured
+
 class _DebugAccessLogger(AbstractAccessLogger):
     """Access lines at DEBUG: a scrape every 15 s should not fill the INFO log."""
 
@@ -75,11 +85,7 @@ class AdminServer:
     @property
     def port(self) -> int:
         """The bound port (the real one after ``start()`` when the bind asked for port 0)."""
-        if self._runner is not None:
-            for address in self._runner.addresses:
-                if isinstance(address, tuple) and len(address) >= 2:
-                    return int(address[1])
-        return self._port
+        return bound_port(self._runner, self._port)
 
     async def start(self) -> None:
         """Bind and start serving; raises ``OSError`` if the address is taken."""

@@ -45,7 +45,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from cluster.ownership import Ownership
 from cluster.settings import ClusterSettings
 from cluster.supervisor import Supervisor
-from meshmq.admin import METRICS_CONTENT_TYPE
+from meshmq.admin import METRICS_CONTENT_TYPE, bound_port
 from meshmq.config import NodeConfig, parse_bind
 
 __all__ = ["NodeAdmin", "merge_metrics"]
@@ -139,11 +139,7 @@ class NodeAdmin:
 
     @property
     def port(self) -> int:
-        if self._runner is not None:
-            for address in self._runner.addresses:
-                if isinstance(address, tuple) and len(address) >= 2:
-                    return int(address[1])
-        return self._port
+        return bound_port(self._runner, self._port)
 
     async def start(self) -> None:
         """Bind ``admin.bind``; raises OSError when it is taken (before any router starts)."""

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 from helpers.broker import REPO_ROOT, wait_for
-from helpers.clusternode import free_port_block, mqtt_connect, pid_alive
+from helpers.cluster import free_port_range
+from helpers.clusternode import mqtt_connect, pid_alive
 
 from meshmq.clustercli import render_status
 
@@ -37,7 +38,7 @@ def _meshmq(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]
 
 
 def test_dev_cluster_starts_and_stops_three_nodes(tmp_path: Path) -> None:
-    mqtt, admin, mesh = free_port_block(3), free_port_block(3), free_port_block(3)
+    mqtt, admin, mesh = free_port_range(3), free_port_range(3), free_port_range(3)
     out_path = tmp_path / "dev.out"
     seen: set[int] = set()
     with open(out_path, "wb") as out:
@@ -96,7 +97,7 @@ def test_dev_cluster_starts_and_stops_three_nodes(tmp_path: Path) -> None:
 
 
 def test_dev_cluster_refuses_overlapping_ports(tmp_path: Path) -> None:
-    base = free_port_block(8)
+    base = free_port_range(8)
     proc = _meshmq("dev-cluster", "--nodes", "3", "--routers", "2", "--mqtt-port", str(base),
                    "--admin-port", str(base + 3), "--mesh-port", str(base + 4),
                    "--dir", str(tmp_path / "dev"))

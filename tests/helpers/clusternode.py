@@ -32,13 +32,6 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def free_port_block(n: int) -> int:
-    """A base port such that base .. base+n-1 are all free now (mesh ports are base + r), far
-    from the default ports (1883, 7883, 9883) the tests must never bind, below the kernel's
-    ephemeral range and never one this test process handed out (helpers/broker.py says why)."""
-    return free_port_range(n)
-
-
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:
@@ -55,7 +48,7 @@ class ClusterNode(BrokerProc):
     def __init__(self, workdir: Path, routers: int = 2, overrides: dict[str, Any] | None = None,
                  **kwargs: Any) -> None:
         self.routers = routers
-        self.mesh_port = free_port_block(routers)
+        self.mesh_port = free_port_range(routers)
         cluster: dict[str, Any] = {"name": "test", "routers": routers, "port": self.mesh_port}
         if routers > 1:
             cluster["secret"] = SECRET

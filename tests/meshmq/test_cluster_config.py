@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers.broker import REPO_ROOT
-from helpers.clusternode import free_port_block
+from helpers.cluster import free_port_range
 
 from cluster.settings import NodeAddress
 from meshmq.config import load_config
@@ -88,7 +88,7 @@ def test_one_router_needs_no_secret(tmp_path):
 
 # Cases whose ports are on this machine use free ones: should a planted bug let such a config
 # through, the node it starts must not take a port someone else uses (or a default one).
-_FREE = free_port_block(4)
+_FREE = free_port_range(4)
 
 
 def _n0_port(port: int) -> str:
