@@ -191,7 +191,9 @@ class DeviceLogs:
     def open_cursor(self, real: str, group: str | None, spec: str,
                     reset: str) -> tuple[ReplayCursor | None, str]:
         """Resolve a held offset ("earliest" | "latest" | N | "@unix_ms") against the log:
-        a cursor, or None and the reason string the SUBACK carries."""
+        a cursor, or None and the reason string the SUBACK carries. In a cluster, for a log
+        another router owns: a ``RemoteReplayCursor`` not yet resolved (the router asks the
+        owner before its SUBACK, ``broker/replay.py``)."""
         if group is not None:
             return None, "offset replay is not available on shared subscriptions"
         key = self.rules.key_for_filter(real)
@@ -199,35 +201,18 @@ class DeviceLogs:
             return None, (f"offset replay needs a filter covering one device log "
                           f"(like devices/<id>/#), not {real!r}")
         owner = self.remote_owner(key) if self.remote_owner is not None else None
-        if owner is not None:  # a cluster: another router holds this log
-            return None, (f"offset replay of {key!r} is served by the router owning its log, "
-                          f"{owner}: connect to that node (GET /api/v1/cluster?device={key} "
-                          f"on any node names it); replay through any router is not built yet")
-        store = self.store
-        start, end = store.log_range(key)
-        if spec == "earliest":
-            return ReplayCursor(key, start), ""
-        if spec == "latest":
-            return ReplayCursor(key, end), ""
-        try:
-            if spec.startswith("@"):
-                offset = store.offset_for_timestamp(key, int(spec[1:]) * 1000)
-                return ReplayCursor(key, max(offset, start)), ""
-            offset = int(spec)
-        except ValueError:
-            return None, (f"offset {spec!r} is not earliest, latest, an integer offset "
-                          f"or @<unix ms>")
-        if start <= offset <= end:
-            return ReplayCursor(key, offset), ""
-        if reset == "earliest":
-            return ReplayCursor(key, start), ""
-        if reset == "latest":
-            return ReplayCursor(key, end), ""
-        why = ("retention removed older records" if offset < start
-               else "it is beyond the committed end")
-        return None, (f"offset {offset} of {key!r} is outside the log [{start}, {end}]"
-                      f" ({why}); subscribe from {start if offset < start else end}, or add"
-                      f" offset-reset=earliest")
+        if owner is not None:  # a cluster: another router holds this log and resolves it
+            return RemoteReplayCursor(key, -1, owner, (spec, reset)), ""
+        offset, why = resolve_offset(self.store, key, spec, reset)
+        return (None, why) if offset is None else (ReplayCursor(key, offset), "")
+
+    def cursor(self, device: str, next_offset: int) -> ReplayCursor:
+        """A replay cursor restored at a known position (a restart, or a session handed over
+        by another router): it reads from the owner when the log is not held here."""
+        owner = self.remote_owner(device) if self.remote_owner is not None else None
+        if owner is not None:
+            return RemoteReplayCursor(device, next_offset, owner)
+        return ReplayCursor(device, next_offset)
 
     def _seal(self) -> None:
         """Before-flush hook: one durability callback for the publishes of this write."""
@@ -249,10 +234,41 @@ class DeviceLogs:
         return self._batch_ts if self._batch else None
 
 
+def resolve_offset(store: LogStore, key: str, spec: str, reset: str) -> tuple[int | None, str]:
+    """Where an offset subscription of ``key`` starts (spec "earliest" | "latest" | N |
+    "@unix_ms", with its ``offset-reset``), or None and why, in words for the SUBACK. Run
+    where the log is: here, or at its owner for a peer router (cluster RESOLVE frame)."""
+    start, end = store.log_range(key)
+    if spec == "earliest":
+        return start, ""
+    if spec == "latest":
+        return end, ""
+    try:
+        if spec.startswith("@"):
+            offset = store.offset_for_timestamp(key, int(spec[1:]) * 1000)
+            return max(offset, start), ""
+        offset = int(spec)
+    except ValueError:
+        return None, (f"offset {spec!r} is not earliest, latest, an integer offset "
+                      f"or @<unix ms>")
+    if start <= offset <= end:
+        return offset, ""
+    if reset == "earliest":
+        return start, ""
+    if reset == "latest":
+        return end, ""
+    why = ("retention removed older records" if offset < start
+           else "it is beyond the committed end")
+    return None, (f"offset {offset} of {key!r} is outside the log [{start}, {end}]"
+                  f" ({why}); subscribe from {start if offset < start else end}, or add"
+                  f" offset-reset=earliest")
+
+
 class ReplayCursor:
     """A subscription reading one device log from a held offset, then following it live."""
 
     __slots__ = ("device", "next", "live")
+    owner: str | None = None  # the router holding the log, when not this one
 
     def __init__(self, device: str, next_offset: int) -> None:
         self.device = device
@@ -267,6 +283,30 @@ class ReplayCursor:
             self.next = msg.offset + 1
             return True
         return False  # already replayed, or the cursor will read it
+
+
+class RemoteReplayCursor(ReplayCursor):
+    """A replay cursor on a log another router owns (a cluster): it reads over the mesh link
+    (FETCH/RECORDS), a chunk at a time, and hands over to live delivery the same way; live
+    messages from the owner carry their device and offset for that seam (cluster/mesh.py).
+
+    ``next`` is -1 until the owner resolved the subscription's offset (``pending_spec``)."""
+
+    __slots__ = ("owner", "pending_spec", "buffer", "reading", "retry_at")
+
+    def __init__(self, device: str, next_offset: int, owner: str,
+                 pending_spec: tuple[str, str] | None = None) -> None:
+        super().__init__(device, next_offset)
+        self.owner = owner
+        self.pending_spec = pending_spec
+        self.buffer: deque[Record] = deque()  # fetched, not yet delivered (one FETCH's worth)
+        self.reading = False  # a FETCH is out
+        self.retry_at = 0.0  # after a failed read: not before this (monotonic)
+
+    def accept_live(self, msg: Message) -> bool:
+        if self.pending_spec is not None and msg.device == self.device:
+            return False  # routed before the owner resolved: below where this one starts
+        return super().accept_live(msg)
 
 
 def record_message(rec: Record, message_cls: type) -> Message:

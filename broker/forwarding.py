@@ -11,7 +11,7 @@ Without a forwarder none of this runs and the router is the single-node broker u
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from broker.connection import fail_client
 from broker.protocol.properties import Prop
@@ -22,8 +22,20 @@ if TYPE_CHECKING:
     from broker.connection import Connection
     from broker.message import Message
     from broker.router import Router
+    from commitlog.record import Record
 
 log = logging.getLogger("broker.forwarding")
+
+
+class FetchResult(NamedTuple):
+    """A read of a device log another router owns (``Forwarder.fetch``)."""
+
+    status: str  # "ok", "out_of_range" (retention removed it), or "failed" (``why``)
+    records: list[Record]
+    start: int  # the owner's log start
+    hw: int  # the owner's high-water mark (committed end)
+    next_offset: int  # where to read next: past the records, or past a quarantined gap
+    why: str
 
 
 class Forwarder(Protocol):
@@ -50,6 +62,14 @@ class Forwarder(Protocol):
     def share(self, msg: Message, groups: list) -> list:
         """Pick, for each shared group matching ``msg`` here or on peers, the router whose
         member gets it: send the peers' shares, return the local groups to deliver to."""
+
+    def resolve(self, owner: str, device: str, spec: str, reset: str, done: Any) -> None:
+        """Where an offset subscription of ``device`` starts, asked of its owner after this
+        router's routes for it: ``done(offset or None, why)``."""
+
+    def fetch(self, owner: str, device: str, offset: int, max_records: int, done: Any) -> None:
+        """Committed records of ``device`` from ``offset``, read at its owner:
+        ``done(FetchResult)``."""
 
 
 class RemotePublishes:

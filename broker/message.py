@@ -20,7 +20,7 @@ Parts = tuple[bytes, bytes]
 class Message:
     __slots__ = (
         "topic", "payload", "qos", "retain", "properties", "expiry_at", "origin", "_shapes",
-        "device", "offset",
+        "device", "offset", "remote",
     )
 
     def __init__(
@@ -46,6 +46,9 @@ class Message:
         self._shapes: dict | None = None
         self.device: str | None = None  # the device log holding it, when logged
         self.offset = -1  # its offset in that log
+        # True when that log is another router's (a cluster): its position is known, for
+        # offset subscriptions, but it cannot be read back here, so a queue keeps a copy
+        self.remote = False
 
     def log_position(self) -> list[tuple[str, str]]:
         return [("device", self.device or ""), ("offset", str(self.offset))]

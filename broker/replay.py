@@ -3,27 +3,43 @@
 The reading half of ``devicelogs.ReplayCursor`` (the seam with live delivery lives there): read
 committed records from the cursor's offset, in chunks, at the pace the subscriber's window and
 socket allow, and hand over to live delivery at the log end.
+
+In a cluster the log may be another router's (``RemoteReplayCursor``): ``RemoteReplays`` asks
+the owner where the subscription starts before the SUBACK (so a bad offset is refused as on one
+node), then the pump reads over the mesh link a chunk at a time. The seam is the same one: the
+owner routes every stored message to this router once it has the subscription's route, with
+its device and offset, and the router sent that route before any of its reads (the link writes
+routes before requests), so a message is either below the offset where a read ended (read) or
+routed after it (live), never neither; an answer with no records means the read reached the
+owner's committed end, and the cursor goes live there at once.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
 
 from broker.auth import topic_matches
-from broker.devicelogs import record_message
+from broker.devicelogs import RemoteReplayCursor, record_message
+from broker.lograte import RateLimitedLog
 from broker.message import Message
+from broker.protocol.reasons import SUBACK_FAILURE_V3, Reason
 from broker.stats import DropReason
 from commitlog.store import OffsetOutOfRangeError
 
 if TYPE_CHECKING:
+    from broker.connection import Connection
+    from broker.forwarding import FetchResult
     from broker.router import Router
-    from broker.session import Session
+    from broker.session import Session, Subscription
 
 log = logging.getLogger("broker.router")
 
 _REPLAY_CHUNK = 500  # records read per replay step
 _REPLAY_STEP = 5_000  # records replayed per loop turn before yielding to other work
+_RETRY_S = 1.0  # a failed read of another router's log is tried again after this
 
 
 def pump_replays(self: Router, session: Session) -> None:
@@ -37,30 +53,42 @@ def pump_replays(self: Router, session: Session) -> None:
         return
     store = logs.store
     budget = _REPLAY_STEP
+    waiting = False  # a read of another router's log is out: its answer pumps again
     for sub in list(session.subscriptions.values()):
         cursor = sub.replay
         if cursor is None or cursor.live:
             continue
+        remote = cursor.owner is not None
         while budget > 0:
             if conn.congested or len(session.queue) >= session.window:
                 return  # resumed by acks (_window_freed) or the socket draining (writable)
-            try:
-                records = store.read(cursor.device, cursor.next, _REPLAY_CHUNK)
-            except OffsetOutOfRangeError as err:
-                start = store.log_range(cursor.device)[0]
-                log.warning("replay cursor fell behind retention; skipping ahead",
-                            extra={"client_id": session.client_id, "device": cursor.device,
-                                   "from": cursor.next, "to": start, "error": str(err)})
-                self.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))
-                cursor.next = start
-                continue
-            if not records:
-                # caught up (past a quarantined gap, if any): live delivery takes over
-                cursor.next = store.past_gap(cursor.device, cursor.next)
-                cursor.live = True
-                break
+            if remote:
+                buffer = cursor.buffer
+                if not buffer:
+                    self.remote_replays.read(session, cursor)
+                    waiting = True
+                    break
+                records = buffer  # consumed from the left below; the rest waits for room
+            else:
+                try:
+                    records = store.read(cursor.device, cursor.next, _REPLAY_CHUNK)
+                except OffsetOutOfRangeError as err:
+                    start = store.log_range(cursor.device)[0]
+                    log.warning("replay cursor fell behind retention; skipping ahead",
+                                extra={"client_id": session.client_id, "device": cursor.device,
+                                       "from": cursor.next, "to": start, "error": str(err)})
+                    self.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))
+                    cursor.next = start
+                    continue
+                if not records:
+                    # caught up (past a quarantined gap, if any): live delivery takes over
+                    cursor.next = store.past_gap(cursor.device, cursor.next)
+                    cursor.live = True
+                    break
+                records = deque(records)
             ids = (sub.sub_id,) if sub.sub_id else None
-            for rec in records:
+            while records:
+                rec = records.popleft()
                 budget -= 1
                 cursor.next = rec.offset + 1
                 if not topic_matches(sub.filter, rec.topic):
@@ -72,6 +100,108 @@ def pump_replays(self: Router, session: Session) -> None:
                     break
     if budget <= 0:
         self.loop.call_soon(self._pump_replays, session)
-    else:
+    elif not waiting:
         # every cursor ran out of history without returning early: all are live now
         self._replaying.discard(session)
+
+
+class RemoteReplays:
+    """Offset replay of device logs other routers own, at the router's side of the seam."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self._failed_log = RateLimitedLog(log, logging.WARNING,
+                                          "reads of other routers' logs failed",
+                                          burst=3, window=10.0)
+
+    def resolve(self, conn: Connection, session: Session,
+                resolving: list[tuple[int, str, Subscription, Subscription | None]],
+                codes: list[int], reasons: list[str], replays: list[Subscription],
+                finish: Any) -> None:
+        """Ask each owner where its subscription starts; ``finish()`` (the SUBACK) once every
+        one answered. A refused one is undone and its code becomes a failure with the owner's
+        reason, as a local ``open_cursor`` refusal would be. The client's next SUBSCRIBE or
+        UNSUBSCRIBE waits meanwhile (``conn.unsettled``), so its packets take effect in order."""
+        router = self.router
+        conn.unsettled += 1
+        left = [len(resolving)]
+        failure = Reason.IMPLEMENTATION_SPECIFIC_ERROR if conn.level == 5 else SUBACK_FAILURE_V3
+
+        def answered(item: tuple[int, str, Subscription, Subscription | None],
+                     offset: int | None, why: str) -> None:
+            index, key_flt, sub, old = item
+            cursor = sub.replay
+            if offset is None:
+                cid = session.client_id
+                if session.subscriptions.get(key_flt) is sub:
+                    if old is not None:
+                        session.subscriptions[key_flt] = old
+                        router.trie.add(old.filter, cid, old, old.group)
+                    else:
+                        del session.subscriptions[key_flt]
+                        router.trie.remove(sub.filter, cid, sub.group)
+                if sub in replays:
+                    replays.remove(sub)
+                codes[index] = failure
+                reasons.append(why)
+            else:
+                cursor.next = offset
+                cursor.pending_spec = None
+            left[0] -= 1
+            if left[0]:
+                return
+            conn.unsettled -= 1
+            if conn.closing or conn.session is not session:
+                return  # a persistent session keeps what resolved; its checkpoint stores it
+            finish()
+            if not conn.unsettled and conn.pending is not None:
+                router._release_held(conn)
+            router.flush_writes()
+
+        for item in resolving:
+            cursor = item[2].replay
+            spec, reset = cursor.pending_spec
+            router.forwarder.resolve(cursor.owner, cursor.device, spec, reset,
+                                     lambda offset, why, item=item: answered(item, offset, why))
+
+    def read(self, session: Session, cursor: RemoteReplayCursor) -> None:
+        """Fetch the cursor's next chunk from its owner, unless a read is out or waiting to
+        be tried again; the answer fills ``cursor.buffer`` and pumps the session again."""
+        if cursor.reading or cursor.pending_spec is not None:
+            return
+        if cursor.retry_at > time.monotonic():
+            return  # the failed read scheduled its own retry
+        cursor.reading = True
+        self.router.forwarder.fetch(cursor.owner, cursor.device, cursor.next, _REPLAY_CHUNK,
+                                    lambda result: self._fetched(session, cursor, result))
+
+    def _fetched(self, session: Session, cursor: RemoteReplayCursor,
+                 result: FetchResult) -> None:
+        router = self.router
+        cursor.reading = False
+        if result.status == "ok":
+            if result.records:
+                cursor.buffer = deque(r for r in result.records if r.offset >= cursor.next)
+            else:
+                # the owner's committed end: the messages it stores from here are routed
+                # here live (after this answer, on the same link), so live delivery takes over
+                # now, not when the window next has room
+                cursor.next = max(cursor.next, result.next_offset)
+                cursor.live = True
+        elif result.status == "out_of_range":
+            start, hw = result.start, result.hw
+            to = start if cursor.next < start else hw
+            log.warning("replay cursor outside the owner's log; skipping ahead",
+                        extra={"client_id": session.client_id, "device": cursor.device,
+                               "from": cursor.next, "to": to, "owner": cursor.owner})
+            router.stats.dropped(DropReason.EXPIRED, max(0, to - cursor.next))
+            cursor.next = to
+        else:
+            self._failed_log("reading %r from its owner router %s failed (retried in %.0f s): "
+                             "%s", cursor.device, cursor.owner, _RETRY_S, result.why,
+                             extra={"client_id": session.client_id})
+            cursor.retry_at = time.monotonic() + _RETRY_S
+            router.loop.call_later(_RETRY_S, router._pump_replays, session)
+            return
+        router._pump_replays(session)
+        router.flush_writes()

@@ -57,7 +57,7 @@ from broker.protocol.packets import (
 from broker.protocol.properties import Prop
 from broker.protocol.reasons import SUBACK_FAILURE_V3, Reason, v3_connack_code
 from broker.protocol.topics import has_wildcards, is_valid_topic_filter, parse_shared
-from broker.replay import pump_replays
+from broker.replay import RemoteReplays, pump_replays
 from broker.retained import RetainedStore
 from broker.session import NEVER, Session, Subscription, delivery_bytes
 from broker.sessionstore import NO_PERSISTENCE, SessionHooks
@@ -150,6 +150,7 @@ class Router:
         self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
         self.remote = RemotePublishes(self)
         self.sessions_remote = RemoteSessions(self)
+        self.remote_replays = RemoteReplays(self)
         self.shared = SharedDelivery(self)
         self._log_no_connect = RateLimitedLog(log, logging.INFO,
                                               "connections closed for sending no CONNECT",
@@ -805,7 +806,7 @@ class Router:
             return
         qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]
         if live and session.lag and group is None and msg.device is not None \
-                and self.catchup.divert(session, msg, qos):
+                and not msg.remote and self.catchup.divert(session, msg, qos):
             return
         conn = session.conn
         if qos == 0:
@@ -820,7 +821,8 @@ class Router:
         if conn is not None and not session.queue and len(session.inflight) < session.window:
             self._send_inflight(session, conn, delivery)
             return
-        if live and group is None and msg.device is not None:
+        if live and group is None and msg.device is not None and not msg.remote:
+            # (a log another router owns cannot be read back here: that queue keeps a copy)
             catchup = self.catchup
             if catchup.must_fall_behind(session) and catchup.fall_behind(session, msg):
                 return  # the log holds it: the session reads it from there, no copy kept
@@ -983,6 +985,7 @@ class Router:
         retained_out: list[tuple[Subscription, list[Message]]] = []
         replays: list[Subscription] = []
         reasons: list[str] = []
+        resolving: list[tuple[int, str, Subscription, Subscription | None]] = []
         offset_req, reset = offset_request(pkt.properties)
         for flt, opts in pkt.subscriptions:
             sub_offset = offset_req
@@ -1041,6 +1044,8 @@ class Router:
                 sub.replay = cursor
                 replays.append(sub)
             old = session.subscriptions.get(key_flt)
+            if sub.replay is not None and sub.replay.owner is not None:
+                resolving.append((len(codes), key_flt, sub, old))
             is_new = old is None
             if old is not None:
                 sub.since_us = old.since_us  # a resubscribe keeps what the session is owed
@@ -1057,9 +1062,20 @@ class Router:
                 found = self.retained.match(real)
                 if found:
                     retained_out.append((sub, found))
-        props = {Prop.REASON_STRING: "; ".join(reasons)} if reasons and v5 else None
+        if resolving:  # offset replays of logs other routers own: they say where each starts
+            self.remote_replays.resolve(conn, session, resolving, codes, reasons, replays,
+                                        lambda: self._suback(conn, session, pkt.packet_id, codes,
+                                                             reasons, retained_out, replays))
+            return
+        self._suback(conn, session, pkt.packet_id, codes, reasons, retained_out, replays)
+
+    def _suback(self, conn: Connection, session: Session, packet_id: int, codes: list[int],
+                reasons: list[str], retained_out: list[tuple[Subscription, list[Message]]],
+                replays: list[Subscription]) -> None:
+        props = ({Prop.REASON_STRING: "; ".join(reasons)} if reasons and conn.level == 5
+                 else None)
         self.persist.stored(session, self._subscribed, conn, session,
-                            Suback(pkt.packet_id, codes, props), retained_out, replays)
+                            Suback(packet_id, codes, props), retained_out, replays)
 
     def _subscribed(self, conn: Connection, session: Session, suback: Suback,
                     retained_out: list[tuple[Subscription, list[Message]]],

@@ -117,7 +117,7 @@ def _b64(data: bytes) -> str:
 
 def _msg_ref(msg: Message, copy: bool = False) -> list:
     """A logged message by position; an unlogged one (or any, ``copy``) as a copy."""
-    if msg.device is not None and not copy:
+    if msg.device is not None and not msg.remote and not copy:
         return ["L", msg.device, msg.offset]
     expiry = (None if msg.expiry_at is None
               else max(1, math.ceil(msg.expiry_at - time.monotonic())))
@@ -287,14 +287,15 @@ class SessionPersistence(SessionHooks):
         inflight = []
         for pid, d in s.inflight.items():
             m = d.msg
-            if m.device is not None and d.group is None and m.offset > top.get(m.device, -1):
+            if m.device is not None and not m.remote and d.group is None \
+                    and m.offset > top.get(m.device, -1):
                 top[m.device] = m.offset
             inflight.append([pid, d.qos, d.state, int(d.retain), list(d.sub_ids or ()),
                              int(d.position), _msg_ref(m, copies)])
         queue = []
         for d in s.queue:
             m = d.msg
-            if m.device is not None and d.group is None and not copies:
+            if m.device is not None and not m.remote and d.group is None and not copies:
                 if m.offset < behind.get(m.device, _FAR):
                     behind[m.device] = m.offset  # the log holds it: a position, not a copy
                 continue
@@ -433,7 +434,8 @@ class SessionPersistence(SessionHooks):
             sub = Subscription(flt, qos, bool(nl), bool(rap), rh, sub_id, group)
             sub.since_us = since_us
             if replay is not None:
-                sub.replay = ReplayCursor(replay[0], replay[1])
+                sub.replay = (router.logs.cursor(replay[0], replay[1])
+                              if router.logs is not None else ReplayCursor(*replay))
                 replaying = True
             s.subscriptions[key] = sub
             s.has_no_local = s.has_no_local or bool(nl)

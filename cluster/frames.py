@@ -24,8 +24,12 @@ Frames, in the order a link uses them:
 - ADMIN_REQUEST / ADMIN_RESPONSE: an admin API request about a device log, relayed to the
   log's owner (the fetch API answers for any device on any router).
 - PING / PONG: liveness and RTT.
-- FETCH / RECORDS: "read device D from offset N" and the stored record bytes, unchanged (the
-  follower fetch of the replication issue uses the same pair).
+- FETCH / RECORDS: "read device D from offset N" and the stored record bytes, unchanged (an
+  offset replay at a router that does not own the log reads it this way; the follower fetch of
+  the replication issue uses the same pair).
+- RESOLVE / RESOLVED: "where does a subscription asking for offset spec S of device D start"
+  (earliest, latest, N, @unix_ms, with its offset-reset), answered by the log's owner: the
+  replaying router's SUBACK waits for it, so a bad offset is refused as on one node.
 
 An entry is one publish on its way: to be *delivered* by the peer's local subscribers
 (``DELIVER``), to be *appended* to a device log the peer owns (``APPEND``; the peer acks it only
@@ -64,12 +68,14 @@ CLAIM = 18
 CLAIMED = 19
 ADMIN_REQUEST = 20
 ADMIN_RESPONSE = 21
+RESOLVE = 22
+RESOLVED = 23
 
 FRAME_NAMES = {HELLO: "hello", CHALLENGE: "challenge", AUTH: "auth", READY: "ready",
                REFUSE: "refuse", ENTRIES: "entries", ACK: "ack", ROUTES: "routes", PING: "ping",
                PONG: "pong", FETCH: "fetch", RECORDS: "records", RESULTS: "results",
                CLAIM: "claim", CLAIMED: "claimed", ADMIN_REQUEST: "admin_request",
-               ADMIN_RESPONSE: "admin_response"}
+               ADMIN_RESPONSE: "admin_response", RESOLVE: "resolve", RESOLVED: "resolved"}
 
 # entry kinds
 DELIVER = 0
@@ -382,21 +388,61 @@ def decode_fetch(body: bytes) -> tuple[int, str, int, int]:
     return request, device, offset, max_records
 
 
-_RECORDS = struct.Struct(">QBqqq")  # request id, status, log start, high-water mark, log end
+_RECORDS = struct.Struct(">QBqqq")  # request id, status, log start, high-water mark, next
+
+RECORDS_OK = 0
+RECORDS_OUT_OF_RANGE = 1  # the offset is outside [log start, high-water mark]
+RECORDS_FAILED = 2  # the owner could not read (the body says why, in words)
+RECORDS_NOT_OWNER = 3  # the receiver does not own this device log
 
 
-def encode_records(request: int, status: int, start: int, hw: int, end: int,
+def encode_records(request: int, status: int, start: int, hw: int, next_offset: int,
                    records: bytes) -> bytes:
-    """The stored record bytes as the log holds them (commitlog/record.py framing)."""
-    return frame(RECORDS, _RECORDS.pack(request, status, start, hw, end) + records)
+    """The stored record bytes as the log holds them (commitlog/record.py framing), and where
+    the reader goes on: ``next_offset`` is past the last record sent, or past a quarantined gap
+    when none could be (Kafka's fetch response carries log start and high-water mark too)."""
+    return frame(RECORDS, _RECORDS.pack(request, status, start, hw, next_offset) + records)
 
 
 def decode_records(body: bytes) -> tuple[int, int, int, int, int, bytes]:
+    """(request, status, log start, high-water mark, next offset, record bytes or why)."""
     try:
-        request, status, start, hw, end = _RECORDS.unpack_from(body, 0)
+        request, status, start, hw, next_offset = _RECORDS.unpack_from(body, 0)
     except struct.error as err:
         raise FrameError(f"bad records frame: {err}") from None
-    return request, status, start, hw, end, body[_RECORDS.size:]
+    return request, status, start, hw, next_offset, body[_RECORDS.size:]
+
+
+def encode_resolve(request: int, device: str, spec: str, reset: str) -> bytes:
+    return frame(RESOLVE, _U64.pack(request) + _s(device) + _s(spec) + _s(reset))
+
+
+def decode_resolve(body: bytes) -> tuple[int, str, str, str]:
+    try:
+        (request,) = _U64.unpack_from(body, 0)
+        device, p = _read_s(body, 8)
+        spec, p = _read_s(body, p)
+        reset, p = _read_s(body, p)
+    except (struct.error, UnicodeDecodeError) as err:
+        raise FrameError(f"bad resolve frame: {err}") from None
+    return request, device, spec, reset
+
+
+_RESOLVED = struct.Struct(">Qq")  # request id, offset (-1: refused, the text says why)
+
+
+def encode_resolved(request: int, offset: int | None, why: str) -> bytes:
+    return frame(RESOLVED, _RESOLVED.pack(request, -1 if offset is None else offset)
+                 + _s(why[:2000]))
+
+
+def decode_resolved(body: bytes) -> tuple[int, int | None, str]:
+    try:
+        request, offset = _RESOLVED.unpack_from(body, 0)
+        why, _ = _read_s(body, _RESOLVED.size)
+    except (struct.error, UnicodeDecodeError) as err:
+        raise FrameError(f"bad resolved frame: {err}") from None
+    return request, (None if offset < 0 else offset), why
 
 
 _RESULT = struct.Struct(">QBq")  # seq, status (0 = stored), offset

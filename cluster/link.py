@@ -150,6 +150,10 @@ class MeshLink:
         self.failed: dict[int, tuple[int, str]] = {}  # seq -> (status, why) of failed APPENDs
         self.results: list[tuple[int, int, int, str]] = []
         self.routes_dirty: list[tuple[int, str, str | None]] = []
+        # log reads (FETCH/RESOLVE) and their answers: written after the routes of the same
+        # flush, so a peer installs a replaying subscription's route before it reads for it
+        # (the seam between history and live delivery depends on that order; cluster/mesh.py)
+        self.requests: list[bytes] = []
         self.stats: dict[str, int] = dict.fromkeys(
             ("msgs_out", "msgs_in", "bytes_out", "bytes_in", "frames_out", "frames_in",
              "resent", "dropped_full", "dropped_reconnect", "refused_full"), 0)
@@ -184,6 +188,11 @@ class MeshLink:
         self.routes_dirty.extend(changes)
         self.mesh.want_flush(self)
 
+    def send_request(self, data: bytes) -> None:
+        """A FETCH/RESOLVE or its answer, in order after the routes (see ``requests``)."""
+        self.requests.append(data)
+        self.mesh.want_flush(self)
+
     def flush(self) -> None:
         conn = self.conn
         if conn is None or self.state != "up" or conn.paused:
@@ -195,6 +204,9 @@ class MeshLink:
         if self.results:
             parts.append(frames.encode_results(self.results))
             self.results = []
+        if self.requests:
+            parts.extend(self.requests)
+            self.requests = []
         window = self.mesh.settings.link_window
         unsent = self.unsent
         inflight = self.inflight
@@ -267,6 +279,7 @@ class MeshLink:
         self.unsent = resend
         self.acked_out = 0  # the new connection has not heard our ACK yet
         self.routes_dirty = []
+        self.requests = []  # answered by the requester's timeout or link_down, never resent
         conn.write(frames.encode_routes(True, self.mesh.local_routes()))
         log.info("mesh link up", extra={"peer": self.peer, "resend": unacked,
                                         "queued": len(resend) - unacked,
@@ -342,7 +355,7 @@ class MeshLink:
             self.mesh.on_claim_frame(self, ftype, body)
         elif ftype in (frames.ADMIN_REQUEST, frames.ADMIN_RESPONSE):
             self.mesh.on_admin_frame(self, ftype, body)
-        elif ftype in (frames.FETCH, frames.RECORDS):
+        elif ftype in (frames.FETCH, frames.RECORDS, frames.RESOLVE, frames.RESOLVED):
             self.mesh.on_fetch_frame(self, ftype, body)
         else:
             raise frames.FrameError(f"unexpected frame type {ftype} on an established link")

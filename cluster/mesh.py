@@ -22,6 +22,8 @@ import os
 import time
 from typing import Any
 
+from broker.devicelogs import resolve_offset
+from broker.forwarding import FetchResult
 from broker.lograte import RateLimitedLog
 from broker.message import Message
 from cluster import frames
@@ -29,12 +31,16 @@ from cluster.link import Done, LinkConnection, LinkFull, MeshLink
 from cluster.ownership import Ownership
 from cluster.routes import RouteTable
 from cluster.settings import ClusterSettings, router_id, router_sort_key
-from commitlog.store import LogWriteError
+from commitlog.record import decode_batch
+from commitlog.store import LogWriteError, OffsetOutOfRangeError
 
 log = logging.getLogger("cluster.mesh")
 
 _ROUTE_OP = {True: frames.ROUTE_ADD, False: frames.ROUTE_DEL}
 _CLAIM_TIMEOUT = 2.0  # seconds a CONNECT waits for the other routers to release its session
+_READ_TIMEOUT = 10.0  # seconds a RESOLVE or FETCH waits for the owner before it fails
+_FETCH_MAX_RECORDS = 1000
+_FETCH_MAX_BYTES = 1 << 20  # per RECORDS frame: one replay step's worth, far below MAX_FRAME
 
 
 class Mesh:
@@ -63,6 +69,9 @@ class Mesh:
         self._claim_seq = 0
         self._relays: dict[int, asyncio.Future] = {}
         self._relay_seq = 0
+        # log reads of devices other routers own: request id -> (link, done, fail, timer)
+        self._reads: dict[int, tuple[MeshLink, Any, Any, asyncio.TimerHandle]] = {}
+        self._read_seq = 0
         # set by the node wiring: runs an admin request against this router's own admin API
         self.admin_executor: Any = None
         self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
@@ -92,6 +101,8 @@ class Mesh:
         if self._ping_handle is not None:
             self._ping_handle.cancel()
         self._flush()
+        for req in list(self._reads):
+            self._read_failed(req, "this router is shutting down")
         for link in self.links.values():
             link.fail_pending("this router is shutting down")
             link.close()
@@ -170,8 +181,11 @@ class Mesh:
     def link_down(self, link: MeshLink) -> None:
         # The peer's routes stay: what is published meanwhile queues on the link (bounded) and
         # is delivered when it heals (EMQX learned to treat "down" as "unreachable", not "dead",
-        # PR emqx#14248); the full sync on reconnect replaces them.
-        pass
+        # PR emqx#14248); the full sync on reconnect replaces them. Log reads in flight fail
+        # now (their readers retry): an answer can no longer come on this connection.
+        for req, entry in list(self._reads.items()):
+            if entry[0] is link:
+                self._read_failed(req, f"the link to owner router {link.peer} went down")
 
     # -- the forwarder (called by the router) -------------------------------------------------
     def forward(self, msg: Message) -> None:
@@ -179,7 +193,9 @@ class Mesh:
         peers = self.routes.peers_for(msg.topic)
         if not peers or msg.topic.startswith("$SYS"):
             return
-        head, body = self._encode(msg, frames.DELIVER)
+        # a logged message carries its log position: a peer's offset subscription needs it for
+        # the seam between the history it reads and live delivery (devicelogs.ReplayCursor)
+        head, body = self._encode(msg, frames.DELIVER, msg.device)
         for peer in peers:  # a full link counts and logs what it drops (MeshLink.enqueue)
             self.links[peer].enqueue(frames.DELIVER, msg.qos, head, body)
 
@@ -207,7 +223,7 @@ class Mesh:
             if pick is None:
                 out.append(local[key])
                 continue
-            head, body = self._encode(msg, frames.SHARE, group=key)
+            head, body = self._encode(msg, frames.SHARE, msg.device, group=key)
             self.links[pick].enqueue(frames.SHARE, msg.qos, head, body)
         return out
 
@@ -271,6 +287,10 @@ class Mesh:
         msg = Message(e.topic, e.payload, e.qos, e.retain, e.properties, expiry_at, e.origin)
         kind = e.kind
         if kind == frames.DELIVER:
+            if e.device is not None:  # stored in its owner's log, not in ours
+                msg.device = e.device
+                msg.offset = e.offset
+                msg.remote = True
             router.route(msg, forward=False)
         elif kind == frames.APPEND:
             slot = link.append_pending(e.seq)
@@ -285,6 +305,10 @@ class Mesh:
         elif kind == frames.RETAIN:
             router.remote.retain_from_peer(msg)
         elif kind == frames.SHARE:
+            if e.device is not None:
+                msg.device = e.device
+                msg.offset = e.offset
+                msg.remote = True
             router.shared.deliver_share(msg, *e.group)
         elif kind == frames.RETAIN_SYNC:
             if e.payload and not router.retained.match(e.topic):
@@ -377,8 +401,113 @@ class Mesh:
             link.conn.write(frames.encode_admin(frames.ADMIN_RESPONSE, req, str(status), ctype,
                                                 out_headers, out))
 
+    # -- reading device logs other routers own (offset replay at any router) -------------------
+    def resolve(self, owner: str, device: str, spec: str, reset: str, done: Any) -> None:
+        """Ask ``owner`` where an offset subscription of ``device`` starts; ``done(offset or
+        None, why)``. Sent after the routes of the same flush (MeshLink.requests): the owner
+        has the subscription's route before it resolves, so what it routes after the answer
+        reaches this router, and what it stored before is below the answered offset."""
+        req = self._read(owner, done, lambda why: done(None, why))
+        if req:
+            self.links[owner].send_request(frames.encode_resolve(req, device, spec, reset))
+
+    def fetch(self, owner: str, device: str, offset: int, max_records: int, done: Any) -> None:
+        """Read committed records of ``device`` from ``offset`` at its owner; ``done`` gets a
+        ``FetchResult`` (the records decoded here, from the bytes the owner stored)."""
+        req = self._read(owner, done,
+                         lambda why: done(FetchResult("failed", [], -1, -1, offset, why)))
+        if req:
+            self.links[owner].send_request(frames.encode_fetch(
+                req, device, offset, min(max_records, _FETCH_MAX_RECORDS)))
+
+    def _read(self, owner: str, done: Any, fail: Any) -> int:
+        """Register a read of ``owner``'s log; 0 (and ``fail`` soon) when it is unreachable."""
+        link = self.links.get(owner)
+        if link is None or link.state != "up" or link.conn is None:
+            self.loop.call_soon(fail, f"the owner router {owner} is unreachable")
+            return 0
+        self._read_seq += 1
+        req = self._read_seq
+        timer = self.loop.call_later(_READ_TIMEOUT, self._read_failed, req,
+                                     f"no answer from the owner router {owner} in "
+                                     f"{_READ_TIMEOUT:.0f} s")
+        self._reads[req] = (link, done, fail, timer)
+        return req
+
+    def _read_failed(self, req: int, why: str) -> None:
+        entry = self._reads.pop(req, None)
+        if entry is not None:
+            entry[3].cancel()
+            entry[2](why)
+
+    def _read_answered(self, link: MeshLink, req: int) -> Any:
+        """The read's ``done``, or None when it was answered after its timeout (the reader
+        asked again, or gave up) or on another link."""
+        entry = self._reads.get(req)
+        if entry is None or entry[0] is not link:
+            return None
+        del self._reads[req]
+        entry[3].cancel()
+        return entry[1]
+
     def on_fetch_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
-        raise frames.FrameError("fetch over the mesh is not served by this version")
+        if ftype == frames.FETCH:
+            link.send_request(self._serve_fetch(*frames.decode_fetch(body)))
+        elif ftype == frames.RESOLVE:
+            req, device, spec, reset = frames.decode_resolve(body)
+            if self.owner_of(device) is not None or self.router.logs is None:
+                offset, why = None, f"router {self.rid} does not own the log of {device!r}"
+            else:
+                offset, why = resolve_offset(self.store, device, spec, reset)
+            link.send_request(frames.encode_resolved(req, offset, why))
+        elif ftype == frames.RESOLVED:
+            req, offset, why = frames.decode_resolved(body)
+            done = self._read_answered(link, req)
+            if done is not None:
+                done(offset, why)
+        else:
+            self._on_records(link, body)
+
+    def _serve_fetch(self, req: int, device: str, offset: int, max_records: int) -> bytes:
+        """A peer's read of a log this router owns: the stored bytes, as they are on disk."""
+        store = self.store
+        if self.owner_of(device) is not None or self.router.logs is None:
+            return frames.encode_records(req, frames.RECORDS_NOT_OWNER, -1, -1, offset,
+                                         f"router {self.rid} does not own {device!r}".encode())
+        start, hw = store.log_range(device)
+        try:
+            chunks, count, nxt = store.read_raw(device, offset, min(max_records,
+                                                                    _FETCH_MAX_RECORDS),
+                                                _FETCH_MAX_BYTES)
+        except OffsetOutOfRangeError:
+            return frames.encode_records(req, frames.RECORDS_OUT_OF_RANGE, start, hw, offset,
+                                         b"")
+        except Exception as err:  # noqa: BLE001 - the reader hears why and retries
+            log.warning("serving a peer's log read failed: %s", err,
+                        extra={"device": device, "offset": offset})
+            return frames.encode_records(req, frames.RECORDS_FAILED, start, hw, offset,
+                                         str(err).encode()[:2000])
+        if not count:
+            nxt = store.past_gap(device, offset)  # quarantined offsets: go on past them
+        return frames.encode_records(req, frames.RECORDS_OK, start, hw, nxt, b"".join(chunks))
+
+    def _on_records(self, link: MeshLink, body: bytes) -> None:
+        req, status, start, hw, nxt, data = frames.decode_records(body)
+        done = self._read_answered(link, req)
+        if done is None:
+            return
+        if status == frames.RECORDS_OK:
+            try:
+                records = decode_batch(data) if data else []
+            except Exception as err:  # noqa: BLE001 - a corrupt answer: read again later
+                done(FetchResult("failed", [], start, hw, nxt, f"bad records: {err}"))
+                return
+            done(FetchResult("ok", records, start, hw, nxt, ""))
+        elif status == frames.RECORDS_OUT_OF_RANGE:
+            done(FetchResult("out_of_range", [], start, hw, nxt, ""))
+        else:
+            done(FetchResult("failed", [], start, hw, nxt,
+                             data.decode("utf-8", "replace") or f"status {status}"))
 
     # -- operations -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

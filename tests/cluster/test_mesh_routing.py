@@ -8,6 +8,7 @@ keep CI time down (each test uses its own topics).
 from __future__ import annotations
 
 import collections
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -253,16 +254,85 @@ def test_the_fetch_api_of_any_node_answers_for_any_device(mesh: Cluster,
         assert [r.offset for r in records] == list(range(5))
 
 
-def test_offset_replay_at_a_router_that_does_not_own_the_log_is_refused_naming_the_owner(
+def _offset(msg) -> int:
+    """The log position an offset subscription's delivery carries (user property)."""
+    return int(dict(msg.properties.UserProperty)["offset"])
+
+
+def _replay(clients: ClientFactory, node, spec: str, device: str, **connect_props):
+    sub = clients.connected(node, protocol=V5, connect={
+        "properties": props(PacketTypes.CONNECT, **connect_props)} if connect_props else None)
+    codes = sub.subscribe(f"devices/{device}/#", 1, properties=props(
+        PacketTypes.SUBSCRIBE, UserProperty=[("offset", spec)]))
+    return sub, codes
+
+
+def test_offset_replay_at_a_router_that_does_not_own_the_log_hands_over_to_live(
         mesh: Cluster, clients: ClientFactory) -> None:
-    """Not built yet: replay reads the owner's log, so a non-owner says where to go instead
-    of answering with an empty history."""
-    device = mesh.device_owned_by(1, unique("rp"))
-    sub = clients.connected(mesh.nodes[2], protocol=V5)
-    codes = sub.subscribe(f"devices/{device}/#", 1,
-                          properties=props(PacketTypes.SUBSCRIBE,
-                                           UserProperty=[("offset", "earliest")]))
-    assert codes[0] >= 0x80
-    at_owner = clients.connected(mesh.nodes[1], protocol=V5)
-    assert at_owner.subscribe(f"devices/{device}/#", 1, properties=props(
-        PacketTypes.SUBSCRIBE, UserProperty=[("offset", "earliest")])) == [1]
+    """Replay from the earliest offset at node 2 of a log router n1/0 owns, while a publisher
+    at node 0 keeps publishing: every message once, in log order, with its offset, across the
+    seam between the history read over the link and live delivery (the single-node seam test's
+    twin, test_devicelog_replay.py)."""
+    device = mesh.device_owned_by(1, unique("rr"))
+    topic = f"devices/{device}/t"
+    pub = clients.connected(mesh.nodes[0], protocol=V5)
+    for i in range(150):
+        pub.publish(topic, f"m{i}", 1, wait=False)
+    pub.publish(topic, "m150", 1)
+    sent = [151]
+    stop = threading.Event()
+
+    def keep_publishing() -> None:
+        while not stop.is_set() and sent[0] < 2000:
+            pub.publish(topic, f"m{sent[0]}", 1)
+            sent[0] += 1
+
+    writer = threading.Thread(target=keep_publishing, daemon=True)
+    writer.start()
+    try:
+        wait_for(lambda: sent[0] >= 250, 30, message="publishing before the subscribe")
+        sub, codes = _replay(clients, mesh.nodes[2], "earliest", device, ReceiveMaximum=8)
+        assert codes == [1]
+        at = sent[0]
+        wait_for(lambda: sent[0] >= at + 300, 60, message="publishing after the subscribe")
+    finally:
+        stop.set()
+        writer.join(60)
+    total = sent[0]
+    msgs = sub.expect_messages(total, timeout=60)
+    offsets = [_offset(m) for m in msgs]
+    assert offsets == list(range(total)), (
+        f"not 0..{total - 1} once each: missing {sorted(set(range(total)) - set(offsets))[:10]}"
+        f", duplicated {sorted({o for o in offsets if offsets.count(o) > 1})[:10]}")
+    assert _payloads(msgs) == [f"m{i}" for i in range(total)]
+    sub.expect_no_message(0.5)
+
+
+def test_offset_replay_at_a_non_owner_resolves_the_offset_at_the_owner(
+        mesh: Cluster, clients: ClientFactory) -> None:
+    """"latest", a numbered offset over MQTT 3.1.1's $replay/ filter, and an offset outside
+    the log are each resolved by the owner, as one node would: the SUBACK of a bad offset is
+    a failure (with the owner's reason), and offset-reset=earliest recovers it."""
+    device = mesh.device_owned_by(1, unique("rs"))
+    topic = f"devices/{device}/t"
+    pub = clients.connected(mesh.nodes[1], protocol=V5)
+    for i in range(10):
+        pub.publish(topic, f"h{i}", 1)
+    latest, codes = _replay(clients, mesh.nodes[2], "latest", device)
+    assert codes == [1]
+    v311 = clients.connected(mesh.nodes[0], protocol=V311)
+    assert v311.subscribe(f"$replay/4/devices/{device}/#", 1) == [1]
+    bad, codes = _replay(clients, mesh.nodes[0], "999", device)
+    assert codes == [0x83]
+    assert bad.subscribe(f"devices/{device}/#", 1, properties=props(
+        PacketTypes.SUBSCRIBE, UserProperty=[("offset", "999"), ("offset-reset", "earliest")])
+    ) == [1]
+    for i in range(10, 13):
+        pub.publish(topic, f"h{i}", 1)
+    got = latest.expect_messages(3, timeout=15)
+    assert [_offset(m) for m in got] == [10, 11, 12]
+    assert _payloads(got) == ["h10", "h11", "h12"]
+    assert _payloads(v311.expect_messages(9, timeout=15)) == [f"h{i}" for i in range(4, 13)]
+    assert [_offset(m) for m in bad.expect_messages(13, timeout=15)] == list(range(13))
+    for c in (latest, v311, bad):
+        c.expect_no_message(0.3)
