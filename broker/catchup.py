@@ -254,39 +254,51 @@ class LogCatchUp:
 
     def _deliver_record(self, session: Session, rec: Record) -> None:
         """What ``Router.route`` would have sent this session for ``rec``, now."""
-        topic = rec.topic
-        ts = rec.timestamp_us
-        qos = -1
-        rap = False
-        ids: list[int] = []
-        position = False
-        origin: str | None = None
-        msg: Message | None = None
-        for sub in session.subscriptions.values():
-            if sub.group is not None or sub.since_us > ts:
-                continue  # shares are picked at routing time; a newer subscription never saw it
-            replay = sub.replay
-            if replay is not None and not replay.live:
-                continue  # that subscription's own replay cursor reads this log
-            if not topic_matches(sub.filter, topic):
-                continue
-            if sub.no_local:
-                if msg is None:
-                    msg = record_message(rec, Message)
-                    origin = msg.origin
-                if origin == session.client_id:
-                    continue
-            if sub.qos > qos:
-                qos = sub.qos
-            rap = rap or sub.retain_as_published
-            if sub.sub_id:
-                ids.append(sub.sub_id)
-            position = position or replay is not None
-        if qos < 0:
+        got = match_record(session, rec)
+        if got is None:
             return
-        if msg is None:
-            msg = record_message(rec, Message)
+        msg, qos, rap, ids, position = got
         if msg.expiry_at is not None and msg.expired(time.monotonic()):
             self.stats.dropped(DropReason.EXPIRED)
             return
-        self._deliver(session, msg, qos, rap and msg.retain, tuple(ids) or None, position)
+        self._deliver(session, msg, qos, rap and msg.retain, ids, position)
+
+
+def match_record(session: Session, rec: Record
+                 ) -> tuple[Message, int, bool, tuple[int, ...] | None, bool] | None:
+    """The delivery ``Router.route`` would have made to ``session`` for a stored record: (the
+    message, granted QoS, retain as published, subscription ids, log position wanted), or None
+    when none of its subscriptions takes it (same merge: one copy, highest QoS, every id)."""
+    topic = rec.topic
+    ts = rec.timestamp_us
+    qos = -1
+    rap = False
+    ids: list[int] = []
+    position = False
+    origin: str | None = None
+    msg: Message | None = None
+    for sub in session.subscriptions.values():
+        if sub.group is not None or sub.since_us > ts:
+            continue  # shares are picked at routing time; a newer subscription never saw it
+        replay = sub.replay
+        if replay is not None and not replay.live:
+            continue  # that subscription's own replay cursor reads this log
+        if not topic_matches(sub.filter, topic):
+            continue
+        if sub.no_local:
+            if msg is None:
+                msg = record_message(rec, Message)
+                origin = msg.origin
+            if origin == session.client_id:
+                continue
+        if sub.qos > qos:
+            qos = sub.qos
+        rap = rap or sub.retain_as_published
+        if sub.sub_id:
+            ids.append(sub.sub_id)
+        position = position or replay is not None
+    if qos < 0:
+        return None
+    if msg is None:
+        msg = record_message(rec, Message)
+    return msg, qos, rap, tuple(ids) or None, position

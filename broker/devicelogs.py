@@ -292,7 +292,7 @@ class RemoteReplayCursor(ReplayCursor):
 
     ``next`` is -1 until the owner resolved the subscription's offset (``pending_spec``)."""
 
-    __slots__ = ("owner", "pending_spec", "buffer", "reading", "retry_at")
+    __slots__ = ("owner", "pending_spec", "buffer", "reading", "retrying")
 
     def __init__(self, device: str, next_offset: int, owner: str,
                  pending_spec: tuple[str, str] | None = None) -> None:
@@ -301,7 +301,7 @@ class RemoteReplayCursor(ReplayCursor):
         self.pending_spec = pending_spec
         self.buffer: deque[Record] = deque()  # fetched, not yet delivered (one FETCH's worth)
         self.reading = False  # a FETCH is out
-        self.retry_at = 0.0  # after a failed read: not before this (monotonic)
+        self.retrying = False  # a read failed: tried again after a pause (broker/replay.py)
 
     def accept_live(self, msg: Message) -> bool:
         if self.pending_spec is not None and msg.device == self.device:

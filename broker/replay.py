@@ -17,7 +17,6 @@ owner's committed end, and the cursor goes live there at once.
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -167,13 +166,16 @@ class RemoteReplays:
     def read(self, session: Session, cursor: RemoteReplayCursor) -> None:
         """Fetch the cursor's next chunk from its owner, unless a read is out or waiting to
         be tried again; the answer fills ``cursor.buffer`` and pumps the session again."""
-        if cursor.reading or cursor.pending_spec is not None:
-            return
-        if cursor.retry_at > time.monotonic():
-            return  # the failed read scheduled its own retry
+        if cursor.reading or cursor.retrying or cursor.pending_spec is not None:
+            return  # an answer, or the failed read's retry, pumps again
         cursor.reading = True
         self.router.forwarder.fetch(cursor.owner, cursor.device, cursor.next, _REPLAY_CHUNK,
                                     lambda result: self._fetched(session, cursor, result))
+
+    def _retry(self, session: Session, cursor: RemoteReplayCursor) -> None:
+        cursor.retrying = False
+        self.router._pump_replays(session)
+        self.router.flush_writes()
 
     def _fetched(self, session: Session, cursor: RemoteReplayCursor,
                  result: FetchResult) -> None:
@@ -200,8 +202,8 @@ class RemoteReplays:
             self._failed_log("reading %r from its owner router %s failed (retried in %.0f s): "
                              "%s", cursor.device, cursor.owner, _RETRY_S, result.why,
                              extra={"client_id": session.client_id})
-            cursor.retry_at = time.monotonic() + _RETRY_S
-            router.loop.call_later(_RETRY_S, router._pump_replays, session)
+            cursor.retrying = True
+            router.loop.call_later(_RETRY_S, self._retry, session, cursor)
             return
         router._pump_replays(session)
         router.flush_writes()

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from broker.auth import topic_matches
+from broker.catchup import match_record
 from broker.devicelogs import (
     ReplayCursor,
     headers_from_properties,
@@ -116,14 +116,16 @@ def _b64(data: bytes) -> str:
 
 
 def _msg_ref(msg: Message, copy: bool = False) -> list:
-    """A logged message by position; an unlogged one (or any, ``copy``) as a copy."""
+    """A logged message by position; an unlogged one (or any, ``copy``) as a copy. A copy
+    keeps the log position it has (a subscriber holding offsets needs it, wherever the
+    session goes next), after the 7 fields of the first version."""
     if msg.device is not None and not msg.remote and not copy:
         return ["L", msg.device, msg.offset]
     expiry = (None if msg.expiry_at is None
               else max(1, math.ceil(msg.expiry_at - time.monotonic())))
     headers = headers_from_properties(msg.properties, None)
     return ["M", msg.topic, _b64(msg.payload), msg.qos, int(msg.retain),
-            [[name, _b64(value)] for name, value in headers], expiry]
+            [[name, _b64(value)] for name, value in headers], expiry, msg.device, msg.offset]
 
 
 def _message(ref: list, store: LogStore, age_s: float) -> Message | None:
@@ -136,10 +138,14 @@ def _message(ref: list, store: LogStore, age_s: float) -> Message | None:
         if not recs or recs[0].offset != ref[2]:
             return None
         return record_message(recs[0], Message)
-    _, topic, payload, qos, retain, headers, expiry = ref
+    _, topic, payload, qos, retain, headers, expiry = ref[:7]
     props, _ = properties_from_headers([(n, base64.b64decode(v)) for n, v in headers])
     expiry_at = None if expiry is None else time.monotonic() + expiry - age_s
-    return Message(topic, base64.b64decode(payload), qos, bool(retain), props, expiry_at, None)
+    msg = Message(topic, base64.b64decode(payload), qos, bool(retain), props, expiry_at, None)
+    if len(ref) > 8 and ref[7] is not None:
+        # a copy with its position: delivered with it, never read back from a log (remote)
+        msg.device, msg.offset, msg.remote = ref[7], ref[8], True
+    return msg
 
 
 def _fingerprint(s: Session) -> tuple:
@@ -263,18 +269,18 @@ class SessionPersistence(SessionHooks):
         """Queue entries (as copies) for what the session's log cursors have not read yet."""
         out = []
         budget = self.router.mqtt.max_queued_messages
-        granted = max((sub.qos for sub in s.subscriptions.values()), default=0)
         for device, cursor in s.lag.items():
             try:
                 recs = self.store.read(device, cursor.next, budget)
             except OffsetOutOfRangeError:
                 continue
             for rec in recs:
-                msg = record_message(rec, Message)
-                if not any(topic_matches(sub.filter, msg.topic)
-                           for sub in s.subscriptions.values() if sub.group is None):
+                got = match_record(s, rec)
+                if got is None:
                     continue
-                out.append([min(msg.qos, granted), 0, [], 0, _msg_ref(msg, True)])
+                msg, qos, rap, ids, position = got
+                out.append([min(msg.qos, qos), int(rap and msg.retain), list(ids or ()),
+                            int(position), _msg_ref(msg, True)])
         return out
 
     def _encode(self, s: Session, copies: bool = False) -> bytes:

@@ -107,6 +107,44 @@ def test_a_cut_link_heals_and_delivers_each_qos1_message_exactly_once(
     assert proxy.accepted >= 2
 
 
+def test_a_replay_through_a_cut_link_resumes_where_it_was(
+        proxied: tuple[Cluster, TcpProxy], clients: ClientFactory) -> None:
+    """An offset replay at node 0 of a log node 2 owns reads its history over the proxied
+    link. The link is cut mid-replay: the replay waits (a subscribe asking for an offset
+    meanwhile is refused, the owner being unreachable), and once the link heals it resumes
+    where it was, with what was published during the cut, each message once and in order."""
+    mesh, proxy = proxied
+    n0, n1, n2 = mesh.nodes
+    device = mesh.device_owned_by(2, unique("rcut"))
+    topic = f"devices/{device}/t"
+    pub = clients.connected(n2, protocol=V5)
+    for i in range(2999):
+        pub.publish(topic, f"m{i}", 1, wait=False)
+    pub.publish(topic, "m2999", 1)
+    sub = clients.connected(n0, protocol=V5, connect={
+        "properties": props(PacketTypes.CONNECT, ReceiveMaximum=4)})
+    replay = props(PacketTypes.SUBSCRIBE, UserProperty=[("offset", "earliest")])
+    assert sub.subscribe(f"devices/{device}/#", 1, properties=replay) == [1]
+    got = sub.expect_messages(300, timeout=30)
+    proxy.cut()
+    wait_for(lambda: mesh.link(0, 2)["state"] != "up", 10, message="the link seen down")
+    late = clients.connected(n0, protocol=V5)
+    assert late.subscribe(f"devices/{device}/#", 1, properties=replay) == [0x83]
+    for i in range(3000, 3050):
+        pub.publish(topic, f"m{i}", 1)
+    got.extend(sub.drain())
+    proxy.heal()
+    wait_for(lambda: mesh.link(0, 2)["state"] == "up", 20, message="the link up again")
+    got.extend(sub.expect_messages(3050 - len(got), timeout=60))
+    sub.expect_no_message(1.0)
+    offsets = [int(dict(m.properties.UserProperty)["offset"]) for m in got]
+    assert offsets == list(range(3050)), (
+        f"missing {sorted(set(range(3050)) - set(offsets))[:10]}, "
+        f"duplicated {sorted({o for o in offsets if offsets.count(o) > 1})[:10]}")
+    assert [m.payload.decode() for m in got] == [f"m{i}" for i in range(3050)]
+    assert mesh.link(0, 2)["reconnects"] >= 1
+
+
 def test_a_stopped_router_does_not_stall_the_other_links(tmp_path: Path,
                                                          clients: ClientFactory) -> None:
     """More messages than a link's window (1,024) while router 1 is frozen: its link's window

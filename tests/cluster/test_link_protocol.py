@@ -163,8 +163,9 @@ def test_an_acceptor_refuses_a_dialer_that_cannot_prove_the_secret() -> None:
 
 
 def test_fetch_and_records_frames_carry_stored_bytes_unchanged() -> None:
-    """The follower fetch of the replication issue: "read D from N", answered with the record
-    bytes as the log stores them (not decoded and encoded again)."""
+    """Offset replay at a non-owner (and the follower fetch of the replication issue): "read D
+    from N", answered with the record bytes as the log stores them (not decoded and encoded
+    again)."""
     from commitlog.record import decode_batch, encode_batch, make_record
 
     recs = [make_record(i, 1_000 + i, "d1", "devices/d1/t", 1, [("k", b"v")], b"p%d" % i)
@@ -173,7 +174,19 @@ def test_fetch_and_records_frames_carry_stored_bytes_unchanged() -> None:
     [(ftype, body)] = frames.FrameReader().feed(frames.encode_fetch(7, "d1", 0, 100))
     assert ftype == frames.FETCH and frames.decode_fetch(body) == (7, "d1", 0, 100)
     [(ftype, body)] = frames.FrameReader().feed(frames.encode_records(7, 0, 0, 3, 3, stored))
-    request, status, start, hw, end, raw = frames.decode_records(body)
-    assert (request, status, start, hw, end) == (7, 0, 0, 3, 3)
+    request, status, start, hw, nxt, raw = frames.decode_records(body)
+    assert (request, status, start, hw, nxt) == (7, 0, 0, 3, 3)
     assert raw == stored
     assert [r.payload for r in decode_batch(raw, 0)] == [b"p0", b"p1", b"p2"]
+
+
+def test_resolve_frames_round_trip_a_refusal_and_an_offset() -> None:
+    [(ftype, body)] = frames.FrameReader().feed(
+        frames.encode_resolve(9, "d1", "@1700000000000", "earliest"))
+    assert ftype == frames.RESOLVE
+    assert frames.decode_resolve(body) == (9, "d1", "@1700000000000", "earliest")
+    for offset, why in ((0, ""), (42, ""), (None, "offset 9 of 'd1' is outside the log")):
+        [(ftype, body)] = frames.FrameReader().feed(frames.encode_resolved(9, offset, why))
+        assert ftype == frames.RESOLVED and frames.decode_resolved(body) == (9, offset, why)
+    with pytest.raises(frames.FrameError):
+        frames.decode_resolved(b"\x00" * 5)

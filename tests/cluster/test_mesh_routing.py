@@ -336,3 +336,45 @@ def test_offset_replay_at_a_non_owner_resolves_the_offset_at_the_owner(
     assert [_offset(m) for m in bad.expect_messages(13, timeout=15)] == list(range(13))
     for c in (latest, v311, bad):
         c.expect_no_message(0.3)
+
+
+def test_a_replaying_session_moves_between_the_owner_and_other_routers(
+        mesh: Cluster, clients: ClientFactory) -> None:
+    """A persistent session with an offset subscription moves from the log's owner (a local
+    cursor) to a router that reads the log over the link (a remote cursor) and back: what was
+    published while it was offline comes once, then live delivery goes on, each with its
+    offset."""
+    device = mesh.device_owned_by(1, unique("rmv"))
+    topic = f"devices/{device}/t"
+    cid = unique("rmover")
+    pub = clients.connected(mesh.nodes[0], protocol=V5)
+    replay = props(PacketTypes.SUBSCRIBE, UserProperty=[("offset", "earliest")])
+
+    def publish(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            pub.publish(topic, f"v{i}", 1)
+
+    def expect(client, lo: int, hi: int) -> None:
+        got = client.expect_messages(hi - lo, timeout=15)
+        assert [(_offset(m), m.payload.decode()) for m in got] == [
+            (i, f"v{i}") for i in range(lo, hi)]
+        client.expect_no_message(0.3)
+
+    publish(0, 5)
+    first = _persistent(clients, mesh.nodes[1], cid)
+    assert first.subscribe(f"devices/{device}/#", 1, properties=replay) == [1]
+    expect(first, 0, 5)
+    first.disconnect()
+    publish(5, 8)
+    second = _persistent(clients, mesh.nodes[2], cid)
+    assert second.session_present
+    expect(second, 5, 8)
+    publish(8, 10)
+    expect(second, 8, 10)
+    second.disconnect()
+    publish(10, 12)
+    third = _persistent(clients, mesh.nodes[1], cid)
+    assert third.session_present
+    expect(third, 10, 12)
+    publish(12, 13)
+    expect(third, 12, 13)
