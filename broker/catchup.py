@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.auth import topic_matches
 from broker.devicelogs import record_message
+from broker.lograte import RateLimitedLog
 from broker.message import Message
 from broker.stats import DropReason
 from commitlog.store import OffsetOutOfRangeError
@@ -52,16 +54,22 @@ log = logging.getLogger("broker.catchup")
 
 _CHUNK = 256  # records read per device per step
 _STEP = 5_000  # records examined per session per loop turn before yielding to other work
+_RETRY_S = 1.0  # a failed read of another router's log is tried again after this
 
 
 class LagCursor:
     """Where one session is in one device log while it is behind (or just caught up)."""
 
-    __slots__ = ("next", "live")
+    __slots__ = ("next", "live", "buffer", "reading", "retrying", "hw")
 
     def __init__(self, next_offset: int) -> None:
         self.next = next_offset
         self.live = False  # True: caught up; kept only to drop a duplicate at the seam
+        # a log another router owns (a cluster) is read over the mesh, a chunk at a time:
+        self.buffer: deque[Record] | None = None  # fetched, not yet delivered
+        self.reading = False  # a fetch is out: its answer pumps the session again
+        self.retrying = False  # a fetch failed: tried again after _RETRY_S
+        self.hw = -1  # the owner's committed end at the last answer (for the lag gauge)
 
 
 # (session, msg, granted qos, retain flag, subscription ids, position) -> None
@@ -72,8 +80,17 @@ class LogCatchUp:
     """Falls sessions behind onto their device logs and feeds them back from there."""
 
     def __init__(self, store: LogStore, stats: BrokerStats, deliver: Deliver,
-                 max_queued: tuple[int, int], max_devices: int, call_soon: Callable) -> None:
+                 max_queued: tuple[int, int], max_devices: int, call_soon: Callable,
+                 remote: Callable[[], Any] | None = None,
+                 call_later: Callable | None = None) -> None:
         self.store = store
+        # () -> (owner_of, fetch) in a cluster, None on one node: logs other routers own are
+        # read from them (Forwarder.fetch), so a subscriber there lags instead of dropping
+        self._remote = remote
+        self._call_later = call_later
+        self._failed_log = RateLimitedLog(log, logging.WARNING,
+                                          "catch-up reads of other routers' logs failed",
+                                          burst=3, window=10.0)
         self.stats = stats
         self._deliver = deliver
         # the queue's bounds (mqtt.max_queued_messages, mqtt.max_queued_bytes): full by
@@ -148,6 +165,7 @@ class LogCatchUp:
         inflight = session.inflight
         window = session.window
         queue = session.queue
+        remote = self._remote() if self._remote is not None else None
         budget = _STEP
         while budget > 0:
             moved = False
@@ -156,35 +174,90 @@ class LogCatchUp:
                     continue
                 if queue or len(inflight) >= window or conn.congested:
                     return  # resumed by acks (_window_freed) or the socket draining (writable)
-                try:
-                    records = self.store.read(device, c.next,
-                                              min(_CHUNK, max(16, window - len(inflight))))
-                except OffsetOutOfRangeError:
-                    self._skip_to_start(session, device, c)
-                    moved = True
-                    continue
-                if not records:
-                    c.next = self.store.past_gap(device, c.next)  # quarantined offsets
-                    c.live = True
-                    session.lag_behind -= 1
-                    continue
+                owner = remote[0](device) if remote is not None else None
+                if owner is not None:
+                    records = c.buffer
+                    if not records:
+                        self._fetch(session, device, c, owner, remote[1])
+                        continue  # its answer pumps again
+                else:
+                    try:
+                        records = deque(self.store.read(
+                            device, c.next, min(_CHUNK, max(16, window - len(inflight)))))
+                    except OffsetOutOfRangeError:
+                        start, end = self.store.log_range(device)
+                        self._skip(session, device, c, start, end)
+                        moved = True
+                        continue
+                    if not records:
+                        self._caught_up(session, c, self.store.past_gap(device, c.next))
+                        continue
                 moved = True
-                for rec in records:
+                while records:
+                    rec = records.popleft()
                     budget -= 1
                     c.next = rec.offset + 1
                     self._deliver_record(session, rec)
                     if queue or len(inflight) >= window or conn.congested:
                         break
             if not session.lag_behind:
-                self.lagging.discard(session)
-                log.info("session caught up with the device logs; live delivery again",
-                         extra={"client_id": session.client_id})
+                self._all_caught_up(session)
                 return
             if not moved:
                 return
         if session not in self._scheduled:  # more to do: yield to other work first
             self._scheduled.add(session)
             self._call_soon(self._resume, session)
+
+    def _caught_up(self, session: Session, c: LagCursor, at: int) -> None:
+        """At the log end (past a quarantined gap, if any): live delivery takes over."""
+        c.next = at
+        c.live = True
+        session.lag_behind -= 1
+
+    def _all_caught_up(self, session: Session) -> None:
+        if session in self.lagging:
+            self.lagging.discard(session)
+            log.info("session caught up with the device logs; live delivery again",
+                     extra={"client_id": session.client_id})
+
+    def _fetch(self, session: Session, device: str, c: LagCursor, owner: str,
+               fetch: Callable) -> None:
+        if c.reading or c.retrying:
+            return
+        c.reading = True
+        fetch(owner, device, c.next, _CHUNK,
+              lambda result: self._fetched(session, device, c, owner, result))
+
+    def _fetched(self, session: Session, device: str, c: LagCursor, owner: str,
+                 result: Any) -> None:
+        """A read of another router's log answered (see ``broker/replay.py`` for the seam: the
+        same holds here, the owner routing live what it stores after its answer)."""
+        c.reading = False
+        if session.lag.get(device) is not c or c.live:
+            return  # the session ended, or moved on
+        if result.status == "ok":
+            c.hw = result.hw
+            if result.records:
+                c.buffer = deque(r for r in result.records if r.offset >= c.next)
+            else:
+                self._caught_up(session, c, max(c.next, result.next_offset))
+                if not session.lag_behind:
+                    self._all_caught_up(session)
+        elif result.status == "out_of_range":
+            self._skip(session, device, c, result.start, result.hw)
+        else:
+            self._failed_log("reading %r from its owner router %s failed (retried in %.0f s):"
+                             " %s", device, owner, _RETRY_S, result.why,
+                             extra={"client_id": session.client_id})
+            c.retrying = True
+            self._call_later(_RETRY_S, self._retry, session, c)
+            return
+        self.pump(session)
+
+    def _retry(self, session: Session, c: LagCursor) -> None:
+        c.retrying = False
+        self.pump(session)
 
     def restore(self, session: Session, device: str, offset: int) -> None:
         """A restored session (broker/sessionstore.py) is behind on ``device`` from
@@ -204,10 +277,14 @@ class LogCatchUp:
         return {"sessions_lagging": len(self.lagging), "lag_messages": total}
 
     def lag_of(self, session: Session) -> dict[str, int]:
-        """Messages behind the log end, per device the session is behind on."""
+        """Messages behind the log end, per device the session is behind on (for a log
+        another router owns: behind its end when it last answered)."""
         out = {}
         for device, c in session.lag.items():
             if not c.live:
+                if c.hw >= 0:
+                    out[device] = max(0, c.hw - c.next)
+                    continue
                 start, end = self.store.log_range(device)
                 out[device] = max(0, end - max(c.next, start))
         return out
@@ -243,8 +320,8 @@ class LogCatchUp:
             queue.clear()
             queue.extend(kept)
 
-    def _skip_to_start(self, session: Session, device: str, c: LagCursor) -> None:
-        start, end = self.store.log_range(device)
+    def _skip(self, session: Session, device: str, c: LagCursor, start: int, end: int) -> None:
+        """The cursor is outside the log: retention deleted what it had to read."""
         lost = max(0, start - c.next)
         log.warning("a lagging session fell behind retention; skipping ahead",
                     extra={"client_id": session.client_id, "device": device,

@@ -145,7 +145,8 @@ class Router:
             self.catchup = LogCatchUp(committer.store, stats, self._deliver_from_log,
                                       (self.mqtt.max_queued_messages,
                                        self.mqtt.max_queued_bytes),
-                                      self.mqtt.max_lagging_devices, self.loop.call_soon)
+                                      self.mqtt.max_lagging_devices, self.loop.call_soon,
+                                      self._remote_logs, self.loop.call_later)
         self._paused_publishers: set[Connection] = set()
         self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
         self.remote = RemotePublishes(self)
@@ -806,7 +807,7 @@ class Router:
             return
         qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]
         if live and session.lag and group is None and msg.device is not None \
-                and not msg.remote and self.catchup.divert(session, msg, qos):
+                and self.catchup.divert(session, msg, qos):
             return
         conn = session.conn
         if qos == 0:
@@ -821,13 +822,17 @@ class Router:
         if conn is not None and not session.queue and len(session.inflight) < session.window:
             self._send_inflight(session, conn, delivery)
             return
-        if live and group is None and msg.device is not None and not msg.remote:
-            # (a log another router owns cannot be read back here: that queue keeps a copy)
+        if live and group is None and msg.device is not None:
             catchup = self.catchup
             if catchup.must_fall_behind(session) and catchup.fall_behind(session, msg):
                 return  # the log holds it: the session reads it from there, no copy kept
             delivery.live = True
         self._enqueue(session, delivery)
+
+    def _remote_logs(self) -> tuple | None:
+        """(owner_of, fetch) in a cluster: catch-up reads logs other routers own from them."""
+        fw = self.forwarder
+        return None if fw is None else (fw.owner_of, fw.fetch)
 
     def _deliver_from_log(self, session: Session, msg: Message, granted: int, retain: bool,
                           sub_ids: tuple[int, ...] | None, position: bool) -> None:

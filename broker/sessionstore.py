@@ -49,7 +49,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from broker.catchup import match_record
 from broker.devicelogs import (
     ReplayCursor,
     headers_from_properties,
@@ -251,9 +250,9 @@ class SessionPersistence(SessionHooks):
                 conn.close(Reason.UNSPECIFIED_ERROR)
 
     def export(self, s: Session) -> bytes:
-        """For another router (a takeover across the mesh): every message a copy, since that
-        router cannot read this one's device logs, and what the session still had to read
-        from the logs read out now, up to mqtt.max_queued_messages per device."""
+        """For another router (a takeover across the mesh): every queued or in-flight message
+        a copy, and the positions of the session's log cursors (what it still has to read
+        from the logs): the new router reads those logs where they are, from their owners."""
         return self._encode(s, copies=True)
 
     def adopt(self, client_id: str, state: bytes) -> None:
@@ -264,24 +263,6 @@ class SessionPersistence(SessionHooks):
         now = time.time()
         self._restore_one(client_id, data, now, now, now)
         self._mark(client_id)
-
-    def _lagging_copies(self, s: Session) -> list:
-        """Queue entries (as copies) for what the session's log cursors have not read yet."""
-        out = []
-        budget = self.router.mqtt.max_queued_messages
-        for device, cursor in s.lag.items():
-            try:
-                recs = self.store.read(device, cursor.next, budget)
-            except OffsetOutOfRangeError:
-                continue
-            for rec in recs:
-                got = match_record(s, rec)
-                if got is None:
-                    continue
-                msg, qos, rap, ids, position = got
-                out.append([min(msg.qos, qos), int(rap and msg.retain), list(ids or ()),
-                            int(position), _msg_ref(msg, True)])
-        return out
 
     def _encode(self, s: Session, copies: bool = False) -> bytes:
         now_us = time.time_ns() // 1000
@@ -312,9 +293,8 @@ class SessionPersistence(SessionHooks):
                 behind[device] = c.next
         for device, offset in top.items():
             behind.setdefault(device, offset + 1)  # everything below was acked or is in flight
-        if copies:  # another router: no positions in our logs, and nothing to catch up from
-            queue.extend(self._lagging_copies(s))
-            behind = {}
+        if copies:  # another router: copies, and only the cursors' positions (below)
+            behind = {device: c.next for device, c in s.lag.items() if not c.live}
             resume = now_us + CLOCK_MARGIN_US
         subs = []
         for key, sub in s.subscriptions.items():
@@ -490,9 +470,15 @@ class SessionPersistence(SessionHooks):
         if catchup is None:
             return
         store = self.store
+        logs = self.router.logs
+        remote = logs.remote_owner if logs is not None else None
         devices, replay_only = self._devices_for(s)
         for device, offset in behind.items():
-            if device not in replay_only and offset < store.high_watermark(device):
+            if device in replay_only:
+                continue
+            if remote is not None and remote(device) is not None:
+                catchup.restore(s, device, offset)  # read from its owner; nothing new: live
+            elif offset < store.high_watermark(device):
                 catchup.restore(s, device, offset)
         for device in devices:
             if device in behind:

@@ -20,6 +20,7 @@ import ipaddress
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from broker.devicelogs import resolve_offset
@@ -54,6 +55,7 @@ class Mesh:
         self.loop: asyncio.AbstractEventLoop = router.loop
         self.incarnation = os.urandom(16)
         self.ownership = Ownership(settings.router_ids())
+        self._owner_of = owner_function(settings, router_index, self.ownership)
         self.routes = RouteTable()
         me = router_sort_key(self.rid)
         self.links: dict[str, MeshLink] = {
@@ -228,13 +230,8 @@ class Mesh:
         return out
 
     def owner_of(self, device: str) -> str | None:
-        """The router owning a device log, or None when it is this one. Keys starting with "#"
-        are a router's own state logs (retained messages, sessions: broker/devicelogs.py's
-        RETAIN_ONLY), never another router's."""
-        if device.startswith("#"):
-            return None
-        owner = self.ownership.owner_of(device)
-        return None if owner == self.rid else owner
+        """The router owning a device log, or None when it is this one."""
+        return self._owner_of(device)
 
     def append_at(self, owner: str, device: str, msg: Message, expiry: int | None,
                   done: Done) -> None:
@@ -518,6 +515,23 @@ class Mesh:
             "local_filters": local,
             "peer_routes": len(self.routes),
         }
+
+
+def owner_function(settings: ClusterSettings, router_index: int,
+                   ownership: Ownership | None = None) -> Callable[[str], str | None]:
+    """``device -> owning router id``, None when it is router ``router_index`` of this node.
+    Keys starting with "#" are a router's own state logs (retained messages, sessions:
+    broker/devicelogs.py's RETAIN_ONLY), never another router's."""
+    me = router_id(settings.node_id, router_index)
+    owner_of = (ownership or Ownership(settings.router_ids())).owner_of
+
+    def owner(device: str) -> str | None:
+        if device.startswith("#"):
+            return None
+        rid = owner_of(device)
+        return None if rid == me else rid
+
+    return owner
 
 
 def _is_ip(host: str) -> bool:

@@ -46,6 +46,14 @@ async def attach_mesh(node: Any) -> Any:
     return mesh
 
 
+def owner_lookup(node: Any) -> Any:
+    """The device-log owner function ``Mesh.owner_of`` is, available before the mesh starts
+    (restored sessions need it): the owning router's id, None when it is this router."""
+    from cluster.mesh import owner_function  # not imported by single nodes
+
+    return owner_function(node.config.cluster, node.router_index)
+
+
 _DEVICE_PATH = re.compile(r"^/api/v1/logs/([^/]+)(/records)?$")
 _RELAYED = "X-Meshmq-Relayed"
 _PASS_HEADERS = ("authorization", "accept", "content-type")

@@ -120,6 +120,12 @@ class Node:
         self.router = Router(self.config.broker, self.stats, self.auth, loop,
                              self.committer, rules)
         self.metrics.add_broker(self.stats, self.router.gauges)
+        if self.config.cluster is not None and self.router.logs is not None:
+            from meshmq.cluster_wiring import owner_lookup
+
+            # before the sessions come back: their cursors on logs other routers own read
+            # from those owners (the mesh itself starts below, once they are restored)
+            self.router.logs.remote_owner = owner_lookup(self)
         self._attach_persistence()
         if self.router.catchup is not None:
             from meshmq.lag_api import register_lag_routes
