@@ -27,6 +27,7 @@ from broker.message import Message
 from cluster import frames
 from cluster.link import Done, LinkConnection, LinkFull, MeshLink
 from cluster.ownership import Ownership
+from cluster.retainsync import RetainSync
 from cluster.routes import RouteTable
 from cluster.settings import ClusterSettings, router_id, router_sort_key
 from commitlog.store import LogWriteError
@@ -70,6 +71,7 @@ class Mesh:
         self._entry_log = RateLimitedLog(log, logging.ERROR, "mesh entries not applied",
                                          burst=3, window=10.0)
         self.entry_failures = 0
+        self.retain_sync = RetainSync(self)  # peer retained changes (cluster/retainsync.py)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -171,7 +173,7 @@ class Mesh:
         # The peer's routes stay: what is published meanwhile queues on the link (bounded) and
         # is delivered when it heals (EMQX learned to treat "down" as "unreachable", not "dead",
         # PR emqx#14248); the full sync on reconnect replaces them.
-        pass
+        self.retain_sync.link_down(link)
 
     # -- the forwarder (called by the router) -------------------------------------------------
     def forward(self, msg: Message) -> None:
@@ -283,12 +285,11 @@ class Mesh:
                 if not isinstance(err, LogWriteError):
                     raise
         elif kind == frames.RETAIN:
-            router.remote.retain_from_peer(msg)
+            self.retain_sync.on_retain(link, msg, e.seq)
         elif kind == frames.SHARE:
             router.shared.deliver_share(msg, *e.group)
         elif kind == frames.RETAIN_SYNC:
-            if e.payload and not router.retained.match(e.topic):
-                router.remote.retain_from_peer(msg)
+            self.retain_sync.on_sync(link, msg, e.seq)
 
     # -- sessions across routers -------------------------------------------------------------
     def claim(self, client_id: str, clean: bool, done: Any) -> None:
