@@ -26,21 +26,26 @@ Concurrent changes while apart therefore resolve as "clear wins" (a remove-wins 
 
 Limits, said in README "Cluster": the clears are remembered in memory since this router started
 (a router restarted after its clear no longer knows of it), at most ``CLEARS_KEPT`` of them; two
-routers that *set* different values while apart keep whatever arrives last (no clocks are
-compared: there are none in the entries).
+routers that *set* different values while apart each apply the other's queued RETAIN when the
+link heals and may end up swapped. Both need a last-writer-wins rule, that is a timestamp in the
+mesh entries (a frame change); none is compared here.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from broker.lograte import RateLimitedLog
 from broker.message import Message
 from cluster import frames
 
 if TYPE_CHECKING:
     from cluster.link import MeshLink
     from cluster.mesh import Mesh
+
+log = logging.getLogger("cluster.retainsync")
 
 
 class RetainSync:
@@ -55,6 +60,9 @@ class RetainSync:
         # it may be unknown to that peer
         self.apart_since: dict[str, float] = dict.fromkeys(mesh.links, now)
         self.refused_syncs = 0  # resynced messages ignored because we cleared them meanwhile
+        self._refused_log = RateLimitedLog(log, logging.INFO,
+                                           "resynced retained messages cleared while apart",
+                                           burst=3, window=10.0)
 
     def link_down(self, link: MeshLink) -> None:
         self.apart_since[link.peer] = time.monotonic()
@@ -79,6 +87,9 @@ class RetainSync:
             return
         if router.remote.cleared_since(msg.topic, self.apart_since[link.peer]):
             self.refused_syncs += 1
+            self._refused_log("retained message from %s not taken: it was cleared here while "
+                              "the link was down; the clear is sent back to it", link.peer,
+                              extra={"topic": msg.topic})
             clear = Message(msg.topic, b"", 0, True, None, None, None)
             head, body = self.mesh._encode(clear, frames.RETAIN)
             link.enqueue(frames.RETAIN, 1, head, body)
