@@ -77,7 +77,14 @@ class RetainSync:
             link.inbound.release(slot)
             mesh.want_flush(link)  # the ACK that was held
 
-        mesh.router.remote.retain_from_peer(msg, stored)
+        try:
+            mesh.router.remote.retain_from_peer(msg, stored)
+        except BaseException:
+            # a held slot that is never released would pin the link's ACK for good (the
+            # window fills, the peer's resends are dropped as already seen): let it go, and
+            # let on_entries count the failure
+            stored()
+            raise
 
     def on_sync(self, link: MeshLink, msg: Message, seq: int) -> None:
         """A RETAIN_SYNC entry: taken where we hold nothing for its topic, unless we cleared

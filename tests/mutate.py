@@ -292,6 +292,16 @@ MUTATIONS: tuple[Mutation, ...] = (
          "test_a_resync_does_not_bring_back_a_message_cleared_while_apart",),
     ),
     Mutation(
+        "peer-retained-acked-before-stored",
+        "cluster/retainsync.py on_retain: the link ACK of a peer's retained change is not held "
+        "until its state record is durable",
+        "cluster/retainsync.py",
+        "        slot = link.inbound.hold(seq)\n",
+        "        slot = [seq, True]\n",
+        ("tests/cluster/test_retainsync_unit.py::"
+         "test_the_link_ack_waits_until_the_change_is_stored",),
+    ),
+    Mutation(
         "qos2-receive-state-not-persisted",
         "broker/sessionstore.py _encode: the QoS 2 packet ids received are not in the record",
         "broker/sessionstore.py",
