@@ -8,8 +8,17 @@
   publisher on node 0 and the subscriber on node 2 (every message crosses a link): QoS 0 1->1,
   QoS 1 on a logged topic whose owner router is node 1 (APPEND n0->n1, fsync on n1, DELIVER
   n1->n2, the PUBACK back n1->n0), and p99 publish->deliver at half of each one's QoS 0 rate.
-* ``stall``: 3 nodes, publisher on n0, subscribers of the same topic on n1 and n2; the n0->n2
-  rate before, while n1's router is SIGSTOPped, and after SIGCONT, in one cluster.
+* ``stall``: does a stalled peer slow the other links? 3 nodes, publisher on n0, subscriber on
+  n2, n1's router SIGSTOPped in *both* windows, so the same processes run and the same link
+  state machine turns (n0 declares the link to n1 dead after ``link_timeout`` and redials it)
+  in both. Only the subscription n1 took before it was stopped differs: ``stall_idle`` (the
+  baseline) has n1 subscribed to a topic nobody publishes, so n0 sends it nothing;
+  ``stall_full`` has n1 subscribed to the published topic, so n0's link to n1 fills its window
+  and its ``link_max_queued_bytes`` and then drops every delivery for n1 (counted in
+  ``meshmq_link_dropped_total``). The ratio is therefore the cost of a full link to a stalled
+  peer. (The first design compared n1 stopped with n1 running: stopping n1 freed the CPU that
+  n1 used and that n0 spent sending to it, and on this 2-core box n0->n2 got *faster*, 1.21x:
+  freed CPU, not a property of links.) ``--groups stall`` runs only this.
 
 It reuses the load generator (``bench/loadgen.py``), the coordinator (``bench/runner.py``) and the
 broker process handling (``bench/brokers.py``): every process is started by the bench and stopped
@@ -57,6 +66,8 @@ GROUPS = ["scale", "single", "mesh", "stall"]
 QOS0_WINDOW = {"n": 2000}
 # [cluster] keys set on every node (--link-window): empty means meshmq's defaults
 CLUSTER_OVERRIDES: dict[str, int] = {}
+# [cluster] keys set on the stall group's nodes only (--stall-queue-bytes)
+STALL_OVERRIDES: dict[str, int] = {}
 
 # workload -> (label, unit, higher is better)
 WORKLOADS = {
@@ -68,9 +79,10 @@ WORKLOADS = {
     "mesh_qos1": ("3 nodes, pub n0 -> sub n2, QoS 1 logged, owner n1", "msg/s", True),
     "single_latency": ("single node p99 at 50% of its qos0", "ms", False),
     "mesh_latency": ("3 nodes n0 -> n2 p99 at 50% of mesh qos0", "ms", False),
-    "stall_before": ("n0 -> n2 QoS 0, n1 running (before)", "msg/s", True),
-    "stall_stopped": ("n0 -> n2 QoS 0, n1's router SIGSTOPped", "msg/s", True),
-    "stall_after": ("n0 -> n2 QoS 0, after SIGCONT", "msg/s", True),
+    "stall_idle": ("n0 -> n2 QoS 0, n1's router SIGSTOPped, no matching subscription "
+                   "(baseline: n0 sends it nothing)", "msg/s", True),
+    "stall_full": ("n0 -> n2 QoS 0, n1's router SIGSTOPped holding a matching subscription "
+                   "(n0's link to it full, dropping)", "msg/s", True),
 }
 GROUP_OF = {w: w.split("_")[0] for w in WORKLOADS}
 
@@ -81,10 +93,16 @@ TARGETS = [
     ("3-node QoS 1 (owner n1) / single-node logged QoS 1", "mesh_qos1", "single_qos1", 0.5, ">="),
     ("3-node p99 / single-node p99 (reported, no target)", "mesh_latency", "single_latency",
      None, ""),
-    ("n0->n2 with n1's router stopped / before", "stall_stopped", "stall_before", 0.1, "|1-x|<"),
-    ("n0->n2 after SIGCONT / before (no target: n0 also drains n1's backlog)", "stall_after",
-     "stall_before", None, ""),
+    ("n0->n2 with a full link to stopped n1 / with stopped n1 sent nothing", "stall_full",
+     "stall_idle", 0.1, "|1-x|<"),
 ]
+STALL = ("stall_idle", "stall_full")
+#: Seconds from the SIGSTOP to the measurement, in both stall windows: past cluster.link_timeout
+#: (6 s by default), so n0 has declared the link dead and is redialling in both.
+STALL_SETTLE = {"s": 8.0}  # --stall-settle
+#: At most this long for n0's link to the stopped n1 to reach link_max_queued_bytes (64 MiB by
+#: default: ~450k 64-byte deliveries) in stall_full; measured anyway past it, and said so.
+STALL_FILL_MAX_S = 60.0
 
 
 def _say(msg: str) -> None:
@@ -150,8 +168,10 @@ class Cluster:
 
     name = "meshmq-cluster"
 
-    def __init__(self, nodes: int, routers: int) -> None:
+    def __init__(self, nodes: int, routers: int, overrides: dict[str, int] | None = None
+                 ) -> None:
         self.routers = routers
+        self.overrides = {**CLUSTER_OVERRIDES, **(overrides or {})}
         self.mesh_ports = [free_port_range(routers) for _ in range(nodes)]
         self.nodes = [MeshNode(f"n{i}", self._toml_fn(i)) for i in range(nodes)]
         self.procs: dict[str, int] = {}  # "n0" (supervisor), "n0/1" (router) -> PID
@@ -160,7 +180,7 @@ class Cluster:
         def toml() -> str:
             lines = ["", "[cluster]", 'name = "bench"', f"routers = {self.routers}",
                      f'secret = "{SECRET}"']
-            lines += [f"{k} = {v}" for k, v in CLUSTER_OVERRIDES.items()]
+            lines += [f"{k} = {v}" for k, v in self.overrides.items()]
             if len(self.mesh_ports) == 1:  # the one-host shorthand: N routers on one node
                 lines.append(f"port = {self.mesh_ports[0]}")
             else:
@@ -377,50 +397,77 @@ def run_single(mode: Mode) -> dict[str, dict]:
 
 
 def run_stall(cl: Cluster, mode: Mode) -> dict[str, dict]:
-    """n0 -> n2 before, during and after a SIGSTOP of n1's router (which subscribes too)."""
+    """The baseline (stopped n1 sent nothing), then the stall (stopped n1's link full), in one
+    cluster; n1 resumes in between and the links drain before the second window."""
+    out = {"stall_idle": _stall_window(cl, mode, "si", full=False)}
+    drain_links(cl, timeout=30.0)
+    end = time.monotonic() + 10  # the idle window's filter gone from n0's routes of n1
+    while cl.links([0])["n0/0->n1/0"]["routes_in"] > 0:
+        if time.monotonic() > end:
+            out["stall_full"] = {"status": "failed",
+                                 "error": "n1's previous subscription still routed at n0"}
+            return out
+        time.sleep(0.05)
+    out["stall_full"] = _stall_window(cl, mode, "sf", full=True)
+    return out
+
+
+def _stall_window(cl: Cluster, mode: Mode, tag: str, full: bool) -> dict:
+    """n0 -> n2 QoS 0 with n1's router SIGSTOPped. A subscriber at n1 subscribes before the
+    stop, to the published topic (``full``) or to one nobody publishes; n0 must know that
+    filter before the stop, so both windows differ in nothing else. Measured from
+    ``--stall-settle`` seconds after the stop, and with ``full`` not before n0's link to n1
+    drops."""
     n0, n1, n2 = (n.port for n in cl.nodes)
     topic = "bench/stall"
-    ph = Phase(cl, mode, "sl")
+    n1_filter = topic if full else "bench/stall-idle"
     victim = cl.procs["n1/0"]
-    out: dict[str, dict] = {}
+    link = "n0/0->n1/0"
+    ph = Phase(cl, mode, tag)
     stopped = False
     try:
         s2 = ph.add("sub", n=1, filter=topic, topic=topic, qos=0, payload_len=64, port=n2)
-        ph.add("sub", n=1, filter=topic, topic=topic, qos=0, payload_len=64, port=n1)
-        # the window follows n2's subscriber only: n1's stops counting while it is stopped
+        ph.add("sub", n=1, filter=n1_filter, topic=n1_filter, qos=0, payload_len=64, port=n1)
+        # the window follows n2's subscriber only: n1's gets nothing while n1 is stopped
         ph.add("pub0", topics=[topic], payload_len=64, window=QOS0_WINDOW["n"], batch=64,
                recv_slots=[s2 + lg.RECV], fanout=1, port=n0)
-        ph.start(extra_time=3 * (mode.warmup + mode.duration) + 5)
+        ph.start(extra_time=STALL_SETTLE["s"] + STALL_FILL_MAX_S + mode.duration + 10)
         why = ph.wait_ready(mode.ready_timeout)
         if why:
-            return {w: {"status": "failed", "error": why} for w in
-                    ("stall_before", "stall_stopped", "stall_after")}
-
-        def n2_recv() -> int:
-            return ph.slot(s2, lg.RECV)
-
-        def window(name: str, go: bool = False) -> None:
-            l0 = cl.links([0])
-            res = _measure_rate(ph, n2_recv, mode.warmup, mode.duration, go=go)
-            l1 = cl.links([0])
-            if isinstance(res, str):
-                out[name] = {"status": "failed", "error": res}
-                return
-            res["n0_links"] = {k: {"msgs_out": lk["msgs_out"] - l0.get(k, {}).get("msgs_out", 0),
-                                   "state": lk["state"], "queued": lk["queued"],
-                                   "unacked": lk["unacked"],
-                                   "dropped": lk["dropped_full"] + lk["dropped_reconnect"]}
-                               for k, lk in l1.items()}
-            out[name] = res
-
-        window("stall_before", go=True)
+            return {"status": "failed", "error": why}
+        end = time.monotonic() + 10
+        while cl.links([0])[link]["routes_in"] < 1:  # n1's filter known at n0
+            if time.monotonic() > end:
+                return {"status": "failed", "error": "n1's subscription never reached n0"}
+            time.sleep(0.05)
+        l0 = cl.links([0])[link]
         os.kill(victim, signal.SIGSTOP)
         stopped = True
-        window("stall_stopped")
-        os.kill(victim, signal.SIGCONT)
-        stopped = False
-        window("stall_after")
-        return out
+        t_stop = time.monotonic()
+        ph.go()
+        filled = None
+        while True:  # the same polling of n0's admin API in both windows
+            time.sleep(0.25)
+            if not cl.alive():
+                return {"status": "failed", "error": f"a node died: {cl.log_tail()}"}
+            lk = cl.links([0])[link]
+            waited = time.monotonic() - t_stop
+            if filled is None and lk["dropped_full"] > l0["dropped_full"]:
+                filled = round(waited, 1)
+            if waited >= STALL_SETTLE["s"] and (not full or filled is not None
+                                             or waited >= STALL_FILL_MAX_S):
+                break
+        la = cl.links([0])[link]
+        res = _measure_rate(ph, lambda: ph.slot(s2, lg.RECV), 0.0, mode.duration, go=False)
+        lb = cl.links([0])[link]
+        if isinstance(res, str):
+            return {"status": "failed", "error": res}
+        return {**res, "settle_s": round(time.monotonic() - t_stop - res["window_s"], 1),
+                "n1_link": {"state": lb["state"], "queued": lb["queued"],
+                            "queued_bytes": lb["queued_bytes"], "unacked": lb["unacked"],
+                            "full_after_s": filled,
+                            "dropped_in_window": lb["dropped_full"] - la["dropped_full"],
+                            "dropped_total": lb["dropped_full"] - l0["dropped_full"]}}
     finally:
         if stopped:
             with contextlib.suppress(ProcessLookupError):
@@ -431,8 +478,9 @@ def run_stall(cl: Cluster, mode: Mode) -> dict[str, dict]:
 # --------------------------------------------------------------------------------------- the run
 
 
-def _with_cluster(nodes: int, routers: int, fn, names: list[str]) -> dict[str, dict]:
-    cl = Cluster(nodes, routers)
+def _with_cluster(nodes: int, routers: int, fn, names: list[str],
+                  overrides: dict[str, int] | None = None) -> dict[str, dict]:
+    cl = Cluster(nodes, routers, overrides)
     try:
         cl.start()
         return fn(cl)
@@ -512,10 +560,19 @@ def _extra(w: str, r: dict | None) -> str:
     if "p50_ms" in r:
         bits.append(f"p50 {r['p50_ms']:.2f} / p99 {r['p99_ms']:.2f} / p999 {r['p999_ms']:.2f} ms "
                     f"at {r['target_rate']:,.0f} msg/s")
-    if "n0_links" in r:
+    if "n0_links" in r:  # results of the first stall design (stall_before/stopped/after)
         bits.append("; ".join(f"{k}: {v['state']}, {v['msgs_out']:,} out, queued "
                               f"{v['queued']:,}, unacked {v['unacked']}"
                               for k, v in r["n0_links"].items()))
+    if "n1_link" in r:
+        v = r["n1_link"]
+        full = (f"full {v['full_after_s']} s after the stop" if v["full_after_s"] is not None
+                else "never full")
+        bits.append(f"n0/0->n1/0: {v['state']}, queued {v['queued']:,} "
+                    f"({v['queued_bytes'] / 2**20:.0f} MiB), unacked {v['unacked']:,}, {full}; "
+                    f"dropped {v['dropped_in_window']:,} in the window "
+                    f"({v['dropped_total']:,} since the stop); measured from "
+                    f"{r['settle_s']} s after the stop")
     return "; ".join(bits)
 
 
@@ -598,6 +655,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "as bench's qos0; the 32 pairs of 'scale' get twice it)")
     ap.add_argument("--link-window", type=int, default=None, metavar="N",
                     help="set cluster.link_window on every node (default: meshmq's default)")
+    ap.add_argument("--stall-settle", type=float, default=STALL_SETTLE["s"], metavar="S",
+                    help="stall: seconds from n1's SIGSTOP to the measurement in both windows "
+                         "(default 8: past cluster.link_timeout, so n0 has declared the link "
+                         "dead in both)")
+    ap.add_argument("--stall-queue-bytes", type=int, default=None, metavar="N",
+                    help="stall: cluster.link_max_queued_bytes on its nodes (default meshmq's "
+                         "64 MiB; smaller fills the stopped peer's link sooner)")
     ap.add_argument("--out", default="bench/results", help="output folder (git-ignored)")
     ap.add_argument("--markdown", metavar="RESULTS_JSON",
                     help="only print an earlier run's tables (with --update-readme: write them "
@@ -623,6 +687,9 @@ def run(args: argparse.Namespace) -> int:
     QOS0_WINDOW["n"] = args.window
     if args.link_window:
         CLUSTER_OVERRIDES["link_window"] = args.link_window
+    STALL_SETTLE["s"] = args.stall_settle
+    if args.stall_queue_bytes:
+        STALL_OVERRIDES["link_max_queued_bytes"] = args.stall_queue_bytes
     raise_nofile()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -633,6 +700,8 @@ def run(args: argparse.Namespace) -> int:
     doc = {"meta": {"date": started.strftime("%Y-%m-%d %H:%M UTC"), "quick": args.quick,
                     "rounds": mode.rounds, "mode": asdict(mode), "argv": sys.argv[1:],
                     "loadavg_start": loadavg(), "cluster_overrides": dict(CLUSTER_OVERRIDES),
+                    "stall_overrides": dict(STALL_OVERRIDES),
+                    "stall_settle_s": STALL_SETTLE["s"],
                     "qos0_window": QOS0_WINDOW["n"],
                     **info,
                     "machine": f"{info['cpu'] or 'unknown CPU'}, {os.cpu_count()} cores"},
@@ -673,8 +742,8 @@ def run(args: argparse.Namespace) -> int:
                                           ["mesh_qos0", "mesh_qos1", "mesh_latency"]), t0)
             if "stall" in groups:
                 t0 = time.monotonic()
-                record(rnd, _with_cluster(3, 1, lambda cl: run_stall(cl, mode),
-                                          ["stall_before", "stall_stopped", "stall_after"]), t0)
+                record(rnd, _with_cluster(3, 1, lambda cl: run_stall(cl, mode), list(STALL),
+                                          STALL_OVERRIDES), t0)
     except KeyboardInterrupt:
         interrupted = True
         _say("\ninterrupted: every process stopped; writing partial results")

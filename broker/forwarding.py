@@ -11,12 +11,16 @@ Without a forwarder none of this runs and the router is the single-node broker u
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from broker.connection import fail_client
+from broker.lograte import RateLimitedLog
 from broker.protocol.properties import Prop
 from broker.protocol.reasons import Reason
 from broker.stats import DropReason
+from commitlog.store import LogWriteError
 
 if TYPE_CHECKING:
     from broker.connection import Connection
@@ -25,6 +29,10 @@ if TYPE_CHECKING:
     from commitlog.record import Record
 
 log = logging.getLogger("broker.forwarding")
+
+#: Retained clears remembered for the resync rule (cluster/retainsync.py): oldest forgotten
+#: first past this many (about 100 bytes each).
+CLEARS_KEPT = 65_536
 
 
 class FetchResult(NamedTuple):
@@ -77,6 +85,13 @@ class RemotePublishes:
 
     def __init__(self, router: Router) -> None:
         self.router = router
+        # topic -> time.monotonic() of its last retained clear here, oldest first (at most
+        # CLEARS_KEPT): what keeps a peer's resync from bringing back a message cleared while
+        # that peer was away (cluster/retainsync.py)
+        self.clears: dict[str, float] = {}
+        self._log_not_kept = RateLimitedLog(log, logging.WARNING,
+                                            "peer retained changes not persisted",
+                                            burst=3, window=10.0)
 
     # -- at the publisher's router ----------------------------------------------------------
     def append_at_owner(self, owner: str, key: str, msg: Message, conn: Connection | None,
@@ -138,13 +153,75 @@ class RemotePublishes:
             log.exception("routing a peer's stored publish failed", extra={"topic": msg.topic})
         router.forwarder.appended(ticket, msg, exc)
 
-    def retain_from_peer(self, msg: Message) -> None:
-        """A peer's retained change: kept here, not broadcast again (one hop)."""
+    def keep_retained(self, msg: Message) -> None:
+        """Set or clear (empty payload) a retained message in memory, and note when a topic
+        was cleared. For the router's own changes, which ``DeviceLogs.append`` has already
+        written to the ``#retained`` state log with their publish; a peer's go through
+        ``retain_from_peer``, which writes them itself."""
         retained = self.router.retained
+        topic = msg.topic
+        clears = self.clears
         if not msg.payload:
-            retained.delete(msg.topic)
+            retained.delete(topic)
+            clears.pop(topic, None)  # re-inserted last: the dict stays in time order
+            clears[topic] = time.monotonic()
+            if len(clears) > CLEARS_KEPT:
+                del clears[next(iter(clears))]
         else:
-            retained.set(msg.topic, msg)
+            retained.set(topic, msg)
+            if clears:
+                clears.pop(topic, None)
+
+    def retain_from_peer(self, msg: Message, stored: Callable[[], object] | None = None) -> None:
+        """A peer's retained change (set, or clear with an empty payload): kept here and, with
+        ``mqtt.persistence``, written to the same ``#retained`` state log as our own, in this
+        tick's group commit; never broadcast again (one hop). ``stored()`` runs once that write
+        is durable (the mesh holds the link's ACK until then, so a change the peer saw
+        acknowledged survives a kill -9 here, and one that did not is resent to our next
+        incarnation), at once without persistence, and also when the write failed: the change
+        is then kept in memory only (logged), since a peer's change cannot be refused."""
+        self.keep_retained(msg)
+        logs = self.router.logs
+        persist = logs.retain_log if logs is not None else None
+        if persist is None:
+            if stored is not None:
+                stored()
+            return
+        try:
+            persist.write(msg)
+        except LogWriteError as err:
+            self._log_not_kept("a retained change from a peer router is kept in memory only "
+                               "(the #retained state log cannot write): %s", err,
+                               extra={"topic": msg.topic})
+            if stored is not None:
+                stored()
+            return
+
+        def durable(exc: BaseException | None) -> None:
+            if exc is not None:
+                self._log_not_kept("a retained change from a peer router is kept in memory "
+                                   "only (its state record was not stored): %s", exc,
+                                   extra={"topic": msg.topic})
+            if stored is not None:
+                stored()
+
+        persist.log.committer.when_durable(durable)
+
+    def cleared_since(self, topic: str, since: float) -> bool:
+        """Whether ``topic``'s retained message was cleared here (by a client of this router
+        or by a peer's change) at or after ``since`` (time.monotonic()) and not set since."""
+        at = self.clears.get(topic)
+        return at is not None and at >= since
+
+    def forget_clears_before(self, since: float) -> None:
+        """Drop the clears older than ``since``: the mesh asks no older question (see
+        cluster/retainsync.py)."""
+        clears = self.clears
+        while clears:
+            topic, at = next(iter(clears.items()))
+            if at >= since:
+                break
+            del clears[topic]
 
 
 class RemoteSessions:

@@ -10,6 +10,12 @@ retained message [MQTT-3.3.1-6] and is the log's tombstone. The message is a cop
 into its device log: retention may delete the device record while the retained message must
 stay until replaced (Mosquitto keeps it forever too).
 
+In a cluster every router keeps the whole retained set, and a change learned from a peer router
+(a RETAIN or RETAIN_SYNC entry) is written here too, by ``RemotePublishes.retain_from_peer``
+through the same ``write`` and the same group commit, with the link's ACK to the peer held
+until it is durable (cluster/retainsync.py). A router restarted while its peers are down
+therefore comes back with every retained message it knew, whoever set it.
+
 Not kept: the broker's own ``$SYS/`` status topics (republished every ``mqtt.sys_interval``).
 """
 

@@ -736,7 +736,7 @@ class Router:
         self.route(msg)
 
     def _retain(self, msg: Message) -> None:
-        self.remote.retain_from_peer(msg)
+        self.remote.keep_retained(msg)  # already in #retained with its publish (devicelogs)
         if self.forwarder is not None:
             self.forwarder.retained(msg)
 

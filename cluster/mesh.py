@@ -4,8 +4,10 @@ One ``MeshLink`` per other router of the cluster (the lower id dials, the higher
 mesh port). The router sees only the forwarder side (``broker/forwarding.py`` says what it
 calls): ``forward`` after local delivery, ``owner_of``/``append_at`` for logged publishes whose
 device log another router owns, ``appended`` when such an append is durable here, ``retained``
-for retained-message changes. The cluster calls the router back through ``route(msg,
-forward=False)``, ``append_remote`` and ``retain_remote`` only.
+for retained-message changes, ``resolve``/``fetch`` to read a log another router owns (offset
+replay and catch-up at any router). The cluster calls the router back through ``route(msg,
+forward=False)``, ``router.remote`` (``append_for_peer``, ``retain_from_peer``),
+``router.shared.deliver_share`` and ``router.sessions_remote.release_session``.
 
 One-hop rule (NATS routes, VerneMQ): a message that arrived over a link is delivered to local
 subscribers and never forwarded again, so a full mesh needs no loop detection. Logged messages
@@ -30,6 +32,7 @@ from broker.message import Message
 from cluster import frames
 from cluster.link import Done, LinkConnection, LinkFull, MeshLink
 from cluster.ownership import Ownership
+from cluster.retainsync import RetainSync
 from cluster.routes import RouteTable
 from cluster.settings import ClusterSettings, router_id, router_sort_key
 from commitlog.record import decode_batch
@@ -81,6 +84,7 @@ class Mesh:
         self._entry_log = RateLimitedLog(log, logging.ERROR, "mesh entries not applied",
                                          burst=3, window=10.0)
         self.entry_failures = 0
+        self.retain_sync = RetainSync(self)  # peer retained changes (cluster/retainsync.py)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -185,6 +189,7 @@ class Mesh:
         # is delivered when it heals (EMQX learned to treat "down" as "unreachable", not "dead",
         # PR emqx#14248); the full sync on reconnect replaces them. Log reads in flight fail
         # now (their readers retry): an answer can no longer come on this connection.
+        self.retain_sync.link_down(link)
         for req, entry in list(self._reads.items()):
             if entry[0] is link:
                 self._read_failed(req, f"the link to owner router {link.peer} went down")
@@ -300,7 +305,7 @@ class Mesh:
                 if not isinstance(err, LogWriteError):
                     raise
         elif kind == frames.RETAIN:
-            router.remote.retain_from_peer(msg)
+            self.retain_sync.on_retain(link, msg, e.seq)
         elif kind == frames.SHARE:
             if e.device is not None:
                 msg.device = e.device
@@ -308,8 +313,7 @@ class Mesh:
                 msg.remote = True
             router.shared.deliver_share(msg, *e.group)
         elif kind == frames.RETAIN_SYNC:
-            if e.payload and not router.retained.match(e.topic):
-                router.remote.retain_from_peer(msg)
+            self.retain_sync.on_sync(link, msg, e.seq)
 
     # -- sessions across routers -------------------------------------------------------------
     def claim(self, client_id: str, clean: bool, done: Any) -> None:

@@ -272,6 +272,36 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/broker/test_persistence.py::test_issue_scenario_retained_and_queued_survive",),
     ),
     Mutation(
+        "peer-retained-not-persisted",
+        "broker/forwarding.py retain_from_peer: a retained change learned from a peer router "
+        "is kept in memory only (the mqtt.persistence switch ignored for it)",
+        "broker/forwarding.py",
+        "        persist = logs.retain_log if logs is not None else None\n",
+        "        persist = None\n",
+        ("tests/cluster/test_retained_from_peers.py::"
+         "test_retained_learned_from_a_peer_survives_a_restart_without_peers",),
+    ),
+    Mutation(
+        "resync-undoes-clear",
+        "cluster/retainsync.py on_sync: a peer's RETAIN_SYNC is taken even for a topic cleared "
+        "here while apart from it",
+        "cluster/retainsync.py",
+        "        if router.remote.cleared_since(msg.topic, self.apart_since[link.peer]):\n",
+        "        if False:\n",
+        ("tests/cluster/test_retained_from_peers.py::"
+         "test_a_resync_does_not_bring_back_a_message_cleared_while_apart",),
+    ),
+    Mutation(
+        "peer-retained-acked-before-stored",
+        "cluster/retainsync.py on_retain: the link ACK of a peer's retained change is not held "
+        "until its state record is durable",
+        "cluster/retainsync.py",
+        "        slot = link.inbound.hold(seq)\n",
+        "        slot = [seq, True]\n",
+        ("tests/cluster/test_retainsync_unit.py::"
+         "test_the_link_ack_waits_until_the_change_is_stored",),
+    ),
+    Mutation(
         "qos2-receive-state-not-persisted",
         "broker/sessionstore.py _encode: the QoS 2 packet ids received are not in the record",
         "broker/sessionstore.py",

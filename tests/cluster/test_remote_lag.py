@@ -9,7 +9,6 @@ Two nodes, a queue bound of 20 messages so that a burst of hundreds overflows it
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from helpers.clients import V5, ClientFactory, PacketTypes, props, unique
