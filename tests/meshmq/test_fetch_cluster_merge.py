@@ -50,17 +50,19 @@ def _list_cluster(stores: dict[str | None, list[str]], owner: dict[str, str | No
 
 
 def test_every_owned_log_is_listed_once_across_pages_even_with_stale_copies() -> None:
-    """Router A holds stale copies of logs B owns (a changed layout): they are listed once,
-    from B, and cutting A's short page must not make the merged page skip A's later logs."""
+    """Router A (the merging one) still holds logs of devices B owns now (a changed layout):
+    copies of logs B also has, and logs B never got. Each device is listed once, from its
+    owner; and A's pages, short once the copies are left out, must not let B's later logs
+    push the merged page past A's next ones (they would be skipped)."""
     owner: dict[str, str | None] = {}
     a = [f"d{i:02d}" for i in range(0, 20, 2)]  # owned by A (None: the merging router)
-    b = [f"d{i:02d}" for i in range(1, 20, 2)]  # owned by B
+    b = [f"m{i:02d}" for i in range(10)]  # owned by B, after every d.. in sort order
     c = [f"e{i:02d}" for i in range(5)]  # owned by C
+    lost = [f"d{i:02d}" for i in range(1, 20, 2)]  # owned by B, held only by A
     owner.update({d: None for d in a})
-    owner.update({d: "B" for d in b})
+    owner.update({d: "B" for d in b + lost})
     owner.update({d: "C" for d in c})
-    stale = [f"d{i:02d}" for i in (1, 3, 5, 7)]  # B's logs, also on A's disk
-    stores = {None: a + stale, "B": b, "C": c}
+    stores = {None: a + lost + b[:3], "B": b, "C": c}  # A: B's lost logs, copies of 3 others
     want = sorted(a + b + c)
     for limit in (1, 2, 3, 7, 1000):
         assert _list_cluster(stores, owner, limit) == want, limit
