@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.broker import wait_for
+from helpers.broker import REPO_ROOT, wait_for
 from helpers.clients import V5, ClientFactory, unique
 from helpers.cluster import Cluster
 from helpers.clusternode import ClusterNode
@@ -232,6 +234,12 @@ def test_an_unreachable_owner_is_named_not_skipped(mesh: Cluster,
     assert list(page.get("unreachable", {})) == ["n2/0"], page
     listed = {e["device"] for e in page["logs"]}
     assert listed & set(published) == set(published[0::3] + published[1::3])
+    res = subprocess.run([sys.executable, "-m", "meshmq", "log", "list", "--admin",
+                          f"127.0.0.1:{mesh.nodes[0].admin_port}", "--token-file",
+                          str(mesh.nodes[0].config["admin"]["token_file"])],
+                         capture_output=True, text=True, timeout=60, cwd=str(REPO_ROOT))
+    assert res.returncode == 1 and "n2/0" in res.stderr, (res.returncode, res.stderr)
+    assert published[0] in res.stdout  # what was listed is still printed
 
 
 # ------------------------------------------------------------------ node admin fallback
