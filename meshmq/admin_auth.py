@@ -114,6 +114,13 @@ class AdminAuth:
                          ) -> web.StreamResponse:
         if request.path in OPEN_PATHS:
             return await handler(request)
+        refused = await self.refusal(request)
+        return refused if refused is not None else await handler(request)
+
+    async def refusal(self, request: web.Request) -> web.Response | None:
+        """Authenticate ``request``: None when it may go on (the reader's name is then in
+        ``request[READER_KEY]``), else the 401 or 429 to answer. The middleware's check, for
+        a server that guards only some routes itself (the node admin's ``/api/v1/cluster``)."""
         status, name = await self._identify(request)
         if status != 200:
             log.info("admin request refused (HTTP %d)", status,
@@ -124,7 +131,7 @@ class AdminAuth:
                         "later"}[status]
             return _error(status, why, headers)
         request[READER_KEY] = name
-        return await handler(request)
+        return None
 
     def may_read(self, request: web.Request, device: str) -> bool:
         """The read ACL for ``device``'s log (True when the ACL is off)."""

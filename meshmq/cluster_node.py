@@ -70,6 +70,7 @@ async def _supervise(config: NodeConfig, config_path: str | None,
             stopping.append(loop.create_task(supervisor.stop(0)))
 
     def on_hup() -> None:
+        admin.reload()  # the node admin checks credentials too (/api/v1/cluster)
         pids = supervisor.forward(signal.SIGHUP)
         log.info("SIGHUP: forwarded to the routers", extra={"pids": pids})
 

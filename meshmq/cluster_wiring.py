@@ -13,6 +13,8 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from meshmq.fetch_api import RELAYED_HEADER, attach_cluster
+
 # (link stats key, metric name, help): counters per link, labelled by peer router
 _COUNTERS = (
     ("msgs_out", "meshmq_link_messages_sent", "Entries (publishes) sent over the link."),
@@ -42,6 +44,7 @@ async def attach_mesh(node: Any) -> Any:
 
     node.admin.app.router.add_get("/api/v1/cluster", cluster_status)
     _relay_device_requests(node, mesh)
+    attach_cluster(node.admin.app, MeshView(mesh))
     node.metrics.add_collector(lambda: mesh_metrics(mesh), "mesh")
     return mesh
 
@@ -55,15 +58,17 @@ def owner_lookup(node: Any) -> Any:
 
 
 _DEVICE_PATH = re.compile(r"^/api/v1/logs/([^/]+)(/records)?$")
-_RELAYED = "X-Meshmq-Relayed"
+_RELAYED = RELAYED_HEADER
 _PASS_HEADERS = ("authorization", "accept", "content-type")
 
 
 def _relay_device_requests(node: Any, mesh: Any) -> None:
     """The fetch API answers for any device on any router: a request about a device log
     another router owns goes over the mesh link to the owner, which runs it against its own
-    admin API (so authentication, the read ACL and every status code are the owner's).
-    Listing (``/api/v1/logs``) and the many-device fetch stay per router (see README)."""
+    admin API (so authentication, the read ACL and every status code are the owner's). The
+    listing (``/api/v1/logs``) and the many-device fetch name many devices: the fetch API
+    itself splits them over the routers through ``MeshView`` (meshmq/fetch_api.py), and its
+    parts come back here, at each peer, through ``mesh.admin_executor``."""
     session: dict[str, aiohttp.ClientSession] = {}
 
     async def execute(method: str, path: str, headers: list[tuple[str, str]],
@@ -105,6 +110,25 @@ def _relay_device_requests(node: Any, mesh: Any) -> None:
         return resp
 
     node.admin.app.middlewares.append(relay)
+
+
+class MeshView:
+    """The fetch API's view of the cluster (``meshmq.fetch_api.ClusterView``) over the mesh:
+    who owns a device, the other routers, and an admin request run at one of them."""
+
+    def __init__(self, mesh: Any) -> None:
+        self._mesh = mesh
+
+    def owner_of(self, device: str) -> str | None:
+        return self._mesh.owner_of(device)
+
+    def peers(self) -> list[str]:
+        return list(self._mesh.links)
+
+    async def relay(self, router: str, method: str, path: str, headers: list[tuple[str, str]],
+                    body: bytes, timeout: float,
+                    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        return await self._mesh.relay(router, method, path, headers, body, timeout)
 
 
 def mesh_metrics(mesh: Any) -> Iterable[Metric]:

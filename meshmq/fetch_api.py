@@ -22,6 +22,13 @@ is unknown (404), exactly as if it had never published.
     blob; a page costs O(N), the sorted key list is cached until a device is added). ``start``
     is the first offset still retained (retention moves it). 400 naming the parameter if bad.
 
+    In a cluster the page covers **every router's** logs: the router asks every other router
+    for the same page over the mesh and merges them (``merge_pages``; each device from its
+    owner only, paging exact). A router that does not answer is named, with why, under
+    ``"unreachable": {"n1/0": "..."}`` (absent when all answered): its logs are missing from
+    the page, and a reader must not take them as gone. A request carrying
+    ``X-Meshmq-Relayed`` lists only the logs of the router it reaches (what a peer asks for).
+
 ``GET /api/v1/logs/{device}``
     200 ``{"device": "d1", "start": 0, "end": 42}``;
     404 ``{"error": "unknown device 'd1'"}``.
@@ -85,6 +92,15 @@ is unknown (404), exactly as if it had never published.
     names it, e.g. ``devices[3].offset``); 503 when ``MAX_LONG_POLLS`` (64) long polls already
     wait (a WARNING is logged): retry, or poll without ``max_wait_ms``.
 
+    In a cluster any router answers for every device: the devices are split by owner router,
+    each owner reads its own (sent the same request for its devices over the mesh, with the
+    caller's ``Authorization``: it authenticates and applies its read ACL itself), and the
+    parts are merged into one response, the format, order and budget rules unchanged
+    (``_fetch_spread``). A long poll ends when any part has news or the wait ends. A part
+    that fails fails the request with its status and ``{"error", "router"}`` naming the
+    router: 503 when its link is down, 504 when it did not answer in time, or its own
+    4xx/5xx; with ``X-Meshmq-Relayed`` only this router's store is read.
+
 Reads run **on the event loop**, not in an executor: ``LogStore`` is single-threaded by
 contract (only ``sync()`` may run on another thread; ``read`` mutates the read-fd cache, the
 tail-cache LRU and the stats, and races with ``append``/``commit`` over the tail cache). To keep
@@ -104,19 +120,27 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import NamedTuple, Protocol
+from urllib.parse import urlencode
 
 from aiohttp import web
 
 from commitlog import fetch as _fetch
 from commitlog.fetch import encode_fetch_raw
-from commitlog.record import CorruptRecordError
+from commitlog.record import HEADER as RECORD_HEADER
+from commitlog.record import U32, CorruptRecordError
 from commitlog.store import LogStore, OffsetOutOfRangeError
 
 __all__ = [
     "register_fetch_routes",
+    "attach_cluster",
+    "ClusterView",
+    "merge_pages",
+    "RELAYED_HEADER",
     "LOGS_PATH",
     "FETCH_PATH",
     "MAX_FETCH_DEVICES",
@@ -150,6 +174,18 @@ DEFAULT_PAGE = 1000
 MAX_PAGE = 10_000
 # Devices read between two yields to the loop in a many-device fetch.
 FETCH_SLICE_DEVICES = 64
+# Set on a request one router runs for another (cluster_wiring's relay): it is answered from
+# this router's own store only, never relayed or gathered again (no loops, no double counts).
+RELAYED_HEADER = "X-Meshmq-Relayed"
+# How long a router waits for a peer's listing page or fetch part (beyond any long poll).
+RELAY_TIMEOUT_S = 30.0
+# Budget of one relayed fetch part: the part travels as one mesh frame (cluster/frames.py
+# MAX_FRAME is 64 MiB, headers and section heads included), so a 64 MiB request must not ask
+# a peer for a 64 MiB part. The merged response still honours the request's max_bytes.
+RELAY_MAX_BYTES = 32 << 20
+# A long poll spread over routers waits on each peer in slices of this length: a slice
+# abandoned (another part woke the poll) keeps the peer's long-poll slot only this long.
+PROBE_SLICE_S = 1.0
 _STORE_KEY = web.AppKey("meshmq_log_store", LogStore)
 # Whether the request's reader may read a device's log (meshmq/admin_auth.py: the MQTT read ACL);
 # absent when the admin server has no authentication.
@@ -210,21 +246,23 @@ def _unknown(device: str) -> _HttpError:
     return _HttpError(404, f"unknown device {device!r}")
 
 
-async def _list_logs(request: web.Request) -> web.Response:
-    store = request.app[_STORE_KEY]
-    query = request.query
-    try:
-        for name in query:
-            if name not in ("after", "limit"):
-                raise _HttpError(400, f"unknown parameter {name!r}; allowed: after, limit",
-                                 parameter=name)
-        limit = _int_param(query, "limit", 1, MAX_PAGE) or DEFAULT_PAGE
-    except _HttpError as err:
-        return _json(err.status, err.body)
-    after = query.get("after")
+def _list_params(query: Mapping[str, str]) -> tuple[str | None, int]:
+    """``after`` and ``limit`` of a listing; 400 naming a bad or unknown parameter."""
+    for name in query:
+        if name not in ("after", "limit"):
+            raise _HttpError(400, f"unknown parameter {name!r}; allowed: after, limit",
+                             parameter=name)
+    return query.get("after"), _int_param(query, "limit", 1, MAX_PAGE) or DEFAULT_PAGE
+
+
+def _local_page(request: web.Request, store: LogStore, after: str | None, limit: int,
+                ) -> tuple[list[dict[str, object]], str | None]:
+    """One page of this router's own logs: ``(logs, next_after)``, ``next_after`` None on
+    the last page. A page that is not the last holds exactly ``limit`` logs (hidden and
+    uncommitted devices are skipped, not counted): the cluster merge relies on it."""
     keys = _sorted_keys(request.app, store)
     i = 0 if after is None else bisect.bisect_right(keys, after)
-    logs = []
+    logs: list[dict[str, object]] = []
     while i < len(keys) and len(logs) < limit:
         device = keys[i]
         i += 1
@@ -233,10 +271,25 @@ async def _list_logs(request: web.Request) -> web.Response:
         rng = _committed_range(store, device)
         if rng is not None:
             logs.append({"device": device, "start": rng[0], "end": rng[1]})
-    page: dict[str, object] = {"logs": logs}
     if i < len(keys):  # more pages follow (absent on the last page)
-        page["next_after"] = logs[-1]["device"] if logs else keys[i - 1]
-    return _json(200, page)
+        return logs, str(logs[-1]["device"]) if logs else keys[i - 1]
+    return logs, None
+
+
+async def _list_logs(request: web.Request) -> web.Response:
+    store = request.app[_STORE_KEY]
+    try:
+        after, limit = _list_params(request.query)
+    except _HttpError as err:
+        return _json(err.status, err.body)
+    logs, next_after = _local_page(request, store, after, limit)
+    view = request.app.get(_CLUSTER_KEY)
+    if view is None or RELAYED_HEADER in request.headers:
+        page: dict[str, object] = {"logs": logs}
+        if next_after is not None:
+            page["next_after"] = next_after
+        return _json(200, page)
+    return _json(200, await _cluster_page(request, view, logs, next_after, after, limit))
 
 
 _SORTED_KEY = web.AppKey("meshmq_sorted_keys", dict)
@@ -439,6 +492,15 @@ def _parse_fetch(body: object) -> tuple[list[tuple[str, int | None]], int, int, 
     return out, max_records, max_bytes, per_dev, wait_ms
 
 
+class _Limits(NamedTuple):
+    """A many-device fetch's limits, as parsed from its body."""
+
+    max_records: int
+    max_bytes: int
+    per_dev: int
+    wait_ms: int
+
+
 async def _fetch_many(request: web.Request) -> web.Response:
     store = request.app[_STORE_KEY]
     try:
@@ -446,33 +508,62 @@ async def _fetch_many(request: web.Request) -> web.Response:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
             raise _HttpError(400, "the body is not valid JSON", parameter="body") from None
-        devices, max_records, max_bytes, per_dev, wait_ms = _parse_fetch(body)
+        devices, *limits = _parse_fetch(body)
+        lim = _Limits(*limits)
         denied = next((d for d, _ in devices if not _may_read(request, d)), None)
         if denied is not None:  # the same read ACL as the per-device routes
             return _denied(denied)
-        sections, found = await _read_many(store, devices, max_records, max_bytes, per_dev)
-        if not found and wait_ms:
-            polls = request.app[_POLLS_KEY]
-            if polls[0] >= MAX_LONG_POLLS:
-                log.warning("fetch API: %d long polls already wait; refusing another (503)",
-                            polls[0])
-                raise _HttpError(503, f"too many long polls waiting (limit {MAX_LONG_POLLS}); "
-                                 "retry, or poll without max_wait_ms")
-            polls[0] += 1
-            try:
-                await _wait_for_data(store, devices, sections, wait_ms / 1000)
-            finally:
-                polls[0] -= 1
-            sections, found = await _read_many(store, devices, max_records, max_bytes, per_dev)
+        view = request.app.get(_CLUSTER_KEY)
+        if view is not None and RELAYED_HEADER not in request.headers:
+            groups = _by_owner(view, devices)
+            if set(groups) != {None}:  # some devices live at other routers
+                body_out = await _fetch_spread(request, store, view, devices, groups, lim)
+                return _fetch_response(body_out)
+        sections, found = await _read_many(store, devices, lim.max_records, lim.max_bytes,
+                                           lim.per_dev)
+        if not found and lim.wait_ms:
+            with _long_poll_slot(request.app):
+                await _wait_for_data(store, _wait_targets(devices, sections),
+                                     lim.wait_ms / 1000)
+            sections, found = await _read_many(store, devices, lim.max_records, lim.max_bytes,
+                                               lim.per_dev)
     except _HttpError as err:
         return _json(err.status, err.body)
     except CorruptRecordError as exc:
         log.error("fetch API: corrupt record while reading device logs",
                   extra={"error": str(exc)})
         return _json(500, {"error": f"corrupt record: {exc}"})
-    return web.Response(body=_fetch.encode_multi_fetch_parts([s[0] for s in sections]),
-                        content_type="application/octet-stream",
+    return _fetch_response(_fetch.encode_multi_fetch_parts([s[0] for s in sections]))
+
+
+def _fetch_response(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/octet-stream",
                         headers={"Cache-Control": "no-store"})
+
+
+@contextlib.contextmanager
+def _long_poll_slot(app: web.Application) -> Iterator[None]:
+    """One of the ``MAX_LONG_POLLS`` slots for as long as a long poll waits; 503 when all
+    are taken."""
+    polls = app[_POLLS_KEY]
+    if polls[0] >= MAX_LONG_POLLS:
+        log.warning("fetch API: %d long polls already wait; refusing another (503)", polls[0])
+        raise _HttpError(503, f"too many long polls waiting (limit {MAX_LONG_POLLS}); "
+                         "retry, or poll without max_wait_ms")
+    polls[0] += 1
+    try:
+        yield
+    finally:
+        polls[0] -= 1
+
+
+def _wait_targets(devices: list[tuple[str, int | None]],
+                  sections: list[tuple[list[bytes], int, int]]) -> list[tuple[str, int]]:
+    """``(device, offset)`` a long poll waits on: devices with nothing to say yet (ok with no
+    record, or unknown), at the offset their section reports."""
+    return [(device, off) for (device, _), (_enc, status, off) in zip(devices, sections,
+                                                                     strict=True)
+            if status in (_fetch.STATUS_OK, _fetch.STATUS_UNKNOWN_DEVICE)]
 
 
 async def _read_many(store: LogStore, devices: list[tuple[str, int | None]], max_records: int,
@@ -520,11 +611,12 @@ async def _read_many(store: LogStore, devices: list[tuple[str, int | None]], max
     return out, found
 
 
-async def _wait_for_data(store: LogStore, devices: list[tuple[str, int | None]],
-                         sections: list[tuple[list[bytes], int, int]], timeout: float) -> None:
-    """Long poll: until one of the devices' high-water marks passes the offset asked (a
-    new committed record, or a device appearing), or ``timeout``. Uses the store's
-    per-device commit waiters, removed again however the wait ends."""
+async def _wait_for_data(store: LogStore, targets: list[tuple[str, int]],
+                         timeout: float) -> None:
+    """Long poll: until one of the devices' high-water marks passes its offset in
+    ``targets`` (a new committed record, or a device appearing), or ``timeout``. Uses the
+    store's per-device commit waiters, removed again however the wait ends (a cancelled
+    wait included: the cluster's spread long poll cancels it when another part wakes)."""
     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def wake(_exc: BaseException | None) -> None:
@@ -533,11 +625,10 @@ async def _wait_for_data(store: LogStore, devices: list[tuple[str, int | None]],
 
     handles = []
     try:
-        for (device, _asked), (_enc, status, off) in zip(devices, sections, strict=True):
-            if status in (_fetch.STATUS_OK, _fetch.STATUS_UNKNOWN_DEVICE):
-                handles.append(store.when_high_watermark(device, off + 1, wake))
-                if fut.done():
-                    break
+        for device, off in targets:
+            handles.append(store.when_high_watermark(device, off + 1, wake))
+            if fut.done():
+                break
         if not fut.done():
             try:
                 await asyncio.wait_for(asyncio.shield(fut), timeout)
@@ -546,3 +637,352 @@ async def _wait_for_data(store: LogStore, devices: list[tuple[str, int | None]],
     finally:
         for h in handles:
             store.cancel_high_watermark_wait(h)
+
+
+# ------------------------------------------------------------------ the cluster's view
+#
+# In a cluster every router's fetch API answers for every device log, wherever its owner is.
+# A single-device request is relayed whole to the owner (meshmq/cluster_wiring.py). The two
+# requests that name many devices are split here: the listing gathers one page from every
+# router, the many-device fetch sends each owner its devices. Each peer runs its part against
+# its own admin API (its authentication, its read ACL, its statuses) with RELAYED_HEADER set,
+# so it answers from its own store only.
+
+
+class ClusterView(Protocol):
+    """What the fetch API needs of the cluster; meshmq/cluster_wiring.py builds it over the
+    mesh. A protocol, so this module imports nothing of cluster/ (shared/notes/architecture.md:
+    the wiring connects the rooms)."""
+
+    def owner_of(self, device: str) -> str | None:
+        """The router owning ``device``'s log; None when it is this router."""
+        ...
+
+    def peers(self) -> list[str]:
+        """Every other router of the cluster."""
+        ...
+
+    async def relay(self, router: str, method: str, path: str, headers: list[tuple[str, str]],
+                    body: bytes, timeout: float,
+                    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        """Run an admin request at ``router``: ``(status, content type, headers, body)``; 503
+        when its link is down, 504 when it did not answer within ``timeout``."""
+        ...
+
+
+_CLUSTER_KEY = web.AppKey("meshmq_cluster_view", ClusterView)
+
+
+def attach_cluster(app: web.Application, view: ClusterView) -> None:
+    """Make the fetch API routes of ``app`` answer for the whole cluster (before the app
+    starts). A no-op when the app serves no fetch API (commit log off)."""
+    if _STORE_KEY in app:
+        app[_CLUSTER_KEY] = view
+
+
+def _relay_headers(request: web.Request, json_body: bool = False) -> list[tuple[str, str]]:
+    """The caller's credentials go with every part: each owner authenticates the reader and
+    applies its own read ACL, as for a single-device relay."""
+    out = [(k, v) for k, v in request.headers.items() if k.lower() == "authorization"]
+    if json_body:
+        out.append(("Content-Type", "application/json"))
+    return out
+
+
+async def _relay(view: ClusterView, router: str, method: str, path: str,
+                 headers: list[tuple[str, str]], body: bytes, timeout: float,
+                 ) -> tuple[int, str, bytes]:
+    """``view.relay`` with a failure of the relay itself turned into a 502 answer."""
+    try:
+        status, ctype, _headers, out = await view.relay(router, method, path, headers, body,
+                                                        timeout)
+    except Exception as exc:  # noqa: BLE001 - one peer's failure is reported, not raised
+        log.warning("fetch API: relaying %s %s to router %s failed: %r", method, path, router,
+                    exc)
+        return 502, "text/plain", f"relaying to router {router} failed: {exc!r}".encode()
+    return status, ctype, out
+
+
+def _peer_error(router: str, status: int, ctype: str, body: bytes) -> _HttpError:
+    """A peer's non-200 answer as this request's error, naming the router; the peer's JSON
+    fields (``parameter``, ``offset``...) are kept."""
+    message = body.decode("utf-8", "replace")[:500]
+    extra: dict[str, object] = {}
+    if ctype == "application/json":
+        with contextlib.suppress(ValueError):
+            doc = json.loads(body)
+            if isinstance(doc, dict):
+                message = str(doc.get("error", message))
+                extra = {k: v for k, v in doc.items() if k not in ("error", "status", "message")}
+    extra["router"] = router
+    return _HttpError(status, f"router {router}: {message}", **extra)
+
+
+# -- listing
+
+
+async def _cluster_page(request: web.Request, view: ClusterView,
+                        logs: list[dict[str, object]], next_after: str | None,
+                        after: str | None, limit: int) -> dict[str, object]:
+    """This page of the whole cluster's listing: the same page asked of every peer, merged
+    with this router's (``merge_pages``). A peer that does not answer is named under
+    ``unreachable`` (router -> why): its logs are missing from the page, and a reader must
+    not take them as gone."""
+    query = {"limit": str(limit)}
+    if after is not None:
+        query["after"] = after
+    path = LOGS_PATH + "?" + urlencode(query)
+    peers = view.peers()
+    headers = _relay_headers(request)
+    answers = await asyncio.gather(*(_relay(view, p, "GET", path, headers, b"",
+                                            RELAY_TIMEOUT_S) for p in peers))
+    sources: list[tuple[str | None, list[dict[str, object]], str | None]] = [
+        (None, logs, next_after)]
+    unreachable: dict[str, str] = {}
+    for peer, (status, ctype, body) in zip(peers, answers, strict=True):
+        if status != 200:
+            unreachable[peer] = str(_peer_error(peer, status, ctype, body))
+            continue
+        try:
+            page = json.loads(body)
+            entries = list(page["logs"])
+            nxt = page.get("next_after")
+        except (ValueError, KeyError, TypeError):
+            unreachable[peer] = f"router {peer}: answered a listing that is not one"
+            continue
+        sources.append((peer, entries, None if nxt is None else str(nxt)))
+    if unreachable:
+        log.warning("fetch API: the log listing misses routers that did not answer: %s",
+                    "; ".join(unreachable.values()))
+    out = merge_pages(sources, limit, view.owner_of)
+    if unreachable:
+        out["unreachable"] = unreachable
+    return out
+
+
+def merge_pages(sources: list[tuple[str | None, list[dict[str, object]], str | None]],
+                limit: int, owner_of: Callable[[str], str | None]) -> dict[str, object]:
+    """Merge pages of the same listing request from several routers into one page.
+
+    ``sources``: ``(router, logs, next_after)`` per router (router None: this one). A router
+    lists only what its store holds; a device is kept from its owner only (``owner_of``, None
+    meaning this router), so a stale copy left on another router (a changed layout) is
+    neither listed twice nor listed at all when the owner does not have it, exactly what
+    ``GET /api/v1/logs/<device>`` (relayed to the owner) says.
+
+    Paging stays exact: a router whose page is not its last covered every one of its
+    devices up to its ``next_after`` and none beyond, so the merged page is cut at the
+    smallest such ``next_after`` (``bound``) and at ``limit``; ``next_after`` is then where
+    the cut was, so the next page neither skips nor repeats a device."""
+    bound = min((nxt for _, _, nxt in sources if nxt is not None), default=None)
+    entries = [e for router, page, _ in sources for e in page
+               if owner_of(str(e["device"])) == router
+               and (bound is None or str(e["device"]) <= bound)]
+    entries.sort(key=lambda e: str(e["device"]))
+    out: dict[str, object] = {"logs": entries[:limit]}
+    if len(entries) > limit:
+        out["next_after"] = str(entries[limit - 1]["device"])
+    elif bound is not None:
+        out["next_after"] = bound
+    return out
+
+
+# -- many-device fetch
+
+
+class _Section(NamedTuple):
+    """One device's section of a many-device fetch, from this store or a peer's answer."""
+
+    device: str
+    status: int
+    offset: int
+    log_start: int
+    high_water: int
+    log_end: int
+    next_offset: int
+    count: int
+    records: list[bytes | memoryview]  # the records' bytes, in the record framing
+    size: int  # bytes of ``records``
+
+
+def _has_news(sections: list[_Section]) -> bool:
+    """What ends a long poll (as ``_read_many``'s ``found``): a record, or a range error."""
+    return any(s.count or s.status in (_fetch.STATUS_BELOW_START, _fetch.STATUS_ABOVE_END)
+               for s in sections)
+
+
+def _by_owner(view: ClusterView, devices: list[tuple[str, int | None]],
+              ) -> dict[str | None, list[tuple[str, int | None]]]:
+    """The request's devices per owner router (None: this one), in request order."""
+    groups: dict[str | None, list[tuple[str, int | None]]] = {}
+    for device, asked in devices:
+        groups.setdefault(view.owner_of(device), []).append((device, asked))
+    return groups
+
+
+async def _fetch_spread(request: web.Request, store: LogStore, view: ClusterView,
+                        devices: list[tuple[str, int | None]],
+                        groups: dict[str | None, list[tuple[str, int | None]]],
+                        lim: _Limits) -> bytes:
+    """A many-device fetch whose devices have several owners: every part is read at once,
+    this router's from its store and each peer's over the mesh, with the request's limits
+    (the whole ``max_bytes`` each, so the merge can serve devices in request order as one
+    router would, see ``_merge_sections``); then merged into one response in request order.
+
+    Long poll: when no part has news, wait until any part has some or ``max_wait_ms`` ends
+    (``_wait_spread``), then read every part again and answer once. A part that fails (a
+    peer unreachable, 503; no answer in time, 504; its own 4xx/5xx) fails the request with
+    that status, naming the router: the response format has no per-device "unavailable", and
+    leaving the section out or empty would read as "no data" to a reader."""
+    headers = _relay_headers(request, json_body=True)
+    sections = await _read_spread(store, view, groups, lim, headers)
+    if not _has_news(sections) and lim.wait_ms:
+        with _long_poll_slot(request.app):
+            await _wait_spread(store, view, groups, sections, lim, headers)
+        sections = await _read_spread(store, view, groups, lim, headers)
+    order = {device: i for i, (device, _) in enumerate(devices)}
+    sections.sort(key=lambda s: order[s.device])
+    return _merge_sections(sections, lim.max_bytes)
+
+
+async def _read_spread(store: LogStore, view: ClusterView,
+                       groups: dict[str | None, list[tuple[str, int | None]]], lim: _Limits,
+                       headers: list[tuple[str, str]]) -> list[_Section]:
+    """Every part read once, concurrently, without waiting; the sections of all parts, or
+    the parts' errors raised together (each router named)."""
+    reads = [_read_local(store, devs, lim) if router is None
+             else _read_peer(view, router, devs, lim._replace(wait_ms=0), headers)
+             for router, devs in groups.items()]
+    results = await asyncio.gather(*reads, return_exceptions=True)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        for exc in failed:
+            if not isinstance(exc, _HttpError):
+                raise exc  # (a corrupt local record: the caller's 500)
+        first = failed[0]
+        assert isinstance(first, _HttpError)
+        if len(failed) > 1:
+            first.body["error"] = "; ".join(str(e) for e in failed)
+            first.body["routers"] = [e.body.get("router") for e in failed
+                                     if isinstance(e, _HttpError)]
+        raise first
+    return [s for part in results if not isinstance(part, BaseException) for s in part]
+
+
+async def _read_local(store: LogStore, devices: list[tuple[str, int | None]], lim: _Limits,
+                      ) -> list[_Section]:
+    raw, _found = await _read_many(store, devices, lim.max_records, lim.max_bytes, lim.per_dev)
+    out = []
+    for (device, _), (parts, _status, _off) in zip(devices, raw, strict=True):
+        (_kl, status, off, start, hw, end, nxt, count,
+         size) = _fetch.SECTION.unpack_from(parts[0], 0)
+        out.append(_Section(device, status, off, start, hw, end, nxt, count, parts[1:], size))
+    return out
+
+
+async def _read_peer(view: ClusterView, router: str, devices: list[tuple[str, int | None]],
+                     lim: _Limits, headers: list[tuple[str, str]]) -> list[_Section]:
+    """The part of ``router``: the same request for its devices, sent over the mesh."""
+    cap = min(lim.max_bytes, RELAY_MAX_BYTES)
+    body = json.dumps({
+        "devices": [{"device": d} if o is None else {"device": d, "offset": o}
+                    for d, o in devices],
+        "max_records_per_device": lim.max_records, "max_bytes": cap,
+        "max_bytes_per_device": min(lim.per_dev, cap), "max_wait_ms": lim.wait_ms,
+    }).encode()
+    status, ctype, data = await _relay(view, router, "POST", FETCH_PATH, headers, body,
+                                       RELAY_TIMEOUT_S + lim.wait_ms / 1000)
+    if status != 200:
+        raise _peer_error(router, status, ctype, data)
+    try:
+        got = _fetch.decode_multi_fetch(data)
+    except CorruptRecordError as exc:
+        raise _HttpError(502, f"router {router}: its fetch response does not decode: {exc}",
+                         router=router) from None
+    if [s.device for s in got] != [d for d, _ in devices]:
+        raise _HttpError(502, f"router {router}: its sections do not match the devices asked",
+                         router=router)
+    return [_Section(s.device, s.status, s.offset, s.log_start, s.high_water, s.log_end,
+                     s.next_offset, s.record_count, [s.records], len(s.records)) for s in got]
+
+
+async def _wait_spread(store: LogStore, view: ClusterView,
+                       groups: dict[str | None, list[tuple[str, int | None]]],
+                       sections: list[_Section], lim: _Limits,
+                       headers: list[tuple[str, str]]) -> None:
+    """Until any part has news or ``lim.wait_ms`` passed: this router's devices with the
+    store's commit waiters, each peer's with long polls of at most ``PROBE_SLICE_S`` asking
+    one record (a probe: its answer is only a signal, the caller reads every part again).
+    Why slices: the mesh cannot cancel a relayed request, so a peer's poll abandoned when
+    another part woke keeps one of that peer's ``MAX_LONG_POLLS`` slots until it ends; a
+    slice bounds that to a second instead of the whole wait."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + lim.wait_ms / 1000
+    tasks: list[asyncio.Task[None]] = []
+    local = groups.get(None)
+    if local:
+        mine = {d for d, _ in local}
+        targets = [(s.device, s.offset) for s in sections if s.device in mine
+                   and s.status in (_fetch.STATUS_OK, _fetch.STATUS_UNKNOWN_DEVICE)]
+        tasks.append(loop.create_task(_wait_for_data(store, targets, lim.wait_ms / 1000)))
+    for router, devs in groups.items():
+        if router is not None:
+            tasks.append(loop.create_task(_probe_until(view, router, devs, headers, deadline)))
+    try:
+        done, _pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                # The final read reports a peer that keeps failing; one that failed once and
+                # answers again just ends the wait early.
+                log.debug("fetch API: a long-poll part ended with %r", task.exception())
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _probe_until(view: ClusterView, router: str, devices: list[tuple[str, int | None]],
+                       headers: list[tuple[str, str]], deadline: float) -> None:
+    """Long-poll ``router`` for ``devices`` in slices until one answer has news or the
+    deadline passes (an error ends it too: the caller's final read reports it)."""
+    loop = asyncio.get_running_loop()
+    while (left := deadline - loop.time()) > 0:
+        wait_ms = max(1, int(min(left, PROBE_SLICE_S) * 1000))
+        probe = _Limits(max_records=1, max_bytes=1, per_dev=1, wait_ms=wait_ms)
+        if _has_news(await _read_peer(view, router, devices, probe, headers)):
+            return
+
+
+def _merge_sections(sections: list[_Section], max_bytes: int) -> bytes:
+    """One many-device response from sections in request order, with the budget rule of a
+    single router: sections are served in order until ``max_bytes`` is used, the first
+    record of the first section with records always; a section that does not fit whole is
+    cut after its last record that does (``next_offset`` = the first record left out),
+    and one of which nothing fits comes back ok with no records at the offset asked."""
+    out: list[list[bytes | memoryview]] = []
+    used = 0
+    for s in sections:
+        if s.count and used and used + s.size > max_bytes:
+            s = _cut(s, max_bytes - used)
+        used += s.size
+        out.append([_fetch.section_head(s.device, s.status, s.offset, s.log_start,
+                                        s.high_water, s.log_end, s.next_offset, s.count,
+                                        s.size), *s.records])
+    return _fetch.encode_multi_fetch_parts(out)  # type: ignore[arg-type]
+
+
+def _cut(s: _Section, room: int) -> _Section:
+    """``s`` with only the records that fit in ``room`` bytes, whole (record framing: a u32
+    length first, the offset in the header, commitlog/record.py)."""
+    data = s.records[0] if len(s.records) == 1 else b"".join(s.records)
+    p = count = 0
+    while p + 4 <= room:
+        (length,) = U32.unpack_from(data, p)
+        if p + 4 + length > room:
+            break
+        p += 4 + length
+        count += 1
+    if not count:
+        return s._replace(next_offset=s.offset, count=0, records=[], size=0)
+    next_offset = RECORD_HEADER.unpack_from(data, p)[5]  # the first record left out
+    return s._replace(next_offset=next_offset, count=count, records=[data[:p]], size=p)

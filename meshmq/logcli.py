@@ -92,7 +92,7 @@ def run_log(args: argparse.Namespace, out: TextIO | None = None,
     cmd = getattr(args, "log_command", None)
     try:
         if cmd == "list":
-            return _list(args, out)
+            return _list(args, out, err)
         if cmd == "tail":
             return _tail(args, out, err)
         if cmd == "inspect":
@@ -208,9 +208,13 @@ def _device_path(device: str) -> str:
 # ------------------------------------------------------------------------------ list
 
 
-def _list(args: argparse.Namespace, out: TextIO) -> int:
+def _list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Every page of the listing. In a cluster a page names the routers that did not answer
+    (their logs are missing): what was listed is printed, then they are named on stderr and
+    the exit status is 1, so a script does not take a partial list for the whole."""
     http = _Http(args.admin, args.token_file)
     logs: list[dict[str, Any]] = []
+    unreachable: dict[str, str] = {}
     after: str | None = None
     while True:  # the listing is paged (a node may hold 100k devices)
         path = "/api/v1/logs?limit=10000"
@@ -220,13 +224,19 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
         if status != 200:
             raise LogCliError(f"HTTP {status}: {data.get('error', data)}")
         logs += data.get("logs", [])
+        unreachable.update(data.get("unreachable") or {})
         after = data.get("next_after")  # absent on the last page
         if after is None:
             break
+    code = EXIT_OK
+    if unreachable:
+        print("meshmq log list: incomplete, these routers did not answer (their logs are not "
+              "listed): " + "; ".join(unreachable.values()), file=err)
+        code = EXIT_FAILED
     if args.format == "json":
         for entry in logs:
             print(json.dumps(entry), file=out)
-        return EXIT_OK
+        return code
     rows = [(str(e["device"]), str(e["start"]), str(e["end"])) for e in logs]
     head = ("DEVICE", "START", "END")
     w0 = max([len(head[0])] + [len(r[0]) for r in rows])
@@ -234,7 +244,7 @@ def _list(args: argparse.Namespace, out: TextIO) -> int:
     w2 = max([len(head[2])] + [len(r[2]) for r in rows])
     for r in [head, *rows]:
         print(f"{r[0]:<{w0}}  {r[1]:>{w1}}  {r[2]:>{w2}}", file=out)
-    return EXIT_OK
+    return code
 
 
 # ------------------------------------------------------------------------------ tail

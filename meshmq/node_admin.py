@@ -18,11 +18,17 @@ answers for the node, the way EMQX answers for its whole node on one dashboard p
 * ``/api/v1/cluster``: the supervisor's view of its routers (PID, state, restarts, last exit)
   joined with each router's mesh status (its own ``/api/v1/cluster``), and, given
   ``?device=D``, the router that owns device D's log (``cluster.ownership``).
+  It needs the admin credentials whenever the routers do (``auth.password_file`` or
+  ``admin.token_file``, meshmq/admin_auth.py), checked here before any router is asked: part
+  of the answer is the supervisor's own, served even when no router answers, so the routers'
+  check alone would leave it open exactly then.
 * ``/api/v1/...``: proxied to a router, with the caller's headers (credentials included: each
   router enforces the admin authentication itself). A device's log goes to its owner when the
   owner is a router of this node; otherwise, and for anything else, to the next router that is
-  up, in turn (with the mesh, any router answers for any device). ``GET /api/v1/logs`` merges
-  the pages of the local routers, so a listing covers the node's stores.
+  up, in turn. Any router answers for the whole cluster (meshmq/fetch_api.py: a device is
+  relayed to its owner, the listing and the many-device fetch are gathered from every router
+  over the mesh), so the listing is proxied to one router like the rest: merging the local
+  routers' pages as well would list every device once per router.
 """
 
 from __future__ import annotations
@@ -42,10 +48,13 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
+from broker.auth import Authenticator
+from broker.logrules import LogRules
 from cluster.ownership import Ownership
 from cluster.settings import ClusterSettings
 from cluster.supervisor import Supervisor
 from meshmq.admin import METRICS_CONTENT_TYPE, bound_port
+from meshmq.admin_auth import AdminAuth
 from meshmq.config import NodeConfig, parse_bind
 
 __all__ = ["NodeAdmin", "merge_metrics"]
@@ -131,18 +140,39 @@ class NodeAdmin:
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/api/v1/cluster", self._cluster)
-        self.app.router.add_get("/api/v1/logs", self._list_logs)
         self.app.router.add_route("*", "/api/v1/{tail:.*}", self._proxy)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._next = 0
+        self.auth: AdminAuth | None = None  # built in start(): its gate needs the loop
+        self._authenticator: Authenticator | None = None
 
     @property
     def port(self) -> int:
         return bound_port(self._runner, self._port)
 
+    def _build_auth(self) -> None:
+        """The routers' admin authentication (meshmq/node.py ``_admin_server``), built from the
+        same config, for what the supervisor answers itself (``/api/v1/cluster``)."""
+        auth = self.config.broker.auth
+        if not (auth.password_file or self.config.admin_token_file):
+            return
+        if auth.password_file:
+            self._authenticator = Authenticator(auth)
+        self.auth = AdminAuth(asyncio.get_running_loop(), self._authenticator,
+                              self.config.admin_token_file, LogRules(self.config.commitlog.rules),
+                              max_failures=auth.max_failures, failure_window=auth.failure_window)
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the password, ACL and token files, as the routers do."""
+        if self._authenticator is not None:
+            self._authenticator.reload()
+        if self.auth is not None:
+            self.auth.reload()
+
     async def start(self) -> None:
         """Bind ``admin.bind``; raises OSError when it is taken (before any router starts)."""
+        self._build_auth()
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=PROXY_TIMEOUT_S),
             connector=aiohttp.TCPConnector(limit=64), auto_decompress=False)
@@ -164,6 +194,8 @@ class NodeAdmin:
             await runner.cleanup()
         if self._session is not None:
             await self._session.close()
+        if self.auth is not None:
+            self.auth.close()
 
     # -- helpers ------------------------------------------------------------------------------
     def _base(self, index: int) -> str | None:
@@ -231,6 +263,10 @@ class NodeAdmin:
                                  status=503)
 
     async def _cluster(self, request: web.Request) -> web.Response:
+        if self.auth is not None:
+            refused = await self.auth.refusal(request)
+            if refused is not None:
+                return refused
         headers = _forward_headers(request)
         results = await asyncio.gather(*(self._get(i, "/api/v1/cluster", headers)
                                          for i in self._indexes()))
@@ -279,35 +315,6 @@ class NodeAdmin:
             if self.supervisor.admin_port(i) is not None:
                 return i
         return None
-
-    async def _list_logs(self, request: web.Request) -> web.Response:
-        """Merge one page of ``/api/v1/logs`` from every local router (each holds the logs it
-        owns): ask each for the same page, merge by device id, cut at ``limit``."""
-        headers = _forward_headers(request)
-        results = await asyncio.gather(*(self._get(i, request.path_qs, headers)
-                                         for i in self._indexes()))
-        logs: list[dict[str, Any]] = []
-        more = False
-        for result in results:
-            if result is None:
-                continue
-            if result[0] != 200:
-                return web.Response(status=result[0], body=result[1],
-                                    content_type="application/json")
-            page = json.loads(result[1])
-            logs.extend(page.get("logs", []))
-            more = more or "next_after" in page
-        if all(r is None for r in results):
-            return _unavailable()
-        try:
-            limit = int(request.query.get("limit", "1000"))
-        except ValueError:
-            limit = 1000
-        logs.sort(key=lambda entry: entry["device"])
-        doc: dict[str, Any] = {"logs": logs[:limit]}
-        if (more or len(logs) > limit) and logs[:limit]:
-            doc["next_after"] = logs[:limit][-1]["device"]
-        return web.json_response(doc)
 
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         tail = request.match_info["tail"]

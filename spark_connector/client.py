@@ -97,7 +97,10 @@ class LogClient:
     def list_logs(self) -> dict[str, LogRange]:
         """Every device with a committed record: {device: LogRange}. The listing is paged
         (``next_after`` while more pages follow): every page is read, or devices past the
-        first page would silently never be read."""
+        first page would silently never be read. In a cluster any node lists every router's
+        logs; a page naming ``unreachable`` routers lacks their logs, and planning with it
+        would take those devices for gone (a data-loss failure, or skipped data), so it
+        raises ServerUnavailable naming them instead."""
         out: dict[str, LogRange] = {}
         after: str | None = None
         while True:
@@ -108,6 +111,10 @@ class LogClient:
             if status != 200:
                 raise ServerUnavailable(f"GET {path} answered HTTP {status}: {body[:200]!r}")
             page = json.loads(body)
+            if page.get("unreachable"):
+                raise ServerUnavailable(
+                    f"GET {LOGS_PATH}: the listing lacks the logs of routers that did not "
+                    f"answer: {page['unreachable']}")
             for e in page["logs"]:
                 out[e["device"]] = LogRange(int(e["start"]), int(e["end"]))
             after = page.get("next_after")

@@ -3,8 +3,11 @@
 
 One or more per new test: each test of ``tests/meshmq/test_cluster_config.py``,
 ``tests/cluster/test_supervisor.py``, ``tests/cluster/test_dev_cluster.py`` and
-``tests/cluster/test_node_admin.py`` is named by at least one mutation it must catch. Kept in
-their own module so the mesh's mutations and these do not fight over one tuple.
+``tests/cluster/test_node_admin.py`` is named by at least one mutation it must catch; so is
+each test of the cluster-wide fetch API (``tests/cluster/test_cluster_fetch.py``,
+``tests/meshmq/test_fetch_cluster_merge.py``, ``tests/spark_connector/test_cluster_source.py``;
+``tests/mutate.py xfetch``). Kept in their own module so the mesh's mutations and these do not
+fight over one tuple.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ CASE = CFG + "::test_misconfiguration_exits_2_naming_the_key"
 SUP = "tests/cluster/test_supervisor.py"
 DEV = "tests/cluster/test_dev_cluster.py"
 ADM = "tests/cluster/test_node_admin.py"
+XF = "tests/cluster/test_cluster_fetch.py"
+XM = "tests/meshmq/test_fetch_cluster_merge.py"
+XS = "tests/spark_connector/test_cluster_source.py"
+FA = "meshmq/fetch_api.py"
 
 
 def ops_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -170,9 +177,8 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           ("tests/meshmq/test_dashboard.py::"
            "test_every_cluster_panel_metric_exists_on_a_cluster_node",)),
         # ---------------------------------------------------------------- node admin proxy
-        m("cluster-adm-unsorted-listing", "node admin: merged log listing not sorted",
-          "meshmq/node_admin.py", '        logs.sort(key=lambda entry: entry["device"])\n',
-          "", (f"{ADM}::test_log_listing_merges_every_router",)),
+        # (no listing mutation here: a router lists the whole cluster and the node admin
+        # proxies the listing to one router; see the xfetch mutations below)
         # (no "owner ignored" mutation: any router now answers for any device, relaying over
         # the mesh, so asking the local owner first saves a hop and is not a correctness rule)
         m("cluster-adm-proxy-drops-body", "node admin: a proxied POST loses its body",
@@ -202,4 +208,80 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
         m("cluster-status-down-link-ok", "cluster status: a down link still reads as healthy",
           "meshmq/clustercli.py", "    if down or notes:\n", "    if notes:\n",
           (f"{DEV}::test_cluster_status_renders_routers_links_and_owner",)),
+        # ---------------------------------------------------------------- xfetch: any node
+        # answers for any device (meshmq/fetch_api.py's cluster part)
+        m("cluster-xfetch-local-only", "fetch API: a many-device fetch reads only this "
+          "router's store (devices owned elsewhere come back unknown)", FA,
+          "            if set(groups) != {None}:  # some devices live at other routers\n",
+          "            if False:\n",
+          (f"{XF}::test_one_many_device_fetch_at_node_0_reads_every_owner",)),
+        m("cluster-xfetch-spark-local-only", "fetch API: the same, seen by a Spark job "
+          "reading the cluster through one node", FA,
+          "            if set(groups) != {None}:  # some devices live at other routers\n",
+          "            if False:\n",
+          (f"{XS}::test_one_nodes_url_reads_devices_owned_on_every_node",)),
+        m("cluster-xfetch-no-budget", "fetch API: merged parts ignore the request's byte "
+          "budget (each owner filled it)", FA,
+          "        if s.count and used and used + s.size > max_bytes:\n", "        if False:\n",
+          (f"{XF}::test_paging_under_a_small_budget_reads_every_record_once_in_order",
+           f"{XM}::test_merged_parts_keep_one_budget_in_request_order")),
+        m("cluster-xfetch-first-record-dropped", "fetch API: the merge drops a response's "
+          "only record when it is over the budget (a reader never progresses)", FA,
+          "        if s.count and used and used + s.size > max_bytes:\n",
+          "        if s.count and used + s.size > max_bytes:\n",
+          (f"{XM}::test_the_first_record_is_served_whatever_the_budget",)),
+        m("cluster-xfetch-cut-skips", "fetch API: a section cut at the budget says to "
+          "resume one record late (a record lost to the reader)", FA,
+          "    next_offset = RECORD_HEADER.unpack_from(data, p)[5]  # the first record left out",
+          "    next_offset = RECORD_HEADER.unpack_from(data, p)[5] + 1",
+          (f"{XF}::test_paging_under_a_small_budget_reads_every_record_once_in_order",)),
+        m("cluster-xfetch-listing-local", "fetch API: a router lists only its own logs",
+          FA, "    if view is None or RELAYED_HEADER in request.headers:\n", "    if True:\n",
+          (f"{XF}::test_the_listing_at_every_node_lists_every_log_once",
+           f"{ADM}::test_log_listing_merges_every_router")),
+        m("cluster-xfetch-listing-unsorted", "fetch API: the merged listing not sorted",
+          FA, '    entries.sort(key=lambda e: str(e["device"]))\n', "",
+          (f"{ADM}::test_log_listing_merges_every_router",)),
+        m("cluster-xfetch-listing-no-bound", "fetch API: merged listing pages not cut where "
+          "a router's page ended (a device skipped between pages)", FA,
+          '               and (bound is None or str(e["device"]) <= bound)]', "]",
+          (f"{XM}::test_every_owned_log_is_listed_once_across_pages_even_with_stale_copies",)),
+        m("cluster-xfetch-listing-any-holder", "fetch API: a log listed from any router "
+          "holding a copy, not only from its owner", FA,
+          '               if owner_of(str(e["device"])) == router\n', "               if True\n",
+          (f"{XM}::test_a_peer_lists_nothing_it_does_not_own",)),
+        m("cluster-xfetch-unreachable-silent", "fetch API: a router that does not answer is "
+          "left out of the listing without a word", FA,
+          '        out["unreachable"] = unreachable\n', "        pass\n",
+          (f"{XF}::test_an_unreachable_owner_is_named_not_skipped",)),
+        m("cluster-xfetch-logcli-partial-ok", "meshmq log list: a listing naming unreachable "
+          "routers exits 0 without a word", "meshmq/logcli.py", "    if unreachable:\n",
+          "    if False:\n", (f"{XF}::test_an_unreachable_owner_is_named_not_skipped",)),
+        m("cluster-xfetch-part-error-swallowed", "fetch API: a failed part is dropped from "
+          "the merged fetch instead of failing it", FA,
+          "    if failed:\n        for exc in failed:\n",
+          "    if False:\n        for exc in failed:\n",
+          (f"{XF}::test_an_unreachable_owner_is_named_not_skipped",)),
+        m("cluster-xfetch-no-credentials", "fetch API: relayed parts lose the caller's "
+          "Authorization (the owners refuse them)", FA,
+          '    out = [(k, v) for k, v in request.headers.items() if k.lower() == '
+          '"authorization"]', "    out: list[tuple[str, str]] = []",
+          (f"{XF}::test_one_many_device_fetch_at_node_0_reads_every_owner",)),
+        m("cluster-xfetch-poll-ignored", "fetch API: a spread long poll answers at once",
+          FA, "    if not _has_news(sections) and lim.wait_ms:\n", "    if False:\n",
+          (f"{XF}::test_a_long_poll_over_several_owners_returns_a_record_committed_while_it_"
+           "waits",)),
+        m("cluster-xfetch-poll-waits-all", "fetch API: a spread long poll waits for every "
+          "owner, not the first with news", FA, "return_when=asyncio.FIRST_COMPLETED",
+          "return_when=asyncio.ALL_COMPLETED",
+          (f"{XM}::test_a_long_poll_over_owners_ends_when_the_first_has_news",)),
+        m("cluster-xfetch-spark-partial-listing", "Spark client: a listing naming unreachable "
+          "routers is planned with (their devices taken for gone)", "spark_connector/client.py",
+          '            if page.get("unreachable"):\n', "            if False:\n",
+          (f"{XS}::test_one_nodes_url_reads_devices_owned_on_every_node",)),
+        m("cluster-adm-cluster-open", "node admin: /api/v1/cluster served without "
+          "credentials when no router answers", "meshmq/node_admin.py",
+          "            refused = await self.auth.refusal(request)\n",
+          "            refused = None\n",
+          (f"{XF}::test_the_node_admins_own_cluster_status_needs_credentials",)),
     )

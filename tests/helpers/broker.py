@@ -189,6 +189,9 @@ class BrokerProc:
         self.extra_env = extra_env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        # An Authorization header ``http_get`` sends (admin.token_file or a password file make
+        # the admin API ask for credentials); None sends none.
+        self.admin_authorization: str | None = None
         ALL_BROKERS.append(self)
 
     # -- process control ----------------------------------------------------------------------
@@ -275,10 +278,11 @@ class BrokerProc:
 
     # -- observation --------------------------------------------------------------------------
     def http_get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        req = urllib.request.Request(f"http://{self.host}:{self.admin_port}{path}")
+        if self.admin_authorization is not None:
+            req.add_header("Authorization", self.admin_authorization)
         try:
-            with urllib.request.urlopen(
-                f"http://{self.host}:{self.admin_port}{path}", timeout=timeout
-            ) as resp:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, resp.read().decode("utf-8", "replace")
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode("utf-8", "replace")
