@@ -44,6 +44,7 @@ _ROUTE_OP = {True: frames.ROUTE_ADD, False: frames.ROUTE_DEL}
 _CLAIM_TIMEOUT = 2.0  # seconds a CONNECT waits for the other routers to release its session
 _READ_TIMEOUT = 10.0  # seconds a RESOLVE or FETCH waits for the owner before it fails
 _FETCH_MAX_RECORDS = 1000
+_RELAY_MAX_RESPONSE = frames.MAX_FRAME - (1 << 20)  # room for the frame's head and headers
 _FETCH_MAX_BYTES = 1 << 20  # per RECORDS frame: one replay step's worth, far below MAX_FRAME
 
 
@@ -398,6 +399,13 @@ class Mesh:
         except Exception as err:  # noqa: BLE001 - the asker gets a 502, this router goes on
             log.warning("relayed admin request failed: %s", err, extra={"path": path})
             status, ctype, out_headers, out = 502, "text/plain", [], str(err).encode()
+        if len(out) > _RELAY_MAX_RESPONSE:
+            # a frame over MAX_FRAME would be read as a broken peer and drop the link (for
+            # every flow on it): the asker gets a clear error instead
+            status, ctype, out_headers = 502, "text/plain", []
+            out = (f"the answer ({len(out)} bytes) is larger than a mesh frame may carry "
+                   f"({_RELAY_MAX_RESPONSE} bytes): ask for less (max_bytes), or ask the "
+                   f"owner router {self.rid} directly").encode()
         if link.conn is not None:
             link.conn.write(frames.encode_admin(frames.ADMIN_RESPONSE, req, str(status), ctype,
                                                 out_headers, out))
