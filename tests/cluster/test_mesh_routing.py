@@ -378,3 +378,26 @@ def test_a_replaying_session_moves_between_the_owner_and_other_routers(
     expect(third, 10, 12)
     publish(12, 13)
     expect(third, 12, 13)
+
+
+def test_a_relayed_answer_larger_than_a_mesh_frame_is_refused_not_fatal_to_the_link(
+        mesh: Cluster, clients: ClientFactory) -> None:
+    """70 MB of records of a device n1 owns, asked for at node 2 with the API's largest
+    max_bytes (64 MiB): the owner's answer (67 MB) leaves less than the 1 MiB of room a mesh
+    frame keeps for its head and headers. The asker gets a 502 saying so, and the link stays
+    up (an answer past the frame limit would be a broken peer to the reader: the link would
+    drop, with every flow on it)."""
+    device = mesh.device_owned_by(1, unique("big"))
+    pub = clients.connected(mesh.nodes[1], protocol=V5)
+    chunk = b"x" * (1_000_000)
+    for _ in range(69):
+        pub.publish(f"devices/{device}/t", chunk, 1, wait=False)
+    pub.publish(f"devices/{device}/t", chunk, 1, timeout=60)
+    before = mesh.link(2, 1)["reconnects"]
+    code, body = mesh.nodes[2].http_get(
+        f"/api/v1/logs/{device}/records?offset=0&max_records=1000&max_bytes={64 << 20}")
+    assert code == 502, (code, body[:200])
+    assert "larger than a mesh frame" in body
+    time.sleep(0.5)
+    link = mesh.link(2, 1)
+    assert link["state"] == "up" and link["reconnects"] == before
