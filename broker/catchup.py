@@ -55,6 +55,7 @@ log = logging.getLogger("broker.catchup")
 _CHUNK = 256  # records read per device per step
 _STEP = 5_000  # records examined per session per loop turn before yielding to other work
 _RETRY_S = 1.0  # a failed read of another router's log is tried again after this
+CLOCK_SKEW_US = 1_000_000  # tolerated between routers' clocks (match_record)
 
 
 class LagCursor:
@@ -193,11 +194,12 @@ class LogCatchUp:
                         self._caught_up(session, c, self.store.past_gap(device, c.next))
                         continue
                 moved = True
+                remote_rec = owner is not None
                 while records:
                     rec = records.popleft()
                     budget -= 1
                     c.next = rec.offset + 1
-                    self._deliver_record(session, rec)
+                    self._deliver_record(session, rec, remote_rec)
                     if queue or len(inflight) >= window or conn.congested:
                         break
             if not session.lag_behind:
@@ -251,7 +253,8 @@ class LogCatchUp:
                              " %s", device, owner, _RETRY_S, result.why,
                              extra={"client_id": session.client_id})
             c.retrying = True
-            self._call_later(_RETRY_S, self._retry, session, c)
+            if self._call_later is not None:
+                self._call_later(_RETRY_S, self._retry, session, c)
             return
         self.pump(session)
 
@@ -329,25 +332,31 @@ class LogCatchUp:
         self.stats.dropped(DropReason.EXPIRED, lost)
         c.next = start if start > c.next else end
 
-    def _deliver_record(self, session: Session, rec: Record) -> None:
-        """What ``Router.route`` would have sent this session for ``rec``, now."""
-        got = match_record(session, rec)
+    def _deliver_record(self, session: Session, rec: Record, remote: bool = False) -> None:
+        """What ``Router.route`` would have sent this session for ``rec``, now. ``remote``:
+        read from another router's log (a copy here, never a position; see match_record)."""
+        got = match_record(session, rec, remote)
         if got is None:
             return
         msg, qos, rap, ids, position = got
+        msg.remote = remote
         if msg.expiry_at is not None and msg.expired(time.monotonic()):
             self.stats.dropped(DropReason.EXPIRED)
             return
         self._deliver(session, msg, qos, rap and msg.retain, ids, position)
 
 
-def match_record(session: Session, rec: Record
+def match_record(session: Session, rec: Record, remote: bool = False
                  ) -> tuple[Message, int, bool, tuple[int, ...] | None, bool] | None:
     """The delivery ``Router.route`` would have made to ``session`` for a stored record: (the
     message, granted QoS, retain as published, subscription ids, log position wanted), or None
-    when none of its subscriptions takes it (same merge: one copy, highest QoS, every id)."""
+    when none of its subscriptions takes it (same merge: one copy, highest QoS, every id).
+
+    A record stored by another router (``remote``) carries that router's clock, compared with
+    a subscription's start on ours: the comparison allows ``CLOCK_SKEW_US``, so skew between
+    routers can deliver a message a little older than a subscription, never lose a newer one."""
     topic = rec.topic
-    ts = rec.timestamp_us
+    ts = rec.timestamp_us + (CLOCK_SKEW_US if remote else 0)
     qos = -1
     rap = False
     ids: list[int] = []

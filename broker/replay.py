@@ -67,7 +67,7 @@ def pump_replays(self: Router, session: Session) -> None:
                     self.remote_replays.read(session, cursor)
                     waiting = True
                     break
-                records = buffer  # consumed from the left below; the rest waits for room
+                records: deque = buffer  # consumed from the left; the rest waits for room
             else:
                 try:
                     records = store.read(cursor.device, cursor.next, _REPLAY_CHUNK)
@@ -93,6 +93,7 @@ def pump_replays(self: Router, session: Session) -> None:
                 if not topic_matches(sub.filter, rec.topic):
                     continue
                 msg = record_message(rec, Message)
+                msg.remote = remote  # read from its owner: a copy here, never a position
                 self._deliver(session, msg, sub.qos,
                               sub.retain_as_published and msg.retain, ids, position=True)
                 if conn.congested or len(session.queue) >= session.window:
@@ -102,6 +103,10 @@ def pump_replays(self: Router, session: Session) -> None:
     elif not waiting:
         # every cursor ran out of history without returning early: all are live now
         self._replaying.discard(session)
+
+
+def _nothing() -> None:
+    pass
 
 
 class RemoteReplays:
@@ -130,6 +135,7 @@ class RemoteReplays:
                      offset: int | None, why: str) -> None:
             index, key_flt, sub, old = item
             cursor = sub.replay
+            assert isinstance(cursor, RemoteReplayCursor)
             if offset is None:
                 cid = session.client_id
                 if session.subscriptions.get(key_flt) is sub:
@@ -150,11 +156,20 @@ class RemoteReplays:
             if left[0]:
                 return
             conn.unsettled -= 1
+            if any(s.replay is not None and not s.replay.live
+                   for s in session.subscriptions.values()):
+                # (also when the SUBACK is not sent: a persistent session's cursors read once
+                # its client is back, _finish_connect pumps them)
+                router._replaying.add(session)
             if conn.closing or conn.session is not session:
-                return  # a persistent session keeps what resolved; its checkpoint stores it
+                # no SUBACK to send; what resolved (or was undone) is stored all the same
+                router.persist.stored(session, _nothing)
+                return
             finish()
             if not conn.unsettled and conn.pending is not None:
                 router._release_held(conn)
+            if session in router._replaying:  # e.g. an old replaying subscription put back
+                router._pump_replays(session)
             router.flush_writes()
 
         for item in resolving:

@@ -822,7 +822,8 @@ class Router:
         if conn is not None and not session.queue and len(session.inflight) < session.window:
             self._send_inflight(session, conn, delivery)
             return
-        if live and group is None and msg.device is not None:
+        if live and group is None and msg.device is not None and self.catchup is not None:
+            # (no commit log here, in a cluster: a peer's logged message is queued as a copy)
             catchup = self.catchup
             if catchup.must_fall_behind(session) and catchup.fall_behind(session, msg):
                 return  # the log holds it: the session reads it from there, no copy kept

@@ -123,8 +123,11 @@ def _msg_ref(msg: Message, copy: bool = False) -> list:
     expiry = (None if msg.expiry_at is None
               else max(1, math.ceil(msg.expiry_at - time.monotonic())))
     headers = headers_from_properties(msg.properties, None)
-    return ["M", msg.topic, _b64(msg.payload), msg.qos, int(msg.retain),
-            [[name, _b64(value)] for name, value in headers], expiry, msg.device, msg.offset]
+    ref = ["M", msg.topic, _b64(msg.payload), msg.qos, int(msg.retain),
+           [[name, _b64(value)] for name, value in headers], expiry]
+    if msg.device is not None:
+        ref += [msg.device, msg.offset]
+    return ref
 
 
 def _message(ref: list, store: LogStore, age_s: float) -> Message | None:
@@ -299,6 +302,8 @@ class SessionPersistence(SessionHooks):
         subs = []
         for key, sub in s.subscriptions.items():
             r = sub.replay
+            if r is not None and r.next < 0:
+                continue  # its owner has not said where it starts: not acknowledged yet
             replay = None if r is None else [r.device, min(r.next, behind.get(r.device, _FAR))]
             subs.append([key, sub.filter, sub.qos, int(sub.no_local),
                          int(sub.retain_as_published), sub.retain_handling, sub.sub_id,

@@ -279,7 +279,8 @@ class MeshLink:
         self.unsent = resend
         self.acked_out = 0  # the new connection has not heard our ACK yet
         self.routes_dirty = []
-        self.requests = []  # answered by the requester's timeout or link_down, never resent
+        self.requests = []  # never resent: reads of the old connection fail now, and retry
+        self.mesh.fail_reads(self, f"the link to {self.peer} reconnected")
         conn.write(frames.encode_routes(True, self.mesh.local_routes()))
         log.info("mesh link up", extra={"peer": self.peer, "resend": unacked,
                                         "queued": len(resend) - unacked,

@@ -42,7 +42,11 @@ log = logging.getLogger("cluster.mesh")
 
 _ROUTE_OP = {True: frames.ROUTE_ADD, False: frames.ROUTE_DEL}
 _CLAIM_TIMEOUT = 2.0  # seconds a CONNECT waits for the other routers to release its session
-_READ_TIMEOUT = 10.0  # seconds a RESOLVE or FETCH waits for the owner before it fails
+_READ_TIMEOUT = 10.0  # seconds a FETCH waits for the owner before it fails
+# A RESOLVE holds its client's SUBACK and next packets (reading paused): shorter, so a client
+# with a short keepalive is not dropped meanwhile.
+_RESOLVE_TIMEOUT = 5.0
+_MAX_QUEUED_ANSWERS = 64  # FETCH answers waiting on a link that is not writing
 _FETCH_MAX_RECORDS = 1000
 _RELAY_MAX_RESPONSE = frames.MAX_FRAME - (1 << 20)  # room for the frame's head and headers
 _FETCH_MAX_BYTES = 1 << 20  # per RECORDS frame: one replay step's worth, far below MAX_FRAME
@@ -188,12 +192,16 @@ class Mesh:
     def link_down(self, link: MeshLink) -> None:
         # The peer's routes stay: what is published meanwhile queues on the link (bounded) and
         # is delivered when it heals (EMQX learned to treat "down" as "unreachable", not "dead",
-        # PR emqx#14248); the full sync on reconnect replaces them. Log reads in flight fail
-        # now (their readers retry): an answer can no longer come on this connection.
+        # PR emqx#14248); the full sync on reconnect replaces them.
         self.retain_sync.link_down(link)
+        self.fail_reads(link, f"the link to owner router {link.peer} went down")
+
+    def fail_reads(self, link: MeshLink, why: str) -> None:
+        """Log reads sent on a connection that is gone (down, or replaced by a newer one)
+        fail now, their readers retry: an answer can no longer come for them."""
         for req, entry in list(self._reads.items()):
             if entry[0] is link:
-                self._read_failed(req, f"the link to owner router {link.peer} went down")
+                self._read_failed(req, why)
 
     # -- the forwarder (called by the router) -------------------------------------------------
     def forward(self, msg: Message) -> None:
@@ -416,7 +424,7 @@ class Mesh:
         None, why)``. Sent after the routes of the same flush (MeshLink.requests): the owner
         has the subscription's route before it resolves, so what it routes after the answer
         reaches this router, and what it stored before is below the answered offset."""
-        req = self._read(owner, done, lambda why: done(None, why))
+        req = self._read(owner, done, lambda why: done(None, why), _RESOLVE_TIMEOUT)
         if req:
             self.links[owner].send_request(frames.encode_resolve(req, device, spec, reset))
 
@@ -424,12 +432,13 @@ class Mesh:
         """Read committed records of ``device`` from ``offset`` at its owner; ``done`` gets a
         ``FetchResult`` (the records decoded here, from the bytes the owner stored)."""
         req = self._read(owner, done,
-                         lambda why: done(FetchResult("failed", [], -1, -1, offset, why)))
+                         lambda why: done(FetchResult("failed", [], -1, -1, offset, why)),
+                         _READ_TIMEOUT)
         if req:
             self.links[owner].send_request(frames.encode_fetch(
                 req, device, offset, min(max_records, _FETCH_MAX_RECORDS)))
 
-    def _read(self, owner: str, done: Any, fail: Any) -> int:
+    def _read(self, owner: str, done: Any, fail: Any, timeout: float) -> int:
         """Register a read of ``owner``'s log; 0 (and ``fail`` soon) when it is unreachable."""
         link = self.links.get(owner)
         if link is None or link.state != "up" or link.conn is None:
@@ -437,9 +446,9 @@ class Mesh:
             return 0
         self._read_seq += 1
         req = self._read_seq
-        timer = self.loop.call_later(_READ_TIMEOUT, self._read_failed, req,
+        timer = self.loop.call_later(timeout, self._read_failed, req,
                                      f"no answer from the owner router {owner} in "
-                                     f"{_READ_TIMEOUT:.0f} s")
+                                     f"{timeout:.0f} s")
         self._reads[req] = (link, done, fail, timer)
         return req
 
@@ -447,7 +456,7 @@ class Mesh:
         entry = self._reads.pop(req, None)
         if entry is not None:
             entry[3].cancel()
-            entry[2](why)
+            self._answer(entry[2], why)
 
     def _read_answered(self, link: MeshLink, req: int) -> Any:
         """The read's ``done``, or None when it was answered after its timeout (the reader
@@ -461,7 +470,15 @@ class Mesh:
 
     def on_fetch_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
         if ftype == frames.FETCH:
-            link.send_request(self._serve_fetch(*frames.decode_fetch(body)))
+            req, device, offset, max_records = frames.decode_fetch(body)
+            if len(link.requests) >= _MAX_QUEUED_ANSWERS:
+                # the link is not writing (paused) and answers pile up outside its queue's
+                # bound: a short refusal instead of another MiB (the reader retries)
+                link.send_request(frames.encode_records(
+                    req, frames.RECORDS_FAILED, -1, -1, offset,
+                    b"the owner's link to this router is busy"))
+                return
+            link.send_request(self._serve_fetch(req, device, offset, max_records))
         elif ftype == frames.RESOLVE:
             req, device, spec, reset = frames.decode_resolve(body)
             if self.owner_of(device) is not None or self.router.logs is None:
@@ -473,9 +490,20 @@ class Mesh:
             req, offset, why = frames.decode_resolved(body)
             done = self._read_answered(link, req)
             if done is not None:
-                done(offset, why)
+                self._answer(done, offset, why)
         else:
             self._on_records(link, body)
+
+    def _answer(self, done: Any, *args: Any) -> None:
+        """Run a read's callback: it delivers to clients right away, and whatever one of them
+        raises must not escape into the link's frame loop (that would close the link, for
+        every flow on it, as in on_entries)."""
+        try:
+            done(*args)
+        except Exception as err:  # noqa: BLE001 - logged, the link goes on
+            self.entry_failures += 1
+            self._entry_log("handling the answer to a log read failed (counted in "
+                            "meshmq_link_entry_failures_total): %r", err)
 
     def _serve_fetch(self, req: int, device: str, offset: int, max_records: int) -> bytes:
         """A peer's read of a log this router owns: the stored bytes, as they are on disk."""
@@ -509,14 +537,15 @@ class Mesh:
             try:
                 records = decode_batch(data) if data else []
             except Exception as err:  # noqa: BLE001 - a corrupt answer: read again later
-                done(FetchResult("failed", [], start, hw, nxt, f"bad records: {err}"))
-                return
-            done(FetchResult("ok", records, start, hw, nxt, ""))
+                result = FetchResult("failed", [], start, hw, nxt, f"bad records: {err}")
+            else:
+                result = FetchResult("ok", records, start, hw, nxt, "")
         elif status == frames.RECORDS_OUT_OF_RANGE:
-            done(FetchResult("out_of_range", [], start, hw, nxt, ""))
+            result = FetchResult("out_of_range", [], start, hw, nxt, "")
         else:
-            done(FetchResult("failed", [], start, hw, nxt,
-                             data.decode("utf-8", "replace") or f"status {status}"))
+            result = FetchResult("failed", [], start, hw, nxt,
+                                 data.decode("utf-8", "replace") or f"status {status}")
+        self._answer(done, result)
 
     # -- operations -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

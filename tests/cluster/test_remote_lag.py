@@ -8,6 +8,9 @@ Two nodes, a queue bound of 20 messages so that a burst of hundreds overflows it
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -90,3 +93,71 @@ def test_an_offline_session_at_a_non_owner_keeps_its_position_across_a_restart(
     assert [m.payload.decode() for m in got] == [f"b{i}" for i in range(_BURST)]
     again.expect_no_message(0.5)
     assert _queue_drops(n0) == 0
+
+
+def test_messages_in_flight_from_the_owners_log_survive_a_restart_of_a_non_owner(
+        pair: Cluster, clients: ClientFactory) -> None:
+    """A session at node 0 reading a burst back from node 1's log drops off mid-read with
+    messages in its window, unacknowledged; node 0 restarts. Those messages were read over
+    the link, so they are kept as copies (node 0 cannot read them back from a log it does not
+    have): every message of the burst reaches the client, in order after the resends."""
+    n0, n1 = pair.nodes
+    device = pair.device_owned_by(1, unique("infl"))
+    cid = unique("inflight")
+    first = _persistent(clients, n0, cid)
+    first.subscribe(f"devices/{device}/#", 1)
+    pair.wait_routes(0, 1)
+    first.disconnect()
+    _burst(clients, n1, f"devices/{device}/t")
+    second = _persistent(clients, n0, cid, ReceiveMaximum=10)
+    got = [m.payload.decode() for m in second.expect_messages(50, timeout=30)]
+    second.abort()  # mid-read: its window holds unacknowledged messages
+    n0.stop(timeout=20)
+    n0.start(wait=False)
+    n0.wait_ready()
+    pair.wait_links_up()
+    third = _persistent(clients, n0, cid)
+    assert third.session_present
+    deadline = time.monotonic() + 60
+    while len(set(got)) < _BURST and time.monotonic() < deadline:
+        got.extend(m.payload.decode() for m in third.drain())
+        time.sleep(0.1)
+    want = [f"b{i}" for i in range(_BURST)]
+    assert sorted(set(got), key=lambda p: int(p[1:])) == want, (
+        f"missing {sorted(set(want) - set(got), key=lambda p: int(p[1:]))[:10]}")
+    seen: list[str] = []
+    for p in got:
+        if p not in seen:
+            seen.append(p)
+    assert seen == want  # first arrivals in log order (a resend may repeat one)
+
+
+def test_a_replay_resolved_after_its_client_left_reads_when_the_client_is_back(
+        pair: Cluster, clients: ClientFactory) -> None:
+    """A persistent session asks node 0 to replay a log node 1 owns while node 1 is frozen,
+    and leaves before the SUBACK. Node 1 thaws and answers: the subscription stays with the
+    session, and when the client comes back it gets the history, then live messages."""
+    n0, n1 = pair.nodes
+    device = pair.device_owned_by(1, unique("late"))
+    topic = f"devices/{device}/t"
+    pub = clients.connected(n1, protocol=V5)
+    for i in range(5):
+        pub.publish(topic, f"h{i}", 1)
+    cid = unique("leaver")
+    owner = pair.router_pid(1)
+    first = _persistent(clients, n0, cid)
+    os.kill(owner, signal.SIGSTOP)
+    try:
+        first.mqtt.subscribe(f"devices/{device}/#", 1, properties=props(
+            PacketTypes.SUBSCRIBE, UserProperty=[("offset", "earliest")]))
+        time.sleep(0.5)
+        first.disconnect()
+    finally:
+        os.kill(owner, signal.SIGCONT)
+    time.sleep(1.0)  # node 1 answers the RESOLVE
+    again = _persistent(clients, n0, cid)
+    assert again.session_present
+    got = again.expect_messages(5, timeout=15)
+    assert [m.payload.decode() for m in got] == [f"h{i}" for i in range(5)]
+    pub.publish(topic, "live", 1)
+    assert again.expect_message(timeout=10).payload == b"live"
