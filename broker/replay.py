@@ -162,8 +162,12 @@ class RemoteReplays:
                 # its client is back, _finish_connect pumps them)
                 router._replaying.add(session)
             if conn.closing or conn.session is not session:
-                # no SUBACK to send; what resolved (or was undone) is stored all the same
+                # no SUBACK to send; what resolved (or was undone) is stored all the same, and
+                # a client already back on a new connection starts reading now
                 router.persist.stored(session, _nothing)
+                if session.conn is not None and session in router._replaying:
+                    router._pump_replays(session)
+                    router.flush_writes()
                 return
             finish()
             if not conn.unsettled and conn.pending is not None:
