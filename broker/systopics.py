@@ -7,6 +7,11 @@ sent, publish counts, subscriptions, retained messages, and load averages over 1
 (exponentially weighted, per minute, as Mosquitto computes them). They go through normal routing,
 so the read ACL applies to them like to any topic (``$SYS`` needs a rule that names it,
 [MQTT-4.7.2-1]); ``$`` topics are never written to a device log.
+
+In a cluster the same tree is published a second time under ``$SYS/brokers/<node>/<router>/``
+(EMQX names its per-node tree ``$SYS/brokers/<node>/``), and that one crosses the mesh: a
+subscriber at any router sees every router's status, retained, while ``$SYS/broker/`` stays the
+view of the router a client is connected to (what Mosquitto's tools expect of "the broker").
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ class SysTopics:
     """Publishes the ``$SYS/broker`` tree on a timer."""
 
     def __init__(self, router: Router, stats: BrokerStats, interval: float, version: str,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, cluster_prefix: str | None = None) -> None:
         self.router = router
+        self.prefixes = (_PREFIX,) if cluster_prefix is None else (_PREFIX, cluster_prefix)
         self.stats = stats
         self.interval = interval
         self.version = version
@@ -99,6 +105,7 @@ class SysTopics:
         self._last = counters
         self._last_t = now
         for key, value in values.items():
-            msg = Message(_PREFIX + key, str(value).encode(), 0, True, None, None, None)
-            r.publish_internal(msg)
+            payload = str(value).encode()
+            for prefix in self.prefixes:
+                r.publish_internal(Message(prefix + key, payload, 0, True, None, None, None))
         self._handle = self.loop.call_later(self.interval, self._tick)

@@ -41,6 +41,9 @@ from commitlog.store import LogWriteError, OffsetOutOfRangeError
 log = logging.getLogger("cluster.mesh")
 
 _ROUTE_OP = {True: frames.ROUTE_ADD, False: frames.ROUTE_DEL}
+# each router's own $SYS view (broker/systopics.py): never forwarded; $SYS/brokers/<node>/<r>/
+# (every router's status, named) is
+_LOCAL_SYS = "$SYS/broker/"
 _CLAIM_TIMEOUT = 2.0  # seconds a CONNECT waits for the other routers to release its session
 _READ_TIMEOUT = 10.0  # seconds a FETCH waits for the owner before it fails
 # A RESOLVE holds its client's SUBACK and next packets (reading paused): shorter, so a client
@@ -207,7 +210,7 @@ class Mesh:
     def forward(self, msg: Message) -> None:
         """Once to each peer with a matching filter, after local delivery (never from a peer)."""
         peers = self.routes.peers_for(msg.topic)
-        if not peers or msg.topic.startswith("$SYS"):
+        if not peers or msg.topic.startswith(_LOCAL_SYS):
             return
         # a logged message carries its log position: a peer's offset subscription needs it for
         # the seam between the history it reads and live delivery (devicelogs.ReplayCursor)
@@ -262,7 +265,7 @@ class Mesh:
 
     def retained(self, msg: Message) -> None:
         """A retained message set or cleared here: every router keeps the same set."""
-        if msg.topic.startswith("$SYS"):
+        if msg.topic.startswith(_LOCAL_SYS):
             return
         head, body = self._encode(msg, frames.RETAIN)
         for link in self.links.values():

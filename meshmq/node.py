@@ -136,8 +136,13 @@ class Node:
 
             self.mesh = await attach_mesh(self)
         self.listeners = Listeners(self.router, self.config.broker.listeners, self.stats)
-        self.sys_topics = SysTopics(self.router, self.stats, self.config.broker.mqtt.sys_interval,
-                                    __version__, loop)
+        cluster = self.config.cluster
+        self.sys_topics = SysTopics(
+            self.router, self.stats, self.config.broker.mqtt.sys_interval, __version__, loop,
+            # in a cluster, also under this router's name, seen from every router (EMQX's
+            # $SYS/brokers/<node>/...): $SYS/broker/... stays this router's own view
+            cluster_prefix=(f"$SYS/brokers/{cluster.node_id}/{self.router_index}/"
+                            if cluster is not None else None))
         await self.admin.start()
         self.router.start()
         self.sys_topics.start()

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path_factory.mktemp("mesh"), n=3)
+    cluster = Cluster(tmp_path_factory.mktemp("mesh"), n=3,
+                      overrides={"mqtt": {"sys_interval": 1}})
     try:
         cluster.start()
         yield cluster
@@ -401,3 +402,29 @@ def test_a_relayed_answer_larger_than_a_mesh_frame_is_refused_not_fatal_to_the_l
     time.sleep(0.5)
     link = mesh.link(2, 1)
     assert link["state"] == "up" and link["reconnects"] == before
+
+
+def test_every_routers_sys_status_is_seen_from_any_router(mesh: Cluster,
+                                                          clients: ClientFactory) -> None:
+    """$SYS/brokers/<node>/<router>/... crosses the mesh (retained, so a new subscriber gets
+    every router's at once); $SYS/broker/... stays the connected router's own view."""
+    sub = clients.connected(mesh.nodes[2], protocol=V5)
+    sub.subscribe("$SYS/brokers/+/+/uptime", 0)
+    seen: set[str] = set()
+    deadline = time.monotonic() + 15
+    while len(seen) < 3 and time.monotonic() < deadline:
+        seen.update(m.topic for m in sub.drain())
+        time.sleep(0.1)
+    assert seen == {f"$SYS/brokers/n{i}/0/uptime" for i in range(3)}
+    late = clients.connected(mesh.nodes[0], protocol=V5)
+    late.subscribe("$SYS/brokers/+/+/clients/connected", 0)
+    got = late.expect_messages(3, timeout=10)
+    assert all(m.retain for m in got)
+    assert {m.topic for m in got} == {f"$SYS/brokers/n{i}/0/clients/connected"
+                                      for i in range(3)}
+    own = clients.connected(mesh.nodes[1], protocol=V5)
+    own.subscribe("$SYS/broker/uptime", 0)
+    time.sleep(3.5)
+    # its router's alone: the retained one and about one update a second (sys_interval = 1);
+    # the three routers' together would be about three times that
+    assert 1 <= len(own.drain()) <= 6
