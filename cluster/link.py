@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cluster.link")
 
+_RETAIN = frames.RETAIN
+_RETAIN_SYNC = frames.RETAIN_SYNC
 _MAX_ENTRIES_FRAME = 1 << 20  # bytes of entries per ENTRIES frame (many frames per write is fine)
 _WRITE_HIGH_WATER = 4 << 20  # transport buffer above which the link stops writing (paused)
 _HANDSHAKE_TIMEOUT = 5.0
@@ -155,7 +157,8 @@ class MeshLink:
         # (the seam between history and live delivery depends on that order; cluster/mesh.py)
         self.requests: list[bytes] = []
         self.stats: dict[str, int] = dict.fromkeys(
-            ("msgs_out", "msgs_in", "bytes_out", "bytes_in", "frames_out", "frames_in",
+            ("msgs_out", "msgs_in", "retained_out", "retained_in", "bytes_out", "bytes_in",
+             "frames_out", "frames_in",
              "resent", "dropped_full", "dropped_reconnect", "refused_full"), 0)
         self._full_log = RateLimitedLog(
             log, logging.WARNING, f"link to {peer}: queue full (cluster.link_max_queued_bytes)",
@@ -213,9 +216,12 @@ class MeshLink:
         batch: list[bytes] = []
         size = 0
         sent = 0
+        retained = 0  # RETAIN/RETAIN_SYNC: state kept everywhere, not publishes (msgs_out)
         while unsent and len(inflight) < window:
             out = unsent.popleft()
             inflight.append(out)
+            if out.kind == _RETAIN or out.kind == _RETAIN_SYNC:
+                retained += 1
             flags, tlen = out.head
             batch.append(entry_head(out.seq, out.kind, flags, tlen))
             batch.append(out.body)  # the shared body is not copied into a per-link entry
@@ -233,7 +239,8 @@ class MeshLink:
             self.acked_out = ack
         if parts:
             data = b"".join(parts)
-            self.stats["msgs_out"] += sent
+            self.stats["msgs_out"] += sent - retained
+            self.stats["retained_out"] += retained
             self.stats["bytes_out"] += len(data)
             self.stats["frames_out"] += len(parts)
             conn.write(data)
@@ -363,6 +370,7 @@ class MeshLink:
 
     def _on_entries(self, entries: list[frames.Entry]) -> None:
         fresh = []
+        retained = 0
         for entry in entries:
             if not self.inbound.fresh(entry.seq):
                 failed = self.failed.get(entry.seq)
@@ -370,7 +378,10 @@ class MeshLink:
                     self.results.append((entry.seq, failed[0], -1, failed[1]))
                 continue
             fresh.append(entry)
-        self.stats["msgs_in"] += len(fresh)
+            if entry.kind == _RETAIN or entry.kind == _RETAIN_SYNC:
+                retained += 1
+        self.stats["msgs_in"] += len(fresh) - retained
+        self.stats["retained_in"] += retained
         if fresh:
             self.mesh.on_entries(self, fresh)
         self.mesh.want_flush(self)

@@ -19,6 +19,10 @@ from meshmq.fetch_api import RELAYED_HEADER, attach_cluster
 _COUNTERS = (
     ("msgs_out", "meshmq_link_messages_sent", "Entries (publishes) sent over the link."),
     ("msgs_in", "meshmq_link_messages_received", "Entries (publishes) received over the link."),
+    ("retained_out", "meshmq_link_retained_sent",
+     "Retained-message changes and resyncs sent over the link (not in messages_sent)."),
+    ("retained_in", "meshmq_link_retained_received",
+     "Retained-message changes and resyncs received over the link (not in messages_received)."),
     ("bytes_out", "meshmq_link_bytes_sent", "Bytes written to the link."),
     ("bytes_in", "meshmq_link_bytes_received", "Bytes read from the link."),
     ("frames_out", "meshmq_link_frames_sent", "Frames written to the link."),
