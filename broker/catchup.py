@@ -240,7 +240,9 @@ class LogCatchUp:
             return  # the session ended, or moved on
         if result.status == "ok":
             c.hw = result.hw
-            if result.records:
+            if result.records and result.records[0].offset > c.next:
+                pass  # read from past where the cursor now is (it moved back): read again
+            elif result.records:
                 c.buffer = deque(r for r in result.records if r.offset >= c.next)
             else:
                 self._caught_up(session, c, max(c.next, result.next_offset))
@@ -305,9 +307,11 @@ class LogCatchUp:
         elif c.live:  # caught up earlier; behind again from here
             c.live = False
             c.next = offset
+            c.buffer = None
             session.lag_behind += 1
         elif offset < c.next:
             c.next = offset
+            c.buffer = None  # read from the old position: the next read starts here
 
     def _compact_queue(self, session: Session) -> None:
         """Turn queued live logged deliveries into cursors: the log holds them already."""

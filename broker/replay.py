@@ -156,6 +156,8 @@ class RemoteReplays:
             if left[0]:
                 return
             conn.unsettled -= 1
+            if router.sessions.get(session.client_id) is not session:
+                return  # ended meanwhile (clean, expired, or moved to another router)
             if any(s.replay is not None and not s.replay.live
                    for s in session.subscriptions.values()):
                 # (also when the SUBACK is not sent: a persistent session's cursors read once
