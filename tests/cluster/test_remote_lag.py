@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from helpers.broker import wait_for
 from helpers.clients import V5, ClientFactory, PacketTypes, props, unique
 from helpers.cluster import Cluster
 
@@ -161,3 +162,34 @@ def test_a_replay_resolved_after_its_client_left_reads_when_the_client_is_back(
     assert [m.payload.decode() for m in got] == [f"h{i}" for i in range(5)]
     pub.publish(topic, "live", 1)
     assert again.expect_message(timeout=10).payload == b"live"
+
+
+def test_catch_up_from_an_owner_killed_mid_read_resumes_after_its_restart(
+        pair: Cluster, clients: ClientFactory) -> None:
+    """A session at node 0 reads 600 messages back from node 1's log; node 1's router is
+    killed (-9) mid-read and its supervisor restarts it: the reads fail while it is gone and
+    resume where they were, every message once and in order."""
+    n0, n1 = pair.nodes
+    device = pair.device_owned_by(1, unique("kill"))
+    cid = unique("killed")
+    first = _persistent(clients, n0, cid)
+    first.subscribe(f"devices/{device}/#", 1)
+    pair.wait_routes(0, 1)
+    first.disconnect()
+    _burst(clients, n1, f"devices/{device}/t")
+    again = _persistent(clients, n0, cid, ReceiveMaximum=2)
+    got = [m.payload.decode() for m in again.expect_messages(100, timeout=30)]
+    old = pair.router_pid(1)
+    os.kill(old, signal.SIGKILL)
+
+    def restarted() -> bool:
+        try:
+            return pair.router_pid(1) != old
+        except AssertionError:  # not up yet
+            return False
+
+    wait_for(restarted, 30, message="node 1's router restarted by its supervisor")
+    pair.wait_links_up()
+    got.extend(m.payload.decode() for m in again.expect_messages(_BURST - len(got), timeout=60))
+    assert got == [f"b{i}" for i in range(_BURST)]
+    again.expect_no_message(0.5)
