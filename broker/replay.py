@@ -124,10 +124,15 @@ class RemoteReplays:
                 finish: Any) -> None:
         """Ask each owner where its subscription starts; ``finish()`` (the SUBACK) once every
         one answered. A refused one is undone and its code becomes a failure with the owner's
-        reason, as a local ``open_cursor`` refusal would be. The client's next SUBSCRIBE or
-        UNSUBSCRIBE waits meanwhile (``conn.unsettled``), so its packets take effect in order."""
+        reason, as a local ``open_cursor`` refusal would be.
+
+        The client's later packets are not held meanwhile (unlike behind a publish waiting for
+        the disk, ``conn.unsettled``): holding them means not reading its socket, for up to
+        the RESOLVE timeout, and a client whose PINGREQ gets no PINGRESP within its keepalive
+        closes the connection (paho does). A later SUBSCRIBE or UNSUBSCRIBE may then be
+        answered first; the state still follows the packets' order, since an answer only
+        touches a subscription that is still the one it resolves."""
         router = self.router
-        conn.unsettled += 1
         left = [len(resolving)]
         failure = Reason.IMPLEMENTATION_SPECIFIC_ERROR if conn.level == 5 else SUBACK_FAILURE_V3
 
@@ -155,7 +160,6 @@ class RemoteReplays:
             left[0] -= 1
             if left[0]:
                 return
-            conn.unsettled -= 1
             if router.sessions.get(session.client_id) is not session:
                 return  # ended meanwhile (clean, expired, or moved to another router)
             if any(s.replay is not None and not s.replay.live
@@ -172,8 +176,6 @@ class RemoteReplays:
                     router.flush_writes()
                 return
             finish()
-            if not conn.unsettled and conn.pending is not None:
-                router._release_held(conn)
             if session in router._replaying:  # e.g. an old replaying subscription put back
                 router._pump_replays(session)
             router.flush_writes()

@@ -1233,7 +1233,9 @@ class Router:
                                          connect_timeout, extra={"peer": conn.peer})
                     conn.listener.rejected += 1
                     conn.abort()
-            elif conn.keepalive and now - conn.last_rx > conn.keepalive * 1.5:
+            elif conn.keepalive and now - conn.last_rx > conn.keepalive * 1.5 \
+                    and conn.pending is None and conn not in self._paused_publishers:
+                # (not while we hold its packets and do not read: its PINGREQs wait unread)
                 # [MQTT-3.1.2-24]: 1.5 × keepalive without a packet → disconnect (will is sent)
                 conn.close_reason = f"keepalive timeout (nothing for 1.5 x {conn.keepalive} s)"
                 conn.close(Reason.KEEP_ALIVE_TIMEOUT)

@@ -193,3 +193,31 @@ def test_catch_up_from_an_owner_killed_mid_read_resumes_after_its_restart(
     got.extend(m.payload.decode() for m in again.expect_messages(_BURST - len(got), timeout=60))
     assert got == [f"b{i}" for i in range(_BURST)]
     again.expect_no_message(0.5)
+
+
+def test_a_client_waiting_on_a_frozen_owner_keeps_its_keepalive(
+        pair: Cluster, clients: ClientFactory) -> None:
+    """A client with a 1 s keepalive asks node 0 for a replay of a log node 1 owns while node
+    1 is frozen for 2.2 s (more than 1.5 keepalives, less than the test cluster's 3 s
+    link_timeout), then subscribes to something else. Its SUBACK waits for the owner; its
+    other packets do not (its PINGREQs are answered, its second SUBSCRIBE too), so neither
+    side drops the connection, and the replay delivers once the owner answers."""
+    n0, n1 = pair.nodes
+    device = pair.device_owned_by(1, unique("ka"))
+    pub = clients.connected(n1, protocol=V5)
+    pub.publish(f"devices/{device}/t", "h0", 1)
+    sub = clients.connected(n0, protocol=V5, connect={"keepalive": 1})
+    owner = pair.router_pid(1)
+    os.kill(owner, signal.SIGSTOP)
+    try:
+        _, mid = sub.mqtt.subscribe(f"devices/{device}/#", 1, properties=props(
+            PacketTypes.SUBSCRIBE, UserProperty=[("offset", "earliest")]))
+        _, mid2 = sub.mqtt.subscribe(f"u/{unique('ka')}", 1)
+        wait_for(lambda: mid2 in sub.subacks, 2, message="the second SUBACK, not held")
+        time.sleep(2.2)
+    finally:
+        os.kill(owner, signal.SIGCONT)
+    wait_for(lambda: mid in sub.subacks, 10, message="the SUBACK once node 1 thawed")
+    assert [int(getattr(c, "value", c)) for c in sub.subacks[mid]] == [1]
+    assert sub.is_connected()
+    assert sub.expect_message(timeout=10).payload == b"h0"
