@@ -414,16 +414,24 @@ MUTATIONS: tuple[Mutation, ...] = (
 
 
 def _more_mutations() -> tuple[Mutation, ...]:
-    """Guards kept in their own module (the cluster node's config/process/operations side,
-    tests/mutations_cluster_ops.py), loaded by path so ``python -m tests.mutate`` works too."""
+    """Guards kept in modules of their own, ``tests/mutations_*.py`` (the cluster node's
+    operations side, the mesh's faults, the chaos checker, ...), so that work going on side by
+    side does not fight over one tuple. Each module has one function taking this file's
+    ``Mutation`` class (no import cycle) and returning its mutations; loaded by path so
+    ``python -m tests.mutate`` works too."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "mutations_cluster_ops", Path(__file__).resolve().parent / "mutations_cluster_ops.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return tuple(module.ops_mutations(Mutation))
+    found: list[Mutation] = []
+    for path in sorted(Path(__file__).resolve().parent.glob("mutations_*.py")):
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        builders = [getattr(module, n) for n in dir(module) if n.endswith("_mutations")
+                    and callable(getattr(module, n))]
+        assert len(builders) == 1, f"{path.name}: one *_mutations(Mutation) function expected"
+        found.extend(builders[0](Mutation))
+    return tuple(found)
 
 
 MUTATIONS += _more_mutations()
