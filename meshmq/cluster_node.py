@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from cluster.settings import router_id
 from cluster.supervisor import Supervisor
 from meshmq.config import NodeConfig
+from meshmq.dirlock import DataDirInUse, DataDirLock
 from meshmq.node_admin import NodeAdmin
 from meshmq.preflight import StartupError, check_startup
 from meshmq.router_proc import announce_path
@@ -48,8 +49,16 @@ async def _supervise(config: NodeConfig, config_path: str | None,
     assert cluster is not None
     try:
         check_startup(config)
+        # The node's data_dir, held for the supervisor's life; each router holds its own
+        # router-<r>/ under it as well, so a router orphaned by a kill -9'd supervisor still
+        # keeps a new node's router off its store (meshmq/dirlock.py).
+        dirlock = DataDirLock.acquire(config.data_dir)
     except StartupError as err:
         log.error("cannot start: %s", err, extra={"key": err.key})
+        return 2
+    except DataDirInUse as err:
+        log.error("cannot start: node.data_dir: %s", err,
+                  extra={"key": "node.data_dir", "holder_pid": err.holder.get("pid")})
         return 2
     rids = [router_id(cluster.node_id, r) for r in range(cluster.routers)]
     supervisor = Supervisor(cluster.routers,
@@ -86,6 +95,7 @@ async def _supervise(config: NodeConfig, config_path: str | None,
         code = await supervisor.wait()
     finally:
         await admin.stop()
+        dirlock.release()
     log.info("meshmq node stopped", extra={"exit": code})
     return code
 
