@@ -36,11 +36,12 @@ log = logging.getLogger("meshmq.cluster_node")
 
 
 def router_argv(config_path: str | None, index: int, extra: Sequence[str] = ()) -> list[str]:
-    """Router ``index``'s command line: this interpreter, the same config, ``--router``."""
+    """Router ``index``'s command line: this interpreter, the same config, ``--router``, and
+    this process's PID (the router exits if its parent is not, or is no longer, that PID)."""
     argv = [sys.executable, "-m", "meshmq", "serve"]
     if config_path is not None:
         argv += ["-c", os.path.abspath(config_path)]
-    return argv + ["--router", str(index), *extra]
+    return argv + ["--router", str(index), "--supervisor-pid", str(os.getpid()), *extra]
 
 
 async def _supervise(config: NodeConfig, config_path: str | None,

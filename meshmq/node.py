@@ -226,6 +226,10 @@ class Node:
             self._dirlock.release()  # last: the store is closed, another process may have it
         log.info("meshmq node stopped")
 
+    async def lock_data_dir(self) -> DataDirLock:
+        """This process's hold on its data_dir (raises DataDirInUse); a router waits a while."""
+        return DataDirLock.acquire(self.config.data_dir)
+
     def request_stop(self) -> None:
         self._stop.set()
 
@@ -246,7 +250,7 @@ class Node:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         try:
             check_startup(self.config)
-            self._dirlock = DataDirLock.acquire(self.config.data_dir)
+            self._dirlock = await self.lock_data_dir()
         except StartupError as err:
             log.error("cannot start: %s", err, extra={"key": err.key})
             return 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 LOCK = "tests/meshmq/test_data_dir_lock.py"
+ORPHAN = "tests/cluster/test_orphan_routers.py"
 
 
 def procs_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -34,4 +35,13 @@ def procs_mutations(mutation: Any) -> tuple[Any, ...]:
           "        dirlock = DataDirLock.acquire(config.data_dir)\n",
           "        dirlock = DataDirLock(config.data_dir)\n",
           (f"{LOCK}::test_second_cluster_node_on_a_data_dir_in_use_exits_2_before_any_router",)),
+        # ------------------------------------------------------------------- orphan routers
+        m("procs-orphan-ppid-is-1", "a router orphaned before its prctl checks its parent "
+          "against PID 1 (wrong under a subreaper: it runs on)", "meshmq/router_proc.py",
+          "    return os.getppid() != supervisor_pid\n", "    return os.getppid() == 1\n",
+          (f"{ORPHAN}::test_router_whose_supervisor_died_before_it_started_exits",)),
+        m("procs-no-lock-wait", "a router meeting its store held by a draining orphan gives up "
+          "at once (kill -9 then restart fails with exit 2)", "meshmq/router_proc.py",
+          "LOCK_WAIT_S = ORPHAN_STOP_S + 10.0\n", "LOCK_WAIT_S = 0.0\n",
+          (f"{ORPHAN}::test_node_restarted_while_an_orphan_holds_its_store_waits_for_it",)),
     )
