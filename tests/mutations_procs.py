@@ -9,6 +9,8 @@ from typing import Any
 
 LOCK = "tests/meshmq/test_data_dir_lock.py"
 ORPHAN = "tests/cluster/test_orphan_routers.py"
+DEVC = "tests/cluster/test_dev_cluster_checks.py"
+DC = "meshmq/devcluster.py"
 
 
 def procs_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -44,4 +46,26 @@ def procs_mutations(mutation: Any) -> tuple[Any, ...]:
           "at once (kill -9 then restart fails with exit 2)", "meshmq/router_proc.py",
           "LOCK_WAIT_S = ORPHAN_STOP_S + 10.0\n", "LOCK_WAIT_S = 0.0\n",
           (f"{ORPHAN}::test_node_restarted_while_an_orphan_holds_its_store_waits_for_it",)),
+        # ---------------------------------------------------------------------- dev-cluster
+        m("procs-dev-no-port-check", "dev-cluster starts its nodes without checking their "
+          "ports", DC, "    if taken:\n        for line in taken:\n",
+          "    if False:\n        for line in taken:\n",
+          (f"{DEVC}::test_port_of_a_running_broker_exits_2_naming_it_and_starts_nothing",
+           f"{DEVC}::test_taken_mesh_port_of_the_last_node_exits_2_naming_it")),
+        m("procs-dev-ready-any-pid", "dev-cluster accepts any 200 from a node's admin port as "
+          "the node ready", DC, "            if pid != node.proc.pid:\n",
+          "            if False:\n",
+          (f"{DEVC}::test_ready_answer_from_another_process_is_not_the_node",)),
+        m("procs-dev-env-dropped", "dev-cluster drops the MESHMQ_ variables it says it passes",
+          DC, "        if why is None:\n            env[name] = value\n",
+          "        if why is None:\n",
+          (f"{DEVC}::test_meshmq_variables_reach_every_node_except_per_node_keys",)),
+        m("procs-dev-env-per-node-passed", "dev-cluster passes per-node keys (every node on one "
+          "MQTT port)", DC, "        why = _PER_NODE.get(key)\n",
+          "        why = None and _PER_NODE.get(key)\n",
+          (f"{DEVC}::test_meshmq_variables_reach_every_node_except_per_node_keys",)),
+        m("procs-dev-env-not-validated", "dev-cluster starts nodes with a bad MESHMQ_ value "
+          "(each fails on its own)", DC,
+          "        load_config(str(nodes[0].config_path), env)\n", "        pass\n",
+          (f"{DEVC}::test_bad_meshmq_value_exits_2_before_any_node_starts",)),
     )
