@@ -60,6 +60,7 @@ ORPHAN_STOP_S = 20
 # How long a router waits for its store's lock held by another process (an orphan of a previous
 # supervisor, draining): longer than ORPHAN_STOP_S, so a kill -9 then a restart always starts.
 LOCK_WAIT_S = ORPHAN_STOP_S + 10.0
+PARENT_POLL_S = 0.5  # one getppid() a half second: nothing, next to a router's work
 
 
 def router_dir(config: NodeConfig, index: int) -> str:
@@ -107,17 +108,37 @@ class RouterNode(Node):
         super().__init__(config, router_index)
         self._announce = announce
         self._supervisor_pid = supervisor_pid
+        self._orphan = False
+
+    async def run(self) -> int:
+        asyncio.get_running_loop().call_soon(self._watch_parent)
+        return await super().run()
 
     def request_stop(self) -> None:
-        """SIGTERM: from the supervisor (a node stopping) or, when it is gone, the kernel's
-        death signal: then the drain gets a deadline only the kernel can enforce."""
-        if _orphaned(self._supervisor_pid) and not self._stop.is_set():
+        """SIGTERM: from the supervisor (a node stopping) or the kernel's death signal."""
+        self._note_orphan()
+        super().request_stop()
+
+    def _note_orphan(self) -> bool:
+        """Once orphaned: say so, and give the drain a deadline only the kernel can enforce."""
+        if not self._orphan and _orphaned(self._supervisor_pid):
+            self._orphan = True
             log.error("the supervisor (pid %s) is gone: draining and exiting (at most %ds) so "
                       "that no router outlives its node; start the node again once this router "
                       "has exited", self._supervisor_pid, ORPHAN_STOP_S,
                       extra={"supervisor_pid": self._supervisor_pid})
             signal.alarm(ORPHAN_STOP_S)
-        super().request_stop()
+        return self._orphan
+
+    def _watch_parent(self) -> None:
+        """The death signal's backstop, checked every PARENT_POLL_S. It is needed: the kernel
+        sends that signal when the parent *thread* exits, and the supervisor has threads
+        (asyncio's child watcher), so the first one can arrive while the parent is still the
+        supervisor's PID, being torn down; a prctl that failed (not Linux) sends none."""
+        if self._note_orphan():
+            self.request_stop()
+        else:
+            asyncio.get_running_loop().call_later(PARENT_POLL_S, self._watch_parent)
 
     async def lock_data_dir(self) -> DataDirLock:
         """Wait up to LOCK_WAIT_S for a store still held by another process (see the module
