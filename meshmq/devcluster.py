@@ -26,7 +26,9 @@ environment variable" holds here too: an ACL file, a log format, a limit), excep
 command sets per node (ids, data dirs, ``*.bind`` ports, ``commitlog.dir``, ``[cluster]``),
 which would make every node the same; those are named at start with the reason and left out.
 The passed ones are validated with each node's file before anything starts (exit 2 naming the
-key, as ``meshmq serve`` would).
+key, as ``meshmq serve`` would). One dev-cluster per ``--dir`` (meshmq/dirlock.py's lock on it):
+a second one, on other ports, would rewrite the configs of nodes that are running (a router
+restarted later reads them) before its own nodes failed on the data locks.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from meshmq.config import ENV_PREFIX, ConfigError, load_config
+from meshmq.dirlock import DataDirInUse, DataDirLock
 
 __all__ = ["add_dev_cluster_parser", "run_dev_cluster", "DevNode", "wait_ready"]
 
@@ -261,7 +264,20 @@ def run_dev_cluster(args: argparse.Namespace, out: TextIO | None = None,
     if passed:
         print(f"meshmq dev-cluster: passing to every node: {', '.join(passed)}", file=out)
     root = Path(args.dir).resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    try:  # one dev-cluster per --dir: a second would rewrite the configs of running nodes
+        dirlock = DataDirLock.acquire(str(root))
+    except DataDirInUse as exc:
+        print(f"meshmq dev-cluster: --dir {exc}; nothing started", file=err)
+        return 2
+    try:
+        return _run_in(root, nodes, env, args, out, err)
+    finally:
+        dirlock.release()
+
+
+def _run_in(root: Path, nodes: list[DevNode], env: dict[str, str], args: argparse.Namespace,
+            out: TextIO, err: TextIO) -> int:
+    """The rest of run_dev_cluster, with ``root`` locked: configs, start, wait, stop."""
     secret = _secret_file(root)
     for node in nodes:
         _write_config(node, nodes, args.name, args.routers, secret)

@@ -64,6 +64,12 @@ def procs_mutations(mutation: Any) -> tuple[Any, ...]:
           "MQTT port)", DC, "        why = _PER_NODE.get(key)\n",
           "        why = None and _PER_NODE.get(key)\n",
           (f"{DEVC}::test_meshmq_variables_reach_every_node_except_per_node_keys",)),
+        m("procs-dev-no-dir-lock", "a second dev-cluster on a --dir in use rewrites the "
+          "running nodes' configs and starts nodes on their data", DC,
+          "        dirlock = DataDirLock.acquire(str(root))\n",
+          "        dirlock = DataDirLock(str(root))\n        root.mkdir(parents=True, "
+          "exist_ok=True)\n",
+          (f"{DEVC}::test_second_dev_cluster_on_one_dir_exits_2_and_leaves_the_first_alone",)),
         m("procs-dev-env-not-validated", "dev-cluster starts nodes with a bad MESHMQ_ value "
           "(each fails on its own)", DC,
           "        load_config(str(nodes[0].config_path), env)\n", "        pass\n",

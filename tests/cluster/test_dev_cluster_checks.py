@@ -34,8 +34,8 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _dev_cluster(tmp_path: Path, nodes: int, mqtt: int, admin: int, mesh: int,
-                 **env: str) -> tuple[subprocess.Popen[bytes], Path]:
-    out = tmp_path / "dev.out"
+                 out_name: str = "dev.out", **env: str) -> tuple[subprocess.Popen[bytes], Path]:
+    out = tmp_path / out_name
     with open(out, "wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "meshmq", "dev-cluster", "--nodes", str(nodes),
@@ -165,3 +165,30 @@ def test_bad_meshmq_value_exits_2_before_any_node_starts(tmp_path):
         assert not (tmp_path / "dev" / "node-0" / "meshmq.log").exists()
     finally:
         _stop(proc)
+
+
+def test_second_dev_cluster_on_one_dir_exits_2_and_leaves_the_first_alone(tmp_path):
+    """Other ports, same --dir: it would rewrite the running nodes' configs (a router restarted
+    later reads them) and start nodes on their data."""
+    first, out = _dev_cluster(tmp_path, 1, free_port_range(1), free_port_range(1),
+                              free_port_range(1))
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        wait_for(lambda: "Ctrl-C stops every node" in out.read_text() or first.poll() is not None,
+                 timeout=90, message="the first dev-cluster's table")
+        assert first.poll() is None, out.read_text()
+        config = tmp_path / "dev" / "node-0" / "meshmq.toml"
+        before = config.read_text()
+        second, out2 = _dev_cluster(tmp_path, 1, free_port_range(1), free_port_range(1),
+                                    free_port_range(1), out_name="dev2.out")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            second.wait(60)
+        text = out2.read_text()
+        assert second.returncode == 2, text
+        assert f"pid {first.pid}" in text and "nothing started" in text, text
+        assert config.read_text() == before
+        assert first.poll() is None
+    finally:
+        if second is not None:
+            _stop(second)
+        _stop(first)
