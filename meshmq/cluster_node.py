@@ -27,8 +27,9 @@ from cluster.supervisor import Supervisor
 from meshmq.config import NodeConfig
 from meshmq.dirlock import DataDirInUse, DataDirLock
 from meshmq.node_admin import NodeAdmin
+from meshmq.portcheck import listener_conflicts
 from meshmq.preflight import StartupError, check_startup
-from meshmq.router_proc import announce_path
+from meshmq.router_proc import acquire_router_store, announce_path, router_dir
 
 __all__ = ["run_supervisor", "router_argv"]
 
@@ -61,6 +62,24 @@ async def _supervise(config: NodeConfig, config_path: str | None,
         log.error("cannot start: node.data_dir: %s", err,
                   extra={"key": "node.data_dir", "holder_pid": err.holder.get("pid")})
         return 2
+    try:
+        # Routers of a previous supervisor of this node (killed with -9) may still be draining:
+        # wait for their stores, which they free last, so that their ports are free too.
+        for r in range(cluster.routers):
+            (await acquire_router_store(router_dir(config, r))).release()
+    except DataDirInUse as err:
+        log.error("cannot start: node.data_dir: %s", err,
+                  extra={"key": "node.data_dir", "holder_pid": err.holder.get("pid")})
+        dirlock.release()
+        return 2
+    taken = listener_conflicts(config.broker.listeners)
+    for key, bind, why in taken:
+        log.error("cannot start: %s %s: %s. Another process listens there; this node's routers "
+                  "share their ports (SO_REUSEPORT) and would take a share of its clients: stop "
+                  "it, or change %s", key, bind, why, key, extra={"key": key})
+    if taken:
+        dirlock.release()
+        return 1  # a port taken, as for a single node: it may be free on the next try
     rids = [router_id(cluster.node_id, r) for r in range(cluster.routers)]
     supervisor = Supervisor(cluster.routers,
                             lambda r: router_argv(config_path, r, extra_args),

@@ -40,7 +40,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -52,6 +51,7 @@ from typing import Any, TextIO
 
 from meshmq.config import ENV_PREFIX, ConfigError, load_config
 from meshmq.dirlock import DataDirInUse, DataDirLock
+from meshmq.portcheck import bind_conflict
 
 __all__ = ["add_dev_cluster_parser", "run_dev_cluster", "DevNode", "wait_ready"]
 
@@ -125,8 +125,7 @@ def _plan(args: argparse.Namespace) -> list[DevNode] | str:
 
 def _taken_ports(nodes: list[DevNode], routers: int) -> list[str]:
     """Every port the cluster will bind that cannot be bound now, one line each (empty: all
-    free). SO_REUSEADDR as the listeners set it, so a TIME_WAIT left by a previous run is not
-    "taken"; no SO_REUSEPORT, so a broker sharing its port with its own routers is."""
+    free; meshmq/portcheck.py says why a plain bind is the test)."""
     wanted: list[tuple[int, str]] = []
     for n in nodes:
         wanted += [(n.mqtt, f"{n.node_id} MQTT, --mqtt-port"),
@@ -135,12 +134,9 @@ def _taken_ports(nodes: list[DevNode], routers: int) -> list[str]:
                    for r in range(routers)]
     taken = []
     for port, what in wanted:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError as exc:
-                taken.append(f"port {port} ({what}) on 127.0.0.1: {exc.strerror or exc}")
+        why = bind_conflict("127.0.0.1", port)
+        if why is not None:
+            taken.append(f"port {port} ({what}) on 127.0.0.1: {why}")
     return taken
 
 

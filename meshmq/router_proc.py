@@ -22,8 +22,10 @@ node it was:
   ``signal.alarm`` as a backstop the kernel enforces: no supervisor is left to SIGKILL a drain
   that hangs.
 * **Its store lock may still be held by such an orphan** draining when a new supervisor starts
-  (kill -9, then start again at once): a router waits up to ``LOCK_WAIT_S`` for it, longer than
-  an orphan may live, before it gives up with exit 2 (meshmq/dirlock.py).
+  (kill -9, then start again at once): the new supervisor waits up to ``LOCK_WAIT_S`` for each
+  router's store (``acquire_router_store``), longer than an orphan may live, before it probes
+  the ports the orphan also holds; then it gives up with exit 2 (meshmq/dirlock.py). Each
+  router waits the same way again.
 
 Every log line of a router carries ``router=<node id>/<r>``: the routers share the supervisor's
 stderr (one journal stream per node), and a line without it could be any of them.
@@ -39,6 +41,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import uvloop
@@ -48,7 +51,8 @@ from meshmq.config import COMMITLOG_SUBDIR, NodeConfig
 from meshmq.dirlock import DataDirInUse, DataDirLock
 from meshmq.node import Node
 
-__all__ = ["router_dir", "announce_path", "router_config", "run_router", "ANNOUNCE_FILE"]
+__all__ = ["router_dir", "announce_path", "router_config", "run_router", "ANNOUNCE_FILE",
+           "acquire_router_store"]
 
 log = logging.getLogger("meshmq.router")
 
@@ -111,6 +115,9 @@ class RouterNode(Node):
         self._orphan = False
 
     async def run(self) -> int:
+        # Both ways a router learns that its supervisor is gone, side by side: the kernel's
+        # death signal (and the check for a death before it was asked), and the poll.
+        _die_with_parent(self._supervisor_pid)
         asyncio.get_running_loop().call_soon(self._watch_parent)
         return await super().run()
 
@@ -141,23 +148,8 @@ class RouterNode(Node):
             asyncio.get_running_loop().call_later(PARENT_POLL_S, self._watch_parent)
 
     async def lock_data_dir(self) -> DataDirLock:
-        """Wait up to LOCK_WAIT_S for a store still held by another process (see the module
-        docstring), then let DataDirInUse stop this router with exit 2."""
-        deadline = time.monotonic() + LOCK_WAIT_S
-        warned = False
-        while True:
-            try:
-                return DataDirLock.acquire(self.config.data_dir)
-            except DataDirInUse as err:
-                if time.monotonic() >= deadline or self._stop.is_set():
-                    raise
-                if not warned:
-                    warned = True
-                    log.warning("%s is held by pid %s (a router of a previous supervisor "
-                                "still draining?): waiting up to %.0fs for it",
-                                self.config.data_dir, err.holder.get("pid", "unknown"),
-                                LOCK_WAIT_S, extra={"holder_pid": err.holder.get("pid")})
-            await asyncio.sleep(0.2)
+        """Wait for a store still held by an orphan (see acquire_router_store)."""
+        return await acquire_router_store(self.config.data_dir, self._stop.is_set)
 
     async def start(self) -> None:
         await super().start()
@@ -171,6 +163,29 @@ class RouterNode(Node):
     async def stop(self) -> None:
         self._announce.unlink(missing_ok=True)
         await super().stop()
+
+
+async def acquire_router_store(directory: str,
+                               stopping: Callable[[], bool] = lambda: False) -> DataDirLock:
+    """Router ``directory``'s lock, waiting up to LOCK_WAIT_S for a holder to go (an orphan of
+    a previous supervisor draining: see the module docstring); DataDirInUse after that (exit 2,
+    naming the holder). The supervisor asks first for each router, before it binds anything or
+    probes its ports, which such an orphan may still hold; each router asks again."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    warned = False
+    while True:
+        try:
+            return DataDirLock.acquire(directory)
+        except DataDirInUse as err:
+            if time.monotonic() >= deadline or stopping():
+                raise
+            if not warned:
+                warned = True
+                log.warning("%s is held by pid %s (a router of a previous supervisor still "
+                            "draining?): waiting up to %.0fs for it", directory,
+                            err.holder.get("pid", "unknown"), LOCK_WAIT_S,
+                            extra={"holder_pid": err.holder.get("pid")})
+        await asyncio.sleep(0.2)
 
 
 def _orphaned(supervisor_pid: int | None) -> bool:
@@ -202,7 +217,6 @@ def run_router(config: NodeConfig, index: int, supervisor_pid: int | None = None
     rid = router_id(config.cluster.node_id, index)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_RouterTag(rid))
-    _die_with_parent(supervisor_pid)
     announce = announce_path(config, index)
     rconfig = router_config(config, index)
 

@@ -21,8 +21,8 @@ def procs_mutations(mutation: Any) -> tuple[Any, ...]:
         m("procs-no-datadir-lock", "a single node takes no lock on its data_dir (the second "
           "serve fails later, exit 1, on the commit log's LOCK, naming no PID)",
           "meshmq/node.py",
-          "            self._dirlock = DataDirLock.acquire(self.config.data_dir)\n",
-          "            pass\n",
+          "        return DataDirLock.acquire(self.config.data_dir)\n",
+          "        return DataDirLock(self.config.data_dir)\n",
           (f"{LOCK}::test_second_serve_on_a_data_dir_in_use_exits_2_naming_it",)),
         m("procs-stale-lock-blocks", "the lock is a PID file: one left by a kill -9'd node "
           "blocks its restart", "meshmq/dirlock.py",
@@ -32,7 +32,7 @@ def procs_mutations(mutation: Any) -> tuple[Any, ...]:
           "                raise BlockingIOError(errno.EWOULDBLOCK, 'pid file present')\n",
           (f"{LOCK}::test_lock_file_left_by_a_killed_node_does_not_block_a_restart",)),
         m("procs-supervisor-no-lock", "a cluster node's supervisor does not lock its data_dir "
-          "(its routers start, then meet the first node's router locks)",
+          "(it waits 30 s on the first node's router stores, then exits 2 naming a router)",
           "meshmq/cluster_node.py",
           "        dirlock = DataDirLock.acquire(config.data_dir)\n",
           "        dirlock = DataDirLock(config.data_dir)\n",
@@ -46,6 +46,17 @@ def procs_mutations(mutation: Any) -> tuple[Any, ...]:
           "at once (kill -9 then restart fails with exit 2)", "meshmq/router_proc.py",
           "LOCK_WAIT_S = ORPHAN_STOP_S + 10.0\n", "LOCK_WAIT_S = 0.0\n",
           (f"{ORPHAN}::test_node_restarted_while_an_orphan_holds_its_store_waits_for_it",)),
+        m("procs-supervisor-no-orphan-wait", "the supervisor does not wait for a previous "
+          "supervisor's orphans (draining) to free their stores and ports",
+          "meshmq/cluster_node.py",
+          "            (await acquire_router_store(router_dir(config, r))).release()\n",
+          "            pass\n",
+          (f"{ORPHAN}::test_node_restarted_while_an_orphan_holds_its_store_waits_for_it",)),
+        m("procs-supervisor-no-port-probe", "a cluster node starts its routers on an MQTT port "
+          "another node serves (SO_REUSEPORT shares it)", "meshmq/cluster_node.py",
+          "    taken = listener_conflicts(config.broker.listeners)\n",
+          "    taken: list[tuple[str, str, str]] = []\n",
+          (f"{ORPHAN}::test_node_on_a_port_another_node_serves_exits_1_before_any_router",)),
         # ---------------------------------------------------------------------- dev-cluster
         m("procs-dev-no-port-check", "dev-cluster starts its nodes without checking their "
           "ports", DC, "    if taken:\n        for line in taken:\n",

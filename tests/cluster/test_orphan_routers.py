@@ -98,9 +98,10 @@ def test_node_restarted_while_an_orphan_holds_its_store_waits_for_it(tmp_path, r
         new.port, new.admin_port = old.port, old.admin_port
         offset = new.log_size()
         new.start(wait=False)
-        wait_for(lambda: new.log_since(offset).count("waiting up to") == 2 or not new.alive,
-                 timeout=60, message="both new routers waiting for the old ones' stores")
+        wait_for(lambda: "waiting up to" in new.log_since(offset) or not new.alive,
+                 timeout=60, message="the new node waiting for the old routers' stores")
         assert new.alive, new.log_since(offset)
+        assert "router started" not in new.log_since(offset)  # none beside the orphans
         for pid in routers:
             os.kill(pid, signal.SIGCONT)  # the pending SIGTERM: the orphans drain and exit
         wait_for(lambda: not any(pid_alive(p) for p in routers), timeout=60,
@@ -117,3 +118,26 @@ def test_node_restarted_while_an_orphan_holds_its_store_waits_for_it(tmp_path, r
         if new is not None:
             new.kill_everything()
         old.kill_everything()
+
+
+def test_node_on_a_port_another_node_serves_exits_1_before_any_router(tmp_path):
+    """Its routers would share the port with the first node's (SO_REUSEPORT, same user) and
+    take a share of its clients; a single node fails on it with EADDRINUSE, so must this."""
+    first = ClusterNode(tmp_path / "first", routers=1)
+    second = ClusterNode(tmp_path / "second", routers=1, overrides={
+        "listener": {"tcp": {"bind": f"127.0.0.1:{first.port}"}}})
+    try:
+        first.start()
+        first.wait_routers_up()
+        second.start(wait=False)
+        assert second.proc is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            second.proc.wait(60)
+        text = second.log_text()
+        assert second.proc.returncode == 1, text
+        assert f"listener.tcp.bind 127.0.0.1:{first.port}" in text, text
+        assert "router started" not in text, text
+        assert first.http_get("/readyz")[0] == 200
+    finally:
+        second.kill_everything()
+        first.kill_everything()
