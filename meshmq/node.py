@@ -261,6 +261,15 @@ class Node:
         try:
             await self.start()
         except LogStoreError as err:
+            if isinstance(err.__cause__, BlockingIOError):
+                # The store's own flock: another process on this commitlog.dir (outside
+                # data_dir, or the data_dir lock would have said so first). An operator's fix,
+                # so 2, like a data_dir in use: systemd must not restart into it.
+                log.error("cannot start: commitlog.dir: %s: another meshmq process uses it "
+                          "(node.data_dir differs, commitlog.dir is the same); give each node "
+                          "its own commitlog.dir", err, extra={"key": "commitlog.dir"})
+                await self.stop()
+                return 2
             log.error("cannot open the commit log: %s (is another meshmq using this data_dir? "
                       "set node.data_dir or commitlog.dir)", err)
             await self.stop()

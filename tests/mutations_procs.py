@@ -31,6 +31,11 @@ def procs_mutations(mutation: Any) -> tuple[Any, ...]:
           "            if os.pread(fd, 1, 0):\n"
           "                raise BlockingIOError(errno.EWOULDBLOCK, 'pid file present')\n",
           (f"{LOCK}::test_lock_file_left_by_a_killed_node_does_not_block_a_restart",)),
+        m("procs-commitlog-in-use-exit-1", "a commitlog.dir in use by another node exits 1 "
+          "(systemd restarts into it) without naming the key", "meshmq/node.py",
+          "            if isinstance(err.__cause__, BlockingIOError):\n",
+          "            if False:\n",
+          (f"{LOCK}::test_second_serve_on_a_commitlog_dir_in_use_exits_2_naming_the_key",)),
         m("procs-supervisor-no-lock", "a cluster node's supervisor does not lock its data_dir "
           "(it waits 30 s on the first node's router stores, then exits 2 naming a router)",
           "meshmq/cluster_node.py",

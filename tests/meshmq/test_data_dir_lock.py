@@ -68,3 +68,22 @@ def test_second_cluster_node_on_a_data_dir_in_use_exits_2_before_any_router(tmp_
     finally:
         second.kill_everything()
         first.kill_everything()
+
+
+def test_second_serve_on_a_commitlog_dir_in_use_exits_2_naming_the_key(tmp_path):
+    """Other data_dirs, one commitlog.dir: the store's own lock refuses it, and that is an
+    operator's fix (exit 2, the key named), not a failure systemd should restart into."""
+    logs = tmp_path / "shared-log"
+    first = BrokerProc(tmp_path / "first", {"commitlog": {"dir": str(logs)}}, ws=False).start()
+    second = BrokerProc(tmp_path / "second", {"commitlog": {"dir": str(logs)}}, ws=False)
+    try:
+        second.start(wait=False)
+        assert second.proc is not None
+        code = second.proc.wait(timeout=60)
+        text = second.log_text()
+        assert code == 2, text
+        assert "commitlog.dir" in text and str(logs) in text, text
+        assert first.alive
+    finally:
+        second.kill()
+        first.stop()
