@@ -27,8 +27,9 @@ What this module decides, and why:
   supervisor's decision to restart it. Only the supervisor's signals reach them: SIGTERM and
   SIGINT become SIGTERM to every router (each drains, then the supervisor exits 0), SIGHUP is
   forwarded as SIGHUP (each router reloads its files). A router also asks the kernel for SIGTERM
-  if the supervisor dies (``PR_SET_PDEATHSIG``, set by the router itself), so a kill -9'd
-  supervisor leaves no orphan holding the ports.
+  if the supervisor dies (``PR_SET_PDEATHSIG``, set by the router itself) and then checks that
+  its parent is still the supervisor's PID it was given (a death before the prctl), so a kill
+  -9'd supervisor leaves no orphan holding the ports (meshmq/router_proc.py).
 * **Stop is by PID**, SIGTERM then SIGKILL after ``stop_timeout``: never by name, never a
   process group the supervisor did not create.
 """

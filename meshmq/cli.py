@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override log.level")
     # Internal: the cluster supervisor starts router R of this node with it (router_proc.py).
     serve.add_argument("--router", type=int, metavar="R", help=argparse.SUPPRESS)
+    # Internal: the supervisor's PID, so a router can tell that it was orphaned before it could
+    # ask the kernel to be told (router_proc._die_with_parent).
+    serve.add_argument("--supervisor-pid", type=int, metavar="PID", help=argparse.SUPPRESS)
 
     passwd = sub.add_parser(
         "passwd", help="add, change or delete a user in a password file",
@@ -134,7 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         from meshmq.router_proc import run_router
 
-        return run_router(config, args.router)
+        return run_router(config, args.router, args.supervisor_pid)
     if config.cluster is not None:
         from meshmq.cluster_node import run_supervisor
 

@@ -25,9 +25,11 @@ from collections.abc import Sequence
 from cluster.settings import router_id
 from cluster.supervisor import Supervisor
 from meshmq.config import NodeConfig
+from meshmq.dirlock import DataDirInUse, DataDirLock
 from meshmq.node_admin import NodeAdmin
+from meshmq.portcheck import listener_conflicts
 from meshmq.preflight import StartupError, check_startup
-from meshmq.router_proc import announce_path
+from meshmq.router_proc import acquire_router_store, announce_path, router_dir
 
 __all__ = ["run_supervisor", "router_argv"]
 
@@ -35,11 +37,12 @@ log = logging.getLogger("meshmq.cluster_node")
 
 
 def router_argv(config_path: str | None, index: int, extra: Sequence[str] = ()) -> list[str]:
-    """Router ``index``'s command line: this interpreter, the same config, ``--router``."""
+    """Router ``index``'s command line: this interpreter, the same config, ``--router``, and
+    this process's PID (the router exits if its parent is not, or is no longer, that PID)."""
     argv = [sys.executable, "-m", "meshmq", "serve"]
     if config_path is not None:
         argv += ["-c", os.path.abspath(config_path)]
-    return argv + ["--router", str(index), *extra]
+    return argv + ["--router", str(index), "--supervisor-pid", str(os.getpid()), *extra]
 
 
 async def _supervise(config: NodeConfig, config_path: str | None,
@@ -48,9 +51,35 @@ async def _supervise(config: NodeConfig, config_path: str | None,
     assert cluster is not None
     try:
         check_startup(config)
+        # The node's data_dir, held for the supervisor's life; each router holds its own
+        # router-<r>/ under it as well, so a router orphaned by a kill -9'd supervisor still
+        # keeps a new node's router off its store (meshmq/dirlock.py).
+        dirlock = DataDirLock.acquire(config.data_dir)
     except StartupError as err:
         log.error("cannot start: %s", err, extra={"key": err.key})
         return 2
+    except DataDirInUse as err:
+        log.error("cannot start: node.data_dir: %s", err,
+                  extra={"key": "node.data_dir", "holder_pid": err.holder.get("pid")})
+        return 2
+    try:
+        # Routers of a previous supervisor of this node (killed with -9) may still be draining:
+        # wait for their stores, which they free last, so that their ports are free too.
+        for r in range(cluster.routers):
+            (await acquire_router_store(router_dir(config, r))).release()
+    except DataDirInUse as err:
+        log.error("cannot start: node.data_dir: %s", err,
+                  extra={"key": "node.data_dir", "holder_pid": err.holder.get("pid")})
+        dirlock.release()
+        return 2
+    taken = listener_conflicts(config.broker.listeners)
+    for key, bind, why in taken:
+        log.error("cannot start: %s %s: %s. Another process listens there; this node's routers "
+                  "share their ports (SO_REUSEPORT) and would take a share of its clients: stop "
+                  "it, or change %s", key, bind, why, key, extra={"key": key})
+    if taken:
+        dirlock.release()
+        return 1  # a port taken, as for a single node: it may be free on the next try
     rids = [router_id(cluster.node_id, r) for r in range(cluster.routers)]
     supervisor = Supervisor(cluster.routers,
                             lambda r: router_argv(config_path, r, extra_args),
@@ -86,6 +115,7 @@ async def _supervise(config: NodeConfig, config_path: str | None,
         code = await supervisor.wait()
     finally:
         await admin.stop()
+        dirlock.release()
     log.info("meshmq node stopped", extra={"exit": code})
     return code
 

@@ -15,13 +15,27 @@ the kernel if this process is killed outright (``PR_SET_PDEATHSIG``), so no clus
 behind holding the ports.
 
 Why the port overrides: a test (or a second dev cluster) must never bind the default ports, and
-a developer may already run a broker on 1883.
+a developer may already run a broker on 1883. Every port the cluster will use (MQTT, admin and
+mesh, of every node) is tried before anything is written or started: one taken port exits 2
+naming it, rather than a banner, one node failing and the others running on as half a cluster.
+Readiness is a node's own ``/readyz``: the answer must carry the PID of the process started
+here, so another broker on the same admin port never passes for a node.
+
+``MESHMQ_*`` variables reach every node (the README's "any key can be overridden by an
+environment variable" holds here too: an ACL file, a log format, a limit), except the keys this
+command sets per node (ids, data dirs, ``*.bind`` ports, ``commitlog.dir``, ``[cluster]``),
+which would make every node the same; those are named at start with the reason and left out.
+The passed ones are validated with each node's file before anything starts (exit 2 naming the
+key, as ``meshmq serve`` would). One dev-cluster per ``--dir`` (meshmq/dirlock.py's lock on it):
+a second one, on other ports, would rewrite the configs of nodes that are running (a router
+restarted later reads them) before its own nodes failed on the data locks.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import os
 import secrets
@@ -35,14 +49,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["add_dev_cluster_parser", "run_dev_cluster"]
+from meshmq.config import ENV_PREFIX, ConfigError, load_config
+from meshmq.dirlock import DataDirInUse, DataDirLock
+from meshmq.portcheck import bind_conflict
+
+__all__ = ["add_dev_cluster_parser", "run_dev_cluster", "DevNode", "wait_ready"]
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
 
 
 @dataclass
-class _DevNode:
+class DevNode:
     index: int
     node_id: str
     mqtt: int
@@ -80,7 +98,7 @@ def add_dev_cluster_parser(sub: Any) -> None:
     p.add_argument("--name", default="dev", help="cluster name (default dev)")
 
 
-def _plan(args: argparse.Namespace) -> list[_DevNode] | str:
+def _plan(args: argparse.Namespace) -> list[DevNode] | str:
     """The nodes and their ports, or a one-line usage error."""
     if not 1 <= args.nodes <= 64:
         return "--nodes must be between 1 and 64"
@@ -100,9 +118,59 @@ def _plan(args: argparse.Namespace) -> list[_DevNode] | str:
                 return (f"{a} range {sa}-{sa + ca - 1} overlaps {b} range {sb}-{sb + cb - 1}: "
                         "pick ports further apart")
     root = Path(args.dir).resolve()
-    return [_DevNode(i, f"node-{i}", args.mqtt_port + i, args.admin_port + i,
+    return [DevNode(i, f"node-{i}", args.mqtt_port + i, args.admin_port + i,
                      args.mesh_port + i * args.routers, root / f"node-{i}")
             for i in range(args.nodes)]
+
+
+def _taken_ports(nodes: list[DevNode], routers: int) -> list[str]:
+    """Every port the cluster will bind that cannot be bound now, one line each (empty: all
+    free; meshmq/portcheck.py says why a plain bind is the test)."""
+    wanted: list[tuple[int, str]] = []
+    for n in nodes:
+        wanted += [(n.mqtt, f"{n.node_id} MQTT, --mqtt-port"),
+                   (n.admin, f"{n.node_id} admin HTTP, --admin-port")]
+        wanted += [(n.mesh + r, f"{n.node_id} router {r} mesh, --mesh-port")
+                   for r in range(routers)]
+    taken = []
+    for port, what in wanted:
+        why = bind_conflict("127.0.0.1", port)
+        if why is not None:
+            taken.append(f"port {port} ({what}) on 127.0.0.1: {why}")
+    return taken
+
+
+# Keys dev-cluster writes per node: one value from the environment would make every node the
+# same node, share one directory, or share one port between nodes (SO_REUSEPORT would let it).
+_PER_NODE = {
+    "node.id": "each node is node-<i>",
+    "node.data_dir": "each node's data is <--dir>/node-<i>/data",
+    "commitlog.dir": "one directory for every node's logs; use --dir",
+    "listener.tcp.bind": "each node has its own port; use --mqtt-port",
+    "listener.tls.bind": "every node would get the same port",
+    "listener.ws.bind": "every node would get the same port",
+    "admin.bind": "each node has its own port; use --admin-port",
+}
+
+
+def _split_env(environ: dict[str, str]) -> tuple[dict[str, str], list[str], list[str]]:
+    """(the nodes' environment, the MESHMQ_ names passed, "NAME (key): why" for those left
+    out). A name that is no key at all is passed: the nodes' config check names it (exit 2)."""
+    env, passed, ignored = {}, [], []
+    for name, value in environ.items():
+        if not name.upper().startswith(ENV_PREFIX):
+            env[name] = value
+            continue
+        key = ".".join(name[len(ENV_PREFIX):].lower().split("__"))
+        why = _PER_NODE.get(key)
+        if why is None and key.startswith("cluster."):
+            why = "dev-cluster writes [cluster] itself (--name, --routers, --mesh-port)"
+        if why is None:
+            env[name] = value
+            passed.append(name)
+        else:
+            ignored.append(f"{name} ({key}): {why}")
+    return env, sorted(passed), sorted(ignored)
 
 
 def _secret_file(root: Path) -> Path:
@@ -118,7 +186,7 @@ def _toml_str(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid TOML basic string
 
 
-def _write_config(node: _DevNode, nodes: list[_DevNode], name: str, routers: int,
+def _write_config(node: DevNode, nodes: list[DevNode], name: str, routers: int,
                   secret: Path) -> None:
     lines = [
         f"# Written by `meshmq dev-cluster`: node {node.index} of a loopback cluster.",
@@ -136,12 +204,16 @@ def _write_config(node: _DevNode, nodes: list[_DevNode], name: str, routers: int
     node.config_path.write_text("\n".join(lines))
 
 
-def _die_with_parent() -> None:
-    """preexec_fn of each node: SIGTERM from the kernel when dev-cluster dies."""
+def _die_with_parent(parent: int) -> None:
+    """preexec_fn of each node: SIGTERM from the kernel when dev-cluster dies. The kernel only
+    signals a death after the prctl, so a parent already gone (not ``parent`` any more, also
+    under a subreaper) means exit now."""
     try:
         ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _get_json(port: int, path: str) -> tuple[int, Any]:
@@ -175,17 +247,46 @@ def run_dev_cluster(args: argparse.Namespace, out: TextIO | None = None,
         print(f"meshmq dev-cluster: {plan}", file=err)
         return 2
     nodes = plan
+    taken = _taken_ports(nodes, args.routers)
+    if taken:
+        for line in taken:
+            print(f"meshmq dev-cluster: {line}", file=err)
+        print("meshmq dev-cluster: nothing started: stop what listens there, or move the "
+              "cluster with --mqtt-port, --admin-port and --mesh-port", file=err)
+        return 2
+    env, passed, ignored = _split_env(dict(os.environ))
+    for line in ignored:
+        print(f"meshmq dev-cluster: ignoring {line}", file=err)
+    if passed:
+        print(f"meshmq dev-cluster: passing to every node: {', '.join(passed)}", file=out)
     root = Path(args.dir).resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    try:  # one dev-cluster per --dir: a second would rewrite the configs of running nodes
+        dirlock = DataDirLock.acquire(str(root))
+    except DataDirInUse as exc:
+        print(f"meshmq dev-cluster: --dir {exc}; nothing started", file=err)
+        return 2
+    try:
+        return _run_in(root, nodes, env, args, out, err)
+    finally:
+        dirlock.release()
+
+
+def _run_in(root: Path, nodes: list[DevNode], env: dict[str, str], args: argparse.Namespace,
+            out: TextIO, err: TextIO) -> int:
+    """The rest of run_dev_cluster, with ``root`` locked: configs, start, wait, stop."""
     secret = _secret_file(root)
     for node in nodes:
         _write_config(node, nodes, args.name, args.routers, secret)
+    try:  # the nodes' own check, before any starts: a bad MESHMQ_ value stops all of them
+        load_config(str(nodes[0].config_path), env)
+    except ConfigError as exc:
+        print(f"meshmq dev-cluster: {exc}; nothing started", file=err)
+        return 2
 
     def on_signal(signum: int, frame: object) -> None:
         raise _Stop
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MESHMQ_")}
     code = 0
     try:
         for node in nodes:
@@ -193,8 +294,9 @@ def run_dev_cluster(args: argparse.Namespace, out: TextIO | None = None,
                 node.proc = subprocess.Popen(
                     [sys.executable, "-m", "meshmq", "serve", "-c", str(node.config_path)],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
-                    start_new_session=True, preexec_fn=_die_with_parent)
-        failed = _wait_ready(nodes, err)
+                    start_new_session=True,
+                    preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+        failed = wait_ready(nodes, err)
         if failed:
             return 1
         _print_table(nodes, args, root, out)
@@ -214,9 +316,10 @@ def run_dev_cluster(args: argparse.Namespace, out: TextIO | None = None,
     return code
 
 
-def _wait_ready(nodes: list[_DevNode], err: TextIO) -> bool:
-    """Wait for every node's /readyz; on a node that exits or times out, say so (True)."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
+def wait_ready(nodes: list[DevNode], err: TextIO, timeout: float = READY_TIMEOUT_S) -> bool:
+    """Wait for every node's /readyz; on a node that exits or times out, or a ready answer from
+    a process that is not the node (another broker on its admin port), say so (True)."""
+    deadline = time.monotonic() + timeout
     pending = list(nodes)
     while pending:
         for node in list(pending):
@@ -226,17 +329,26 @@ def _wait_ready(nodes: list[_DevNode], err: TextIO) -> bool:
                       f"{node.proc.returncode} before it was ready; {node.log_path}:\n"
                       f"{_tail(node.log_path)}", file=err)
                 return True
-            if _get_json(node.admin, "/readyz")[0] == 200:
-                pending.remove(node)
+            status, doc = _get_json(node.admin, "/readyz")
+            if status != 200:
+                continue
+            pid = doc.get("pid") if isinstance(doc, dict) else None
+            if pid != node.proc.pid:
+                print(f"meshmq dev-cluster: 127.0.0.1:{node.admin} answers /readyz for "
+                      f"{'pid ' + str(pid) if pid else 'a process that names no pid'}, not "
+                      f"{node.node_id} (pid {node.proc.pid}): another process holds "
+                      f"{node.node_id}'s admin port", file=err)
+                return True
+            pending.remove(node)
         if pending and time.monotonic() > deadline:
             print("meshmq dev-cluster: not ready within "
-                  f"{READY_TIMEOUT_S:.0f}s: " + ", ".join(n.node_id for n in pending), file=err)
+                  f"{timeout:.0f}s: " + ", ".join(n.node_id for n in pending), file=err)
             return True
         time.sleep(0.1)
     return False
 
 
-def _print_table(nodes: list[_DevNode], args: argparse.Namespace, root: Path,
+def _print_table(nodes: list[DevNode], args: argparse.Namespace, root: Path,
                  out: TextIO) -> None:
     print(f"meshmq dev-cluster {args.name!r}: {len(nodes)} nodes x {args.routers} router(s) on "
           f"127.0.0.1, data in {root}", file=out)
@@ -261,7 +373,7 @@ def _print_table(nodes: list[_DevNode], args: argparse.Namespace, root: Path,
           "Ctrl-C stops every node.", file=out, flush=True)
 
 
-def _stop(nodes: list[_DevNode], err: TextIO) -> int:
+def _stop(nodes: list[DevNode], err: TextIO) -> int:
     """SIGTERM every node by PID, wait for the drains, SIGKILL what is left. 0 if all drained."""
     live = [n for n in nodes if n.proc is not None and n.proc.poll() is None]
     for node in live:

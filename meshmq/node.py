@@ -32,6 +32,7 @@ from meshmq import __version__
 from meshmq.admin import AdminServer
 from meshmq.admin_auth import AdminAuth
 from meshmq.config import NodeConfig, parse_bind
+from meshmq.dirlock import DataDirInUse, DataDirLock
 from meshmq.metrics import GcPauseMonitor, LoopLagMonitor, MetricsRegistry, fast_paths
 from meshmq.preflight import StartupError, check_startup
 
@@ -63,6 +64,7 @@ class Node:
         self.persistence: SessionPersistence | None = None
         self._ready = False
         self._stop = asyncio.Event()
+        self._dirlock: DataDirLock | None = None  # one process per data_dir (meshmq/dirlock.py)
 
     def ready(self) -> bool:
         """Ready for traffic: started, not draining, and the commit log can store (a broker
@@ -220,7 +222,13 @@ class Node:
         await self.admin.stop()
         if self.admin_auth is not None:
             self.admin_auth.close()
+        if self._dirlock is not None:
+            self._dirlock.release()  # last: the store is closed, another process may have it
         log.info("meshmq node stopped")
+
+    async def lock_data_dir(self) -> DataDirLock:
+        """This process's hold on its data_dir (raises DataDirInUse); a router waits a while."""
+        return DataDirLock.acquire(self.config.data_dir)
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -242,12 +250,26 @@ class Node:
         loop.add_signal_handler(signal.SIGHUP, self.reload)
         try:
             check_startup(self.config)
+            self._dirlock = await self.lock_data_dir()
         except StartupError as err:
             log.error("cannot start: %s", err, extra={"key": err.key})
+            return 2
+        except DataDirInUse as err:
+            log.error("cannot start: node.data_dir: %s", err,
+                      extra={"key": "node.data_dir", "holder_pid": err.holder.get("pid")})
             return 2
         try:
             await self.start()
         except LogStoreError as err:
+            if isinstance(err.__cause__, BlockingIOError):
+                # The store's own flock: another process on this commitlog.dir (outside
+                # data_dir, or the data_dir lock would have said so first). An operator's fix,
+                # so 2, like a data_dir in use: systemd must not restart into it.
+                log.error("cannot start: commitlog.dir: %s: another meshmq process uses it "
+                          "(node.data_dir differs, commitlog.dir is the same); give each node "
+                          "its own commitlog.dir", err, extra={"key": "commitlog.dir"})
+                await self.stop()
+                return 2
             log.error("cannot open the commit log: %s (is another meshmq using this data_dir? "
                       "set node.data_dir or commitlog.dir)", err)
             await self.stop()

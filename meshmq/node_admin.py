@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import ssl
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -256,11 +257,14 @@ class NodeAdmin:
                     reason = f"HTTP {result[0]}"
                 routers[child.router_id] = str(reason)
         not_ready = {rid: why for rid, why in routers.items() if why != "ready"}
+        # The supervisor's PID: a starter (dev-cluster) knows it is asking its own process, not
+        # another broker that holds the admin port.
         if not not_ready:
-            return web.json_response({"status": "ready", "routers": routers})
+            return web.json_response({"status": "ready", "routers": routers,
+                                      "pid": os.getpid()})
         reason = "; ".join(f"router {rid}: {why}" for rid, why in not_ready.items())
-        return web.json_response({"status": "not ready", "reason": reason, "routers": routers},
-                                 status=503)
+        return web.json_response({"status": "not ready", "reason": reason, "routers": routers,
+                                  "pid": os.getpid()}, status=503)
 
     async def _cluster(self, request: web.Request) -> web.Response:
         if self.auth is not None:

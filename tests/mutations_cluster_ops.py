@@ -144,9 +144,11 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
         m("cluster-sup-no-sighup", "supervisor: SIGHUP not forwarded",
           "meshmq/cluster_node.py", "        pids = supervisor.forward(signal.SIGHUP)\n",
           "        pids: list[int] = []\n", (f"{SUP}::test_sighup_reaches_every_router",)),
-        m("cluster-sup-no-pdeathsig", "router: does not ask to die with its supervisor",
-          "meshmq/router_proc.py", "        libc = ctypes.CDLL(None, use_errno=True)\n",
-          "        return\n", (f"{SUP}::test_routers_die_with_a_killed_supervisor",)),
+        m("cluster-sup-no-pdeathsig", "router: does not ask to die with its supervisor, nor "
+          "watch it (either one alone is enough for this test: issue 28)",
+          "meshmq/router_proc.py", "        _die_with_parent(self._supervisor_pid)\n"
+          "        asyncio.get_running_loop().call_soon(self._watch_parent)\n",
+          "", (f"{SUP}::test_routers_die_with_a_killed_supervisor",)),
         m("cluster-sup-retry-start-failure", "supervisor: a router that never started is "
           "restarted forever", "cluster/supervisor.py",
           "            if not ever_up or code == 2:\n", "            if code == 2:\n",

@@ -190,12 +190,12 @@ def test_routers_die_with_a_killed_supervisor(node):
 
 
 def test_router_start_failure_stops_the_node_with_exit_1(tmp_path):
-    blocker = socket.socket()  # holds the MQTT port without SO_REUSEPORT: no router can bind
-    blocker.bind(("127.0.0.1", 0))
+    # Router 1's mesh port held: that router cannot start. (A taken MQTT port is refused by
+    # the supervisor before any router starts: test_orphan_routers.py.)
+    n = ClusterNode(tmp_path / "node", routers=2)
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", n.mesh_port + 1))
     blocker.listen()
-    n = ClusterNode(tmp_path / "node", routers=2,
-                    overrides={"listener": {"tcp": {"bind": f"127.0.0.1:"
-                                                    f"{blocker.getsockname()[1]}"}}})
     try:
         n.start(wait=False)
         assert n.proc is not None
