@@ -771,7 +771,8 @@ class Router:
                     if sub.qos > entry[0]:
                         entry[0] = sub.qos
                     entry[1] = entry[1] or sub.retain_as_published
-                    entry[2].append(sub.sub_id)
+                    if sub.sub_id not in entry[2]:  # each identifier once [MQTT-3.3.4-3]
+                        entry[2].append(sub.sub_id)
                     entry[3] = entry[3] or sub.replay is not None
             for cid, (qos, rap, ids, position) in merged.items():
                 sub_ids = tuple(i for i in ids if i) or None
