@@ -230,7 +230,7 @@ class Router:
                 conn.send(Connack(reason_code=err.reason_code))
             conn.close()
             return
-        conn.close(err.reason_code)
+        conn.close(err.reason_code, drain=True)  # the client may still be writing (connection.py)
 
     def connection_lost(self, conn: Connection) -> None:
         self.connections.discard(conn)

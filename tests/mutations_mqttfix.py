@@ -21,4 +21,10 @@ def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
           "[MQTT-3.3.4-3]\n                        entry[2].append(sub.sub_id)\n",
           "                    entry[2].append(sub.sub_id)\n",
           (f"{D5}::test_overlapping_subscriptions_with_one_identifier_send_it_once",)),
+        m("mqttfix-protocol-error-no-drain", "router.protocol_error: DISCONNECT then an "
+          "immediate close, so a client still writing gets a TCP reset",
+          "broker/router.py",
+          "        conn.close(err.reason_code, drain=True)",
+          "        conn.close(err.reason_code, drain=False)",
+          (f"{D5}::test_receive_maximum_violation_disconnect_is_not_followed_by_a_reset",)),
     )

@@ -6,6 +6,9 @@ Raw sockets (tests/helpers/raw.py) so every byte checked is the one the server w
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 from helpers import raw as R
 from helpers.clients import unique
@@ -38,3 +41,34 @@ def test_overlapping_subscriptions_with_one_identifier_send_it_once(broker, raw)
     got = c.expect(R.PUBLISH)
     assert got.properties.get(R.SUBSCRIPTION_IDENTIFIER) == [2333], got
     c.expect_none(0.5)
+
+
+def test_receive_maximum_violation_disconnect_is_not_followed_by_a_reset(start_broker, raw):
+    """After DISCONNECT 0x93 (Receive Maximum exceeded, 3.3.4) a client that is still writing
+    (acks, the next publishes) must still be able to read the reason: the server half-closes
+    and reads what keeps arriving for a moment instead of closing the socket at once, which
+    makes the kernel answer the client's next bytes with a TCP RST (a client reset before it
+    reads its input loses the DISCONNECT; a suite saw exactly that)."""
+    b = start_broker(mqtt={"receive_maximum": 2})
+    c = raw(b, version=5)
+    c.connect(unique("rmrst"))
+    topic = unique("rmrst") + "/t"
+    # three QoS 2 publishes without PUBREL: the third is over Receive Maximum 2
+    c.send(b"".join(R.publish(topic, b"x", qos=2, packet_id=pid, version=5)
+                    for pid in (1, 2, 3)))
+    disc = c.expect(R.DISCONNECT, skip=(R.PUBREC,))
+    assert disc.reason_code == 0x93, disc
+    sock = c.sock
+    sock.settimeout(15)
+    try:
+        for pid in range(1, 11):  # still writing after the server's DISCONNECT
+            sock.sendall(R.puback(pid))
+            time.sleep(0.005)
+        sock.shutdown(socket.SHUT_WR)
+        tail = b""
+        while chunk := sock.recv(4096):  # the server's FIN: an orderly end, not a reset
+            tail += chunk
+    except (ConnectionResetError, BrokenPipeError) as err:
+        pytest.fail(f"the server reset the connection while the client was still writing "
+                    f"after DISCONNECT 0x93 ({err!r}): it closed without draining")
+    assert not tail, f"bytes after the DISCONNECT: {tail!r}"
