@@ -497,13 +497,9 @@ class Router:
             self.sessions[client_id] = session
         else:
             session_present = True
-            if session.will is not None:
-                # Reconnected within the will delay: the delayed will is cancelled; after it
-                # (the sweep had not fired it yet) it is due, and published [MQTT-3.1.2-8].
-                if session.will_due is not None and session.will_due <= time.monotonic():
-                    self._publish_will(session.will)
-                session.will = None
-                session.will_due = None
+            # within the will delay: cancelled; after it (not swept yet): published
+            if (due := session.resume_will(time.monotonic())) is not None:
+                self._publish_will(due)
         session.level = pkt.protocol_level
         session.username = pkt.username
         session.expiry_interval = expiry

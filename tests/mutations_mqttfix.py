@@ -8,6 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 D5 = "tests/broker/test_mqtt5_details.py"
+WH = "tests/cluster/test_will_handover.py"
+WH_DUE = f"{WH}::test_due_will_is_published_and_early_one_cancelled_at_a_cross_node_handover"
+WH_CLEAN = f"{WH}::test_clean_start_at_another_node_publishes_the_pending_will"
+FW = "broker/forwarding.py"
 
 
 def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -27,4 +31,20 @@ def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
           "        conn.close(err.reason_code, drain=True)",
           "        conn.close(err.reason_code, drain=False)",
           (f"{D5}::test_receive_maximum_violation_disconnect_is_not_followed_by_a_reset",)),
+        m("mqttfix-handover-drops-due-will", "RemoteSessions.release_session: a delayed will "
+          "due at the hand-over (not swept yet) is dropped with the moved session",
+          FW, "            if (due := session.resume_will(time.monotonic())) is not None:\n"
+          "                router._publish_will(due)\n",
+          "            session.resume_will(time.monotonic())\n", (WH_DUE,)),
+        m("mqttfix-handover-publishes-early-will", "RemoteSessions.release_session: a "
+          "delayed will not yet due is published at the hand-over instead of cancelled",
+          FW, "            if (due := session.resume_will(time.monotonic())) is not None:\n",
+          "            if (due := session.will) is not None:\n", (WH_DUE,)),
+        m("mqttfix-handover-clean-drops-will", "RemoteSessions.release_session: a clean start "
+          "at another router discards the pending will instead of ending the session with it",
+          FW, "        log.info(\"session %s to router %s\", what, to, "
+          "extra={\"client_id\": client_id})\n        router._end_session(session)\n",
+          "        log.info(\"session %s to router %s\", what, to, "
+          "extra={\"client_id\": client_id})\n        session.will = None\n"
+          "        router._end_session(session)\n", (WH_CLEAN,)),
     )
