@@ -12,6 +12,7 @@ WH = "tests/cluster/test_will_handover.py"
 WH_DUE = f"{WH}::test_due_will_is_published_and_early_one_cancelled_at_a_cross_node_handover"
 WH_CLEAN = f"{WH}::test_clean_start_at_another_node_publishes_the_pending_will"
 FW = "broker/forwarding.py"
+SH = "tests/broker/test_shared.py::test_shared_subscription_gets_no_retained_messages"
 
 
 def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -47,4 +48,12 @@ def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
           "        log.info(\"session %s to router %s\", what, to, "
           "extra={\"client_id\": client_id})\n        session.will = None\n"
           "        router._end_session(session)\n", (WH_CLEAN,)),
+        # Issue 28 (a), "a retained message is sent for a new shared subscription", did not
+        # reproduce (single node and a 3-node cluster, every publisher/subscriber node pair,
+        # exact and wildcard shared filters, v5 and 3.1.1): the gate below exists. This keeps
+        # the existing guard test honest.
+        m("mqttfix-shared-gets-retained", "router._on_subscribe: retained messages sent for "
+          "a new shared subscription too (v5 4.8.2: only for non-shared ones)",
+          "broker/router.py", "            if group is None and (opts.retain_handling == 0\n",
+          "            if (opts.retain_handling == 0\n", (SH,)),
     )
