@@ -12,6 +12,8 @@ WH = "tests/cluster/test_will_handover.py"
 WH_DUE = f"{WH}::test_due_will_is_published_and_early_one_cancelled_at_a_cross_node_handover"
 WH_CLEAN = f"{WH}::test_clean_start_at_another_node_publishes_the_pending_will"
 FW = "broker/forwarding.py"
+WR = ("tests/broker/test_will_resume.py::"
+      "test_due_will_published_when_its_client_reconnects_before_the_sweep")
 SH = "tests/broker/test_shared.py::test_shared_subscription_gets_no_retained_messages"
 
 
@@ -48,6 +50,11 @@ def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
           "        log.info(\"session %s to router %s\", what, to, "
           "extra={\"client_id\": client_id})\n        session.will = None\n"
           "        router._end_session(session)\n", (WH_CLEAN,)),
+        m("mqttfix-resume-cancels-due-will", "Session.resume_will: a will already due when "
+          "its client comes back is cancelled like one not yet due (same node and hand-over)",
+          "broker/session.py",
+          "        if will is not None and due is not None and due <= now:\n",
+          "        if False:\n", (WR, WH_DUE)),
         # Issue 28 (a), "a retained message is sent for a new shared subscription", did not
         # reproduce (single node and a 3-node cluster, every publisher/subscriber node pair,
         # exact and wildcard shared filters, v5 and 3.1.1): the gate below exists. This keeps
