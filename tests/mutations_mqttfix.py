@@ -14,6 +14,7 @@ WH_CLEAN = f"{WH}::test_clean_start_at_another_node_publishes_the_pending_will"
 FW = "broker/forwarding.py"
 WR = ("tests/broker/test_will_resume.py::"
       "test_due_will_published_when_its_client_reconnects_before_the_sweep")
+RA = "tests/broker/test_retained_ack.py"
 SH = "tests/broker/test_shared.py::test_shared_subscription_gets_no_retained_messages"
 
 
@@ -55,6 +56,12 @@ def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/session.py",
           "        if will is not None and due is not None and due <= now:\n",
           "        if False:\n", (WR, WH_DUE)),
+        m("mqttfix-sys-retained-held", "DeviceLogs.key_for: a retained publish on a $SYS/ "
+          "topic (never written to #retained) is held for a group commit with nothing to "
+          "flush: its PUBACK waits for an unrelated flush", "broker/devicelogs.py",
+          "        if key is None and retain and self.retain_log is not None \\\n"
+          "                and self.retain_log.keeps(topic):\n",
+          "        if key is None and retain and self.retain_log is not None:\n", (RA,)),
         # Issue 28 (a), "a retained message is sent for a new shared subscription", did not
         # reproduce (single node and a 3-node cluster, every publisher/subscriber node pair,
         # exact and wildcard shared filters, v5 and 3.1.1): the gate below exists. This keeps
