@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("broker.connection")
 
 _TLS_HANDSHAKE = 0x16  # first byte of a TLS record carrying a ClientHello
+# How long a server-side close after a protocol error keeps reading what the client still sends
+# (``Connection.close(drain=True)``): long enough for a client to read the DISCONNECT and close,
+# short enough that a client that never closes holds its socket only briefly.
+DRAIN_S = 2.0
 
 
 class Connection(asyncio.Protocol):
@@ -184,8 +188,17 @@ class Connection(asyncio.Protocol):
         self.bytes_out += len(data)
         self.transport.write(data)
 
-    def close(self, reason: int | None = None) -> None:
-        """Graceful close: optional v5 DISCONNECT, flush what is queued, then close."""
+    def close(self, reason: int | None = None, drain: bool = False) -> None:
+        """Graceful close: optional v5 DISCONNECT, flush what is queued, then close.
+
+        ``drain``: for a client that is likely still writing (a protocol error in the middle
+        of its stream, such as a Receive Maximum violation): half-close instead, so the
+        DISCONNECT is followed by a FIN, and read and discard what still arrives until the
+        client closes its side or ``DRAIN_S`` passes. Closing a socket with unread bytes in
+        its receive buffer (or receiving bytes after the close) makes the kernel send a TCP
+        RST, and a client that is reset may never read the reason code it was sent (nginx's
+        ``lingering_close`` exists for the same reason).
+        """
         if self.closing:
             return
         if self.close_reason is None:
@@ -194,7 +207,28 @@ class Connection(asyncio.Protocol):
         if reason is not None and self.level == 5 and self.session is not None:
             self.send(Disconnect(reason_code=reason))
         self.flush()
-        self.closing = True
+        self.closing = True  # data_received discards from now on: that is the drain
+        if drain and self._half_close():
+            return
+        self.transport.close()
+
+    def _half_close(self) -> bool:
+        """Send FIN after what is queued and keep reading until the client closes (our
+        ``eof_received`` then closes the transport) or ``DRAIN_S`` runs out. False where the
+        transport cannot half-close (TLS, WebSocket): the caller closes at once."""
+        transport = self.transport
+        try:
+            if not transport.can_write_eof():
+                return False
+            transport.write_eof()
+            transport.resume_reading()  # a paused reader would leave bytes unread: the RST
+        except (AttributeError, NotImplementedError, RuntimeError, OSError):
+            return False
+        self.router.loop.call_later(DRAIN_S, self._drained)
+        return True
+
+    def _drained(self) -> None:
+        """The client did not close its side within DRAIN_S: close ours (a no-op if it did)."""
         self.transport.close()
 
     def abort(self) -> None:

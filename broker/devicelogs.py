@@ -162,7 +162,11 @@ class DeviceLogs:
         """The device log of a publish, RETAIN_ONLY for a retained one on an unlogged topic
         when retained messages are persisted, or None (unlogged: routed at once)."""
         key = self.rules.key_for(topic)
-        if key is None and retain and self.retain_log is not None:
+        if key is None and retain and self.retain_log is not None \
+                and self.retain_log.keeps(topic):
+            # (a change that is not written, a $SYS/ topic, has no record to wait for: held
+            # here it joined a batch with nothing to flush, and its ack waited for whatever
+            # flushed next, seconds or forever)
             return RETAIN_ONLY
         return key
 

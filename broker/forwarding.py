@@ -284,8 +284,14 @@ class RemoteSessions:
             old.close(Reason.SESSION_TAKEN_OVER)
         if moves:
             state = router.persist.export(session)
+            # A pending delayed will is not part of the exported session: it is settled here,
+            # where it is pending, as a reconnect here would settle it: published if due
+            # (the sweep may not have fired it yet), cancelled if the client came back in time.
+            if (due := session.resume_will(time.monotonic())) is not None:
+                router._publish_will(due)
+        # (a session ended by a clean start keeps its will: _end_session publishes it, as the
+        # end of a session before the will delay does anywhere [MQTT-3.1.3-9])
         what = "handed over" if state else ("ended for a clean start" if clean else "ended")
         log.info("session %s to router %s", what, to, extra={"client_id": client_id})
-        session.will = None  # moved with the session, or discarded by the clean start
         router._end_session(session)
         return state

@@ -62,10 +62,17 @@ class RetainPersistence:
         self.restored = 0
         self.expired = 0
 
+    @staticmethod
+    def keeps(topic: str) -> bool:
+        """Whether a retained change on ``topic`` is written here: never for ``$SYS/`` (the
+        broker republishes its own; a client's is kept in memory only). A publish whose change
+        is not written has nothing to wait for (``DeviceLogs.key_for``)."""
+        return not topic.startswith(_SYS)
+
     def write(self, msg: Message) -> None:
         """A retained publish (empty payload: a delete) joins this tick's batch; raises
         LogWriteError while the log cannot write (the publish is then refused)."""
-        if msg.topic.startswith(_SYS):
+        if not self.keeps(msg.topic):
             return
         name, attrs, headers, payload = _item(msg.topic, msg)
         self.log.append(name, payload, attrs, headers)

@@ -230,7 +230,7 @@ class Router:
                 conn.send(Connack(reason_code=err.reason_code))
             conn.close()
             return
-        conn.close(err.reason_code)
+        conn.close(err.reason_code, drain=True)  # the client may still be writing (connection.py)
 
     def connection_lost(self, conn: Connection) -> None:
         self.connections.discard(conn)
@@ -497,13 +497,9 @@ class Router:
             self.sessions[client_id] = session
         else:
             session_present = True
-            if session.will is not None:
-                # Reconnected within the will delay: the delayed will is cancelled; after it
-                # (the sweep had not fired it yet) it is due, and published [MQTT-3.1.2-8].
-                if session.will_due is not None and session.will_due <= time.monotonic():
-                    self._publish_will(session.will)
-                session.will = None
-                session.will_due = None
+            # within the will delay: cancelled; after it (not swept yet): published
+            if (due := session.resume_will(time.monotonic())) is not None:
+                self._publish_will(due)
         session.level = pkt.protocol_level
         session.username = pkt.username
         session.expiry_interval = expiry
@@ -771,7 +767,8 @@ class Router:
                     if sub.qos > entry[0]:
                         entry[0] = sub.qos
                     entry[1] = entry[1] or sub.retain_as_published
-                    entry[2].append(sub.sub_id)
+                    if sub.sub_id not in entry[2]:  # each identifier once [MQTT-3.3.4-3]
+                        entry[2].append(sub.sub_id)
                     entry[3] = entry[3] or sub.replay is not None
             for cid, (qos, rap, ids, position) in merged.items():
                 sub_ids = tuple(i for i in ids if i) or None

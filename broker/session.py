@@ -150,6 +150,19 @@ class Session:
     def v5(self) -> bool:
         return self.level == 5
 
+    def resume_will(self, now: float) -> Will | None:
+        """The client is back (a reconnect here, or its session claimed by another router):
+        its pending delayed will is settled, exactly once. Returned when already due (the
+        twice-a-second sweep had not fired it yet: it must be published now [MQTT-3.1.3-9]),
+        cancelled otherwise (back within the Will Delay Interval, v5 3.1.3.2.2); either way
+        the session holds none afterwards, so the sweep cannot fire it again."""
+        will, due = self.will, self.will_due
+        self.will = None
+        self.will_due = None
+        if will is not None and due is not None and due <= now:
+            return will
+        return None
+
     def allocate_pid(self) -> int:
         """Next free packet id; the window (≤ 65535) guarantees one exists."""
         pid = self.next_pid
