@@ -1,9 +1,9 @@
 """Planted bugs for readers that meet a corrupt record (issue 28, item 7), run by
 ``tests/mutate.py`` like every other guard (``tests/mutate.py corrupt-read``).
 
-Each test of ``tests/broker/test_log_corruption_readers.py`` is named by at least one
-mutation it must catch. Kept in their own module so work going on side by side does not
-fight over one tuple.
+Each test of ``tests/broker/test_log_corruption_readers.py`` and
+``tests/spark_connector/test_source_corrupt.py`` is named by at least one mutation it must
+catch. Kept in their own module so work going on side by side does not fight over one tuple.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import Any
 
 RD = "tests/broker/test_log_corruption_readers.py"
 CASE = RD + "::test_flipped_byte_after_clean_shutdown_is_skipped_by_every_reader"
+SP = ("tests/spark_connector/test_source_corrupt.py::"
+      "test_corrupt_record_fails_or_is_skipped_per_fail_on_data_loss")
 ST = "commitlog/store.py"
 
 
@@ -39,4 +41,8 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
           "counting them as dropped", "broker/replay.py",
           "        self.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
           "        pass\n", (f"{CASE}[payload]",)),
+        m("corrupt-read-spark-ignores-loss", "Spark source: a lost range is skipped with a "
+          "warning even with failOnDataLoss=true", "spark_connector/source.py",
+          "    if opts.fail_on_data_loss:\n        raise _data_loss(device, lo, hi, why)\n",
+          "    if False:\n        raise _data_loss(device, lo, hi, why)\n", (SP,)),
     )
