@@ -25,6 +25,7 @@ Pure functions over bytes; knows nothing of MQTT, HTTP or sockets.
 from __future__ import annotations
 
 import zlib
+from array import array
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -75,5 +76,41 @@ def walk_device(data: bytes, pos0: int, kb: bytes, want: int,
                     return Walk(off, bad, pos0 + p)
             p = end
         return Walk(-1, bad, pos0 + n)
+    finally:
+        mv.release()
+
+
+def verified_positions(data: bytes, new_positions: Callable[[], array]) -> dict[bytes, array]:
+    """Device positions of a whole sealed segment (``rel << 32 | size``, as ``.pidx`` holds
+    them), every record CRC-checked and bad bytes stepped over.
+
+    For a segment whose header-only walk (``store.walk_positions``) stopped early: a damaged
+    length field that still looks plausible sends that walk into the middle of the next
+    record, so resynchronising from where it stopped could skip an intact record of another
+    device and leave it out of the index (its reads would then stop there). Costs a CRC per
+    record, paid only for a damaged segment."""
+    out: dict[bytes, array] = {}
+    n = len(data)
+    mv = memoryview(data)
+    unpack = HEADER.unpack_from
+    crc32 = zlib.crc32
+    p = 0
+    try:
+        while n - p >= HEADER_SIZE:
+            length, crc, magic, flags, _a, _off, _ts, kl, _tl, _hc = unpack(data, p)
+            end = frame_end(length, magic, p, n)
+            if end < 0 or crc32(mv[p + 8 : end]) != crc:
+                p = next_valid_record(data, p)
+                if p < 0:
+                    break
+                continue
+            if not flags & FLAG_CONTROL:
+                kb = data[p + HEADER_SIZE : p + HEADER_SIZE + kl]
+                arr = out.get(kb)
+                if arr is None:
+                    arr = out[kb] = new_positions()
+                arr.append((p << 32) | (end - p))
+            p = end
+        return out
     finally:
         mv.release()

@@ -784,7 +784,11 @@ class LogStore:
                 with open(first.path, "rb") as f:
                     head = f.read(pos - first.base)
                 try:
-                    entries, _ = walk_positions(head, 0)
+                    entries, walked = walk_positions(head, 0)
+                    if walked != len(head):
+                        # A damaged header below the checkpoint (found by a reader, or not yet):
+                        # index the records after it too, or their reads would stop there.
+                        entries = _salvage.verified_positions(head, _new_positions)
                 except ValueError:
                     entries = {}
                     self._apos_ok = False
@@ -1302,20 +1306,13 @@ class LogStore:
             data = os.pread(fd, seg.size, 0)
             try:
                 idx, walked = walk_positions(data, 0)
-                whole = walked == seg.size
-                while walked < seg.size:
-                    # A damaged header (quarantined, or met by a reader): index the records
-                    # after it too, or reads of their devices would stop there.
-                    q = _q.next_valid_record(data, walked)
-                    if q < 0:
-                        break
-                    more, n = walk_positions(data[q:], q)
-                    for kb, arr in more.items():
-                        idx.setdefault(kb, _new_positions()).extend(arr)
-                    walked = q + n
             except ValueError:
                 return None
-            if whole:
+            if walked != seg.size:
+                # A damaged header (quarantined, or met by a reader): index the records after
+                # it too, each one checked, or reads of their devices would stop there.
+                idx = _salvage.verified_positions(data, _new_positions)
+            else:
                 try:
                     write_file_atomic(path, encode_pidx(seg.size, idx))
                 except OSError as exc:

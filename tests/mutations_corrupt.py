@@ -1,7 +1,8 @@
 """Planted bugs for readers that meet a corrupt record (issue 28, item 7), run by
 ``tests/mutate.py`` like every other guard (``tests/mutate.py corrupt-read``).
 
-Each test of ``tests/broker/test_log_corruption_readers.py`` and
+Each test of ``tests/broker/test_log_corruption_readers.py``,
+``tests/commitlog/test_commitlog_read_salvage.py`` and
 ``tests/spark_connector/test_source_corrupt.py`` is named by at least one mutation it must
 catch. Kept in their own module so work going on side by side does not fight over one tuple.
 """
@@ -15,6 +16,8 @@ CASE = RD + "::test_flipped_byte_after_clean_shutdown_is_skipped_by_every_reader
 SP = ("tests/spark_connector/test_source_corrupt.py::"
       "test_corrupt_record_fails_or_is_skipped_per_fail_on_data_loss")
 ST = "commitlog/store.py"
+SV = "tests/commitlog/test_commitlog_read_salvage.py"
+SVC = SV + "::test_every_read_path_skips_a_damaged_record_found_after_a_clean_close"
 
 
 def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -41,6 +44,22 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
           "counting them as dropped", "broker/replay.py",
           "        self.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
           "        pass\n", (f"{CASE}[payload]",)),
+        m("corrupt-read-pidx-walk-unchecked", "store: a sealed segment's rebuilt position "
+          "index stops at a damaged header (the records after it unread)", ST,
+          "                idx = _salvage.verified_positions(data, _new_positions)\n",
+          "                pass\n", (f"{SVC}[py-length_small-sealed-no_pidx]",)),
+        m("corrupt-read-positions-no-step", "store: the position read does not step over a "
+          "bad range a reader already met", ST,
+          "                    if bad and base + s + p in bad:\n",
+          "                    if False:\n", (f"{SVC}[py-offset-sealed-pidx]",)),
+        m("corrupt-read-scan-no-step", "store: the header-walk fallback does not step over a "
+          "bad range a reader already met (a damaged length derails it)", ST,
+          "                    if bad and pos + p in bad:\n", "                    if False:\n",
+          (f"{SVC}[py-length-active-scan]",)),
+        m("corrupt-read-active-walk-unchecked", "store: the active segment's positions rebuilt "
+          "at open stop at a damaged header (later records silently unread)", ST,
+          "                        entries = _salvage.verified_positions(head, _new_positions)\n",
+          "                        pass\n", (f"{SVC}[py-magic-active-scan]",)),
         m("corrupt-read-spark-ignores-loss", "Spark source: a lost range is skipped with a "
           "warning even with failOnDataLoss=true", "spark_connector/source.py",
           "    if opts.fail_on_data_loss:\n        raise _data_loss(device, lo, hi, why)\n",
