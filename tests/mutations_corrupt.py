@@ -2,7 +2,8 @@
 ``tests/mutate.py`` like every other guard (``tests/mutate.py corrupt-read``).
 
 Each test of ``tests/broker/test_log_corruption_readers.py``,
-``tests/commitlog/test_commitlog_read_salvage.py`` and
+``tests/commitlog/test_commitlog_read_salvage.py``, ``tests/cluster/test_corrupt_remote_read.py``
+and
 ``tests/spark_connector/test_source_corrupt.py`` is named by at least one mutation it must
 catch. Kept in their own module so work going on side by side does not fight over one tuple.
 """
@@ -17,6 +18,8 @@ SP = ("tests/spark_connector/test_source_corrupt.py::"
       "test_corrupt_record_fails_or_is_skipped_per_fail_on_data_loss")
 ST = "commitlog/store.py"
 SV = "tests/commitlog/test_commitlog_read_salvage.py"
+XR = ("tests/cluster/test_corrupt_remote_read.py::"
+      "test_corrupt_record_in_the_owners_log_is_read_around_from_another_node")
 SVC = SV + "::test_every_read_path_skips_a_damaged_record_found_after_a_clean_close"
 
 
@@ -31,6 +34,13 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
         m("corrupt-read-length-no-salvage", "the same, for a damaged length field",
           ST, "                if not self._salvage(dev, getattr(exc, \"want\", offset), exc):\n",
           "                if True:\n", (f"{CASE}[length]",)),
+        m("corrupt-read-remote-no-salvage", "the same, read from another node over the mesh",
+          ST, "                if not self._salvage(dev, getattr(exc, \"want\", offset), exc):\n",
+          "                if True:\n", (XR,)),
+        m("corrupt-read-remote-replay-uncounted", "remote replay: offsets lost in the owner's "
+          "log skipped without counting them as dropped", "broker/replay.py",
+          "        self.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
+          "        pass\n", (XR,)),
         m("corrupt-read-tail-gap-stops", "fetch API: a gap that ends the read is not followed "
           "(next_offset stays on the lost offset)", "meshmq/fetch_api.py",
           "            if past <= nxt:\n", "            if True:\n", (f"{CASE}[tail]",)),
