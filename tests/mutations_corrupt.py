@@ -3,8 +3,7 @@
 
 Each test of ``tests/broker/test_log_corruption_readers.py``,
 ``tests/commitlog/test_commitlog_read_salvage.py``, ``tests/cluster/test_corrupt_remote_read.py``
-and
-``tests/spark_connector/test_source_corrupt.py`` is named by at least one mutation it must
+and ``tests/spark_connector/test_source_corrupt.py`` is named by at least one mutation it must
 catch. Kept in their own module so work going on side by side does not fight over one tuple.
 """
 
