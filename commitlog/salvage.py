@@ -37,24 +37,31 @@ class Walk(NamedTuple):
     """What :func:`walk_device` found in one stretch of segment bytes."""
 
     found: int  # offset of the device's first intact record at or after ``want``; -1: none
-    bad: list[tuple[int, int]]  # bad byte ranges [start, end), store positions
+    # bad byte ranges: (start, end) store positions, and whether the damaged header still
+    # names another device's record (``is_other``): then it is that device's loss to report
+    bad: list[tuple[int, int, bool]]
     end: int  # store position where the walk stopped (the found record, or the end)
+    # ``bad[mine:]`` follow the device's last intact record below ``want`` (the ranges that
+    # can hold what it lost); -1 when this stretch has no such record (all may be its)
+    mine: int
 
 
 def walk_device(data: bytes, pos0: int, kb: bytes, want: int,
-                is_stale: Callable[[int, int], bool] | None = None) -> Walk:
+                is_stale: Callable[[int, int], bool] | None = None,
+                is_other: Callable[[bytes, int], bool] | None = None) -> Walk:
     """Walk ``data`` (segment bytes starting at store position ``pos0``, record-aligned) for
     the first intact, non-stale record of key ``kb`` with offset >= ``want``.
 
     ``bad`` lists every range that failed its checks on the way: the ones before the device's
-    last intact record below ``want`` are other devices' (the store reports them too, and
-    remembers them so that a header walk of the segment steps over them)."""
+    last intact record below ``want`` (``bad[:mine]``) are other devices' (the store
+    remembers them too, so that a header walk of the segment steps over them)."""
     n = len(data)
     mv = memoryview(data)
     unpack = HEADER.unpack_from
     crc32 = zlib.crc32
     klen = len(kb)
-    bad: list[tuple[int, int]] = []
+    bad: list[tuple[int, int, bool]] = []
+    mine = -1
     p = 0
     try:
         while p < n:
@@ -66,16 +73,22 @@ def walk_device(data: bytes, pos0: int, kb: bytes, want: int,
             if not ok:
                 q = next_valid_record(data, p)
                 q = n if q < 0 else q
-                bad.append((pos0 + p, pos0 + q))
+                other = False
+                if is_other is not None and q - p >= HEADER_SIZE:
+                    _l, _c, _m, _f, _a, off, _ts, kl, _tl, _hc = unpack(data, p)
+                    if p + HEADER_SIZE + kl <= q:
+                        other = is_other(data[p + HEADER_SIZE : p + HEADER_SIZE + kl], off)
+                bad.append((pos0 + p, pos0 + q, other))
                 p = q
                 continue
             if (kl == klen and not flags & FLAG_CONTROL
                     and data[p + HEADER_SIZE : p + HEADER_SIZE + kl] == kb
                     and not (is_stale is not None and is_stale(pos0 + p, off))):
                 if off >= want:
-                    return Walk(off, bad, pos0 + p)
+                    return Walk(off, bad, pos0 + p, mine)
+                mine = len(bad)
             p = end
-        return Walk(-1, bad, pos0 + n)
+        return Walk(-1, bad, pos0 + n, mine)
     finally:
         mv.release()
 

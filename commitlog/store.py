@@ -1920,26 +1920,41 @@ class LogStore:
         limit = self._committed_pos
         stale = dev.is_stale if dev.markers else None
         found = -1
-        bad: list[tuple[int, int]] = []
-        seg = None
+        bad: list[tuple[int, int, bool]] = []
+        mine = 0  # bad[mine:] lie after the device's last intact record below ``want``
+
+        def is_other(kb: bytes, off: int) -> bool:
+            """A damaged header that still names another device's existing offset."""
+            try:
+                other = self._devices.get(kb.decode())
+            except UnicodeDecodeError:
+                return False
+            return other is not None and other is not dev and other.start <= off < other.next
+
         while pos < limit:
             seg = self._segments[bisect.bisect_right(self._seg_bases, pos) - 1]
             seg_limit = min(seg.end, limit)
             if pos >= seg_limit:
                 break
             data = os.pread(self._read_fd(seg), seg_limit - pos, pos - seg.base)
-            walk = _salvage.walk_device(data, pos, dev.kb, want, stale)
+            walk = _salvage.walk_device(data, pos, dev.kb, want, stale, is_other)
+            if walk.mine >= 0:
+                mine = len(bad) + walk.mine
             bad.extend(walk.bad)
             if walk.found >= 0:
                 found = walk.found
                 break
             pos = seg.end
-        new_bad = [(a, b) for a, b in bad if self._bad.get(a) != b]
+        new_bad = [(a, b) for a, b, _o in bad if self._bad.get(a) != b]
         for a, b in new_bad:
             self._bad[a] = b
         lost_hi = found if found >= 0 else hwm
+        after = bad[mine:]
         # Offsets missing without a bad byte before them are not corruption: never a gap.
-        lost = (want, lost_hi) if lost_hi > want and bad else None
+        lost = (want, lost_hi) if lost_hi > want and after else None
+        # What to report as this device's: not a range whose header names another device
+        # (that one's reader reports it), unless nothing else could have held the loss.
+        ours = [(a, b) for a, b, other in after if not other] or [(a, b) for a, b, _ in after]
         if lost is not None and dev.in_gap(*lost):
             lost = None  # known (gaps.json, e.g. found before a restart)
         if lost is None:
@@ -1959,9 +1974,7 @@ class LogStore:
                       "restart, then found again", self.directory, err)
         paths = []
         nbytes = 0
-        for a, b in bad:
-            if a < dev.idx_pos[i]:
-                continue
+        for a, b in ours:
             s_ = self._segments[bisect.bisect_right(self._seg_bases, a) - 1]
             nbytes += b - a
             try:
@@ -1978,7 +1991,7 @@ class LogStore:
             "fetch API names them; a Spark query fails on them unless failOnDataLoss=false). "
             "Check the disk (SMART, dmesg).",
             self.directory, dev.key, want, exc, lost[0], lost[1], dev.key, nbytes,
-            [a for a, _ in bad], ", ".join(paths) or "(nothing to copy)")
+            [a for a, _ in ours], ", ".join(paths) or "(nothing to copy)")
         return True
 
     @staticmethod

@@ -69,6 +69,11 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
           "at open stop at a damaged header (later records silently unread)", ST,
           "                        entries = _salvage.verified_positions(head, _new_positions)\n",
           "                        pass\n", (f"{SVC}[py-magic-active-scan]",)),
+        m("corrupt-read-misattributed", "store: a reader's walk reports another device's "
+          "damaged record (its header names that device) as its own loss too", ST,
+          "        ours = [(a, b) for a, b, other in after if not other] or",
+          "        ours = [(a, b) for a, b, other in after] or",
+          (f"{SV}::test_each_reader_reports_only_its_own_loss",)),
         m("corrupt-read-spark-ignores-loss", "Spark source: a lost range is skipped with a "
           "warning even with failOnDataLoss=true", "spark_connector/source.py",
           "    if opts.fail_on_data_loss:\n        raise _data_loss(device, lo, hi, why)\n",

@@ -106,3 +106,28 @@ def test_every_read_path_skips_a_damaged_record_found_after_a_clean_close(
             got = st.read(k, 0, 1000, 1 << 30)
             assert [r.offset for r in got] == want[k], k
         assert st.stats.corrupt_records == 0  # the same bytes again: not new corruption
+
+
+def test_each_reader_reports_only_its_own_loss(tmp_path: Path, small_settings: LogSettings):
+    """Two damaged records of two devices in one segment, dev1's first: the walk a read of
+    dev0 makes crosses dev1's damage too, but reports and counts only dev0's loss; dev1's
+    own reader reports dev1's."""
+    path = tmp_path / "log"
+    build(path, small_settings)
+    seg = sorted(path.glob("*.log"))[1]
+    lost1 = damage(seg, DEVICES[1], 1, "payload")
+    lost0 = damage(seg, DEVICES[0], 2, "length")
+    with LogStore.open(str(path), small_settings) as st:
+        got = st.read(DEVICES[0], 0, 1000, 1 << 30)
+        assert [r.offset for r in got] == [o for o in range(N) if o != lost0]
+        assert st.stats.corrupt_records == 1
+        assert st.lost_ranges(DEVICES[0], 0, N) == [(lost0, lost0 + 1)]
+        assert st.lost_ranges(DEVICES[1], 0, N) == []
+        dev1_bytes = st.stats.corrupt_bytes
+        got = st.read(DEVICES[1], 0, 1000, 1 << 30)
+        assert [r.offset for r in got] == [o for o in range(N) if o != lost1]
+        assert st.stats.corrupt_records == 2
+        assert st.lost_ranges(DEVICES[1], 0, N) == [(lost1, lost1 + 1)]
+        assert st.stats.corrupt_bytes > dev1_bytes
+    names = sorted(p.name.split("-")[0] for p in (path / "quarantine").glob("*.bad"))
+    assert names == ["dev0", "dev1"]
