@@ -4,7 +4,8 @@
 Two nodes; 300 QoS 1 records of a device whose log node 1 owns; a clean stop of the cluster (so
 node 1's start-up scans nothing), one payload byte of offset 150 flipped in node 1's segment,
 start again. Read from node 0, whose requests cross the mesh (the cluster FETCH served by the
-owner): ``GET /records`` relayed to the owner, the many-device ``POST /api/v1/fetch`` split by
+owner): ``GET /records`` relayed to the owner (the lost offset named in its
+``X-Meshmq-Lost-Offsets``), the many-device ``POST /api/v1/fetch`` split by
 owner, and an MQTT replay from ``earliest`` on node 0 (a remote replay) each get the 299 intact
 records; the owner reports the damage once (ERROR, ``meshmq_log_corrupt_records_total``) and
 node 0 counts the skipped offset as dropped, reason ``corrupt``.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from helpers.cluster import Cluster
-from helpers.devicelog import Publisher, Subscriber, fetch_all, offsets_of
+from helpers.devicelog import Publisher, Subscriber, fetch_all, fetch_records, offsets_of
 
 from commitlog.fetch import decode_multi_records
 from commitlog.record import HEADER, HEADER_SIZE
@@ -69,6 +70,8 @@ def test_corrupt_record_in_the_owners_log_is_read_around_from_another_node(mesh:
     got = fetch_all(n0, dev)  # relayed to the owner over the mesh
     assert [r.offset for r in got] == want
     assert all(bytes(r.payload) == f"{dev}:{r.offset}".encode() for r in got)
+    resp, _ = fetch_records(n0, dev, offset=LOST - 2, max_records=10)
+    assert resp.headers.get("x-meshmq-lost-offsets") == f"{LOST}-{LOST + 1}", resp.headers
     body = json.dumps({"devices": [{"device": dev, "offset": 0}],
                        "max_records_per_device": 1000}).encode()
     req = urllib.request.Request(f"http://{n0.host}:{n0.admin_port}/api/v1/fetch", data=body,
