@@ -33,6 +33,11 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
         m("corrupt-read-length-no-salvage", "the same, for a damaged length field",
           ST, "                if not self._salvage(dev, getattr(exc, \"want\", offset), exc):\n",
           "                if True:\n", (f"{CASE}[length]",)),
+        m("corrupt-read-catchup-no-salvage", "the same, met by a persistent session catching "
+          "up after a restart", ST,
+          "                if not self._salvage(dev, getattr(exc, \"want\", offset), exc):\n",
+          "                if True:\n",
+          (RD + "::test_offline_persistent_session_catches_up_around_a_corrupt_record",)),
         m("corrupt-read-remote-no-salvage", "the same, read from another node over the mesh",
           ST, "                if not self._salvage(dev, getattr(exc, \"want\", offset), exc):\n",
           "                if True:\n", (XR,)),

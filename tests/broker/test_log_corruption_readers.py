@@ -154,3 +154,35 @@ def test_flipped_byte_after_clean_shutdown_is_skipped_by_every_reader(brokers, t
     got = fetch_all(broker, DEVICE)  # the same bad bytes again is no new corruption
     assert [r.offset for r in got] == [*want, N]
     assert broker.metric("meshmq_log_corrupt_records_total") == 0
+
+
+def test_offline_persistent_session_catches_up_around_a_corrupt_record(brokers,
+                                                                        tmp_path: Path):
+    """The catch-up path and the restored session's positions: a persistent QoS 1 session,
+    offline while 300 records arrive (far more than its queue holds, so it lags on log
+    positions), the broker stopped cleanly, offset 150 damaged, started again: the session
+    reconnects and receives the other 299, in order, on a connection that stays open."""
+    broker = brokers.start(tmp_path, mqtt={"max_queued_messages": 20})
+    sub = Subscriber(broker.host, broker.port, "keeper", session_expiry=3600)
+    sub.subscribe(f"devices/{DEVICE}/#", 1)
+    sub.close()
+    pub = Publisher(broker.host, broker.port, "pub", version=5, window=32)
+    acks = pub.publish_all([(f"devices/{DEVICE}/t", f"{DEVICE}:{i}:".encode() * 8)
+                            for i in range(N)], timeout=120)
+    pub.close()
+    assert sorted(a.offset for a in acks) == list(range(N))
+    assert broker.stop() == 0
+
+    (seg,) = sorted(log_dir(broker).glob("*.log"))
+    lost = N // 2
+    (_k, _o, pos, length) = next(r for r in records_of(seg) if r[:2] == (DEVICE, lost))
+    flip(seg, pos + length - 5)
+    broker.start()
+    sub = Subscriber(broker.host, broker.port, "keeper", session_expiry=3600)
+    assert sub.session_present
+    msgs = sub.collect(N - 1, timeout=60)
+    got = [int(m.payload.split(b":")[1]) for m in msgs]
+    assert got == [o for o in range(N) if o != lost]
+    sub.expect_quiet(0.5)
+    sub.close()
+    assert broker.metric("meshmq_log_corrupt_records_total") == 1
