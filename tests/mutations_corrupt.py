@@ -17,7 +17,8 @@ SP = ("tests/spark_connector/test_source_corrupt.py::"
       "test_corrupt_record_fails_or_is_skipped_per_fail_on_data_loss")
 ST = "commitlog/store.py"
 SV = "tests/commitlog/test_commitlog_read_salvage.py"
-XR = ("tests/cluster/test_corrupt_remote_read.py::"
+XR = "tests/cluster/test_corrupt_remote_read.py::test_remote_catch_up_goes_on_past_a_corrupt_record"
+XF = ("tests/cluster/test_corrupt_remote_read.py::"
       "test_corrupt_record_in_the_owners_log_is_read_around_from_another_node")
 SVC = SV + "::test_every_read_path_skips_a_damaged_record_found_after_a_clean_close"
 
@@ -38,13 +39,22 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
           "                if not self._salvage(dev, getattr(exc, \"want\", offset), exc):\n",
           "                if True:\n",
           (RD + "::test_offline_persistent_session_catches_up_around_a_corrupt_record",)),
+        m("corrupt-read-catchup-uncounted", "catch-up: offsets lost to a corrupt record "
+          "skipped without counting them as dropped", "broker/catchup.py",
+          "                        self.stats.dropped(DropReason.CORRUPT, rec.offset - c.next)\n",
+          "                        pass\n",
+          (RD + "::test_offline_persistent_session_catches_up_around_a_corrupt_record",)),
+        m("corrupt-read-remote-catchup-stalls", "remote catch-up: a read answered from past "
+          "where it asked (the owner skipped lost offsets) is taken for a cursor that moved "
+          "back, read again forever", "broker/catchup.py",
+          "offset > c.next and asked != c.next:", "offset > c.next:", (XR + "[256]",)),
         m("corrupt-read-remote-no-salvage", "the same, read from another node over the mesh",
           ST, "                if not self._salvage(dev, getattr(exc, \"want\", offset), exc):\n",
-          "                if True:\n", (XR,)),
+          "                if True:\n", (XF,)),
         m("corrupt-read-remote-replay-uncounted", "remote replay: offsets lost in the owner's "
           "log skipped without counting them as dropped", "broker/replay.py",
           "        self.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
-          "        pass\n", (XR,)),
+          "        pass\n", (XF,)),
         m("corrupt-read-tail-gap-stops", "fetch API: a gap that ends the read is not followed "
           "(next_offset stays on the lost offset)", "meshmq/fetch_api.py",
           "            if past <= nxt:\n", "            if True:\n", (f"{CASE}[tail]",)),

@@ -161,7 +161,8 @@ def test_offline_persistent_session_catches_up_around_a_corrupt_record(brokers,
     """The catch-up path and the restored session's positions: a persistent QoS 1 session,
     offline while 300 records arrive (far more than its queue holds, so it lags on log
     positions), the broker stopped cleanly, offset 150 damaged, started again: the session
-    reconnects and receives the other 299, in order, on a connection that stays open."""
+    reconnects and receives the other 299, in order, on a connection that stays open; the
+    skipped offset is counted as dropped, reason ``corrupt``."""
     broker = brokers.start(tmp_path, mqtt={"max_queued_messages": 20})
     sub = Subscriber(broker.host, broker.port, "keeper", session_expiry=3600)
     sub.subscribe(f"devices/{DEVICE}/#", 1)
@@ -186,3 +187,4 @@ def test_offline_persistent_session_catches_up_around_a_corrupt_record(brokers,
     sub.expect_quiet(0.5)
     sub.close()
     assert broker.metric("meshmq_log_corrupt_records_total") == 1
+    assert broker.metric("meshmq_messages_dropped_total", reason="corrupt") == 1

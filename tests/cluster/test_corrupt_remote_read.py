@@ -88,3 +88,45 @@ def test_corrupt_record_in_the_owners_log_is_read_around_from_another_node(mesh:
     sub.close()
     assert n0.metric("meshmq_messages_dropped_total", reason="corrupt") >= 1
     assert n1.metric("meshmq_log_corrupt_records_total") == 1
+
+
+@pytest.fixture
+def lagging_mesh(tmp_path: Path) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path, n=2, overrides={"mqtt": {"max_queued_messages": 20}})
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.parametrize("lost", [LOST, 256])
+def test_remote_catch_up_goes_on_past_a_corrupt_record(lagging_mesh: Cluster, lost: int):
+    """A persistent session on node 0 lagging on a log node 1 owns (offline while 300 records
+    arrive, queue of 20) catches up over the mesh after a clean restart of both nodes, one
+    offset damaged in the owner's segment: inside a read, or (256) exactly where a read starts
+    (catch-up reads 256 records at a time from 0). The other 299 arrive, in order; nothing
+    stalls."""
+    mesh = lagging_mesh
+    n0, n1 = mesh.nodes
+    dev = mesh.device_owned_by(1)
+    sub = Subscriber(n0.host, n0.port, "keeper", session_expiry=3600)
+    sub.subscribe(f"devices/{dev}/#", 1)
+    mesh.wait_routes(0)
+    sub.close()
+    pub = Publisher(n1.host, n1.port, "pub", version=5, window=32)
+    acks = pub.publish_all([(f"devices/{dev}/t", f"{dev}:{i}:".encode()) for i in range(N)],
+                           timeout=120)
+    pub.close()
+    assert sorted(a.offset for a in acks) == list(range(N))
+    mesh.stop()
+    (seg,) = sorted((n1.workdir / "data" / "router-0" / "log").glob("*.log"))
+    flip_payload(seg, dev, lost)
+    mesh.start()
+
+    sub = Subscriber(n0.host, n0.port, "keeper", session_expiry=3600)
+    assert sub.session_present
+    msgs = sub.collect(N - 1, timeout=60)
+    assert [int(m.payload.split(b":")[1]) for m in msgs] == [o for o in range(N) if o != lost]
+    sub.expect_quiet(0.5)
+    sub.close()
+    assert n0.metric("meshmq_messages_dropped_total", reason="corrupt") == 1
