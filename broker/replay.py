@@ -223,8 +223,10 @@ class RemoteReplays:
             else:
                 # the owner's committed end: the messages it stores from here are routed
                 # here live (after this answer, on the same link), so live delivery takes over
-                # now, not when the window next has room
-                cursor.next = max(cursor.next, result.next_offset)
+                # now, not when the window next has room (past offsets the owner lost to a
+                # corrupt record at its end, if any: counted as dropped)
+                if result.next_offset > cursor.next:
+                    _skip_lost(router, session, cursor, result.next_offset)
                 cursor.live = True
         elif result.status == "out_of_range":
             start, hw = result.start, result.hw

@@ -55,6 +55,12 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
           "log skipped without counting them as dropped", "broker/replay.py",
           "        self.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
           "        pass\n", (XF,)),
+        m("corrupt-read-remote-replay-tail-uncounted", "remote replay: offsets the owner lost "
+          "at its log's end skipped without counting them as dropped", "broker/replay.py",
+          "                if result.next_offset > cursor.next:\n"
+          "                    _skip_lost(router, session, cursor, result.next_offset)\n",
+          "                cursor.next = max(cursor.next, result.next_offset)\n",
+          (XF + "[299]",)),
         m("corrupt-read-tail-gap-stops", "fetch API: a gap that ends the read is not followed "
           "(next_offset stays on the lost offset)", "meshmq/fetch_api.py",
           "            if past <= nxt:\n", "            if True:\n", (f"{CASE}[tail]",)),
