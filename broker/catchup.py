@@ -198,6 +198,8 @@ class LogCatchUp:
                 while records:
                     rec = records.popleft()
                     budget -= 1
+                    if rec.offset > c.next:  # offsets lost to a corrupt record (quarantined)
+                        self.stats.dropped(DropReason.CORRUPT, rec.offset - c.next)
                     c.next = rec.offset + 1
                     self._deliver_record(session, rec, remote_rec)
                     if queue or len(inflight) >= window or conn.congested:
@@ -228,11 +230,12 @@ class LogCatchUp:
         if c.reading or c.retrying:
             return
         c.reading = True
-        fetch(owner, device, c.next, _CHUNK,
-              lambda result: self._fetched(session, device, c, owner, result))
+        asked = c.next
+        fetch(owner, device, asked, _CHUNK,
+              lambda result: self._fetched(session, device, c, owner, result, asked))
 
     def _fetched(self, session: Session, device: str, c: LagCursor, owner: str,
-                 result: Any) -> None:
+                 result: Any, asked: int = -1) -> None:
         """A read of another router's log answered (see ``broker/replay.py`` for the seam: the
         same holds here, the owner routing live what it stores after its answer)."""
         c.reading = False
@@ -240,8 +243,10 @@ class LogCatchUp:
             return  # the session ended, or moved on
         if result.status == "ok":
             c.hw = result.hw
-            if result.records and result.records[0].offset > c.next:
+            if result.records and result.records[0].offset > c.next and asked != c.next:
                 pass  # read from past where the cursor now is (it moved back): read again
+            # (from where it asked, a later first record means the owner skipped offsets lost
+            # to a corrupt record: delivered from there, the gap counted as dropped)
             elif result.records:
                 c.buffer = deque(r for r in result.records if r.offset >= c.next)
             else:

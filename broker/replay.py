@@ -81,7 +81,7 @@ def pump_replays(self: Router, session: Session) -> None:
                     continue
                 if not records:
                     # caught up (past a quarantined gap, if any): live delivery takes over
-                    cursor.next = store.past_gap(cursor.device, cursor.next)
+                    _skip_lost(self, session, cursor, store.past_gap(cursor.device, cursor.next))
                     cursor.live = True
                     break
                 records = deque(records)
@@ -89,6 +89,8 @@ def pump_replays(self: Router, session: Session) -> None:
             while records:
                 rec = records.popleft()
                 budget -= 1
+                if rec.offset > cursor.next:  # offsets lost to a corrupt record: skipped
+                    _skip_lost(self, session, cursor, rec.offset)
                 cursor.next = rec.offset + 1
                 if not topic_matches(sub.filter, rec.topic):
                     continue
@@ -103,6 +105,17 @@ def pump_replays(self: Router, session: Session) -> None:
     elif not waiting:
         # every cursor ran out of history without returning early: all are live now
         self._replaying.discard(session)
+
+
+def _skip_lost(self: Router, session: Session, cursor: Any, to: int) -> None:
+    """Move a replay cursor over offsets a corrupt record took (the store quarantined them
+    and logged them at ERROR): counted as dropped, reason ``corrupt``, never a stall."""
+    if to > cursor.next:
+        log.warning("replay skips offsets lost to a corrupt record in the device log",
+                    extra={"client_id": session.client_id, "device": cursor.device,
+                           "from": cursor.next, "to": to})
+        self.stats.dropped(DropReason.CORRUPT, to - cursor.next)
+    cursor.next = to
 
 
 def _nothing() -> None:
@@ -210,8 +223,10 @@ class RemoteReplays:
             else:
                 # the owner's committed end: the messages it stores from here are routed
                 # here live (after this answer, on the same link), so live delivery takes over
-                # now, not when the window next has room
-                cursor.next = max(cursor.next, result.next_offset)
+                # now, not when the window next has room (past offsets the owner lost to a
+                # corrupt record at its end, if any: counted as dropped)
+                if result.next_offset > cursor.next:
+                    _skip_lost(router, session, cursor, result.next_offset)
                 cursor.live = True
         elif result.status == "out_of_range":
             start, hw = result.start, result.hw

@@ -28,6 +28,8 @@ class DropReason:
     TOPIC_LEVELS = "topic_levels"  # topic deeper than mqtt.max_topic_levels: refused (v5 0x90)
     # a peer router sent a shared-subscription share here and the group had no member left
     SHARE_UNCLAIMED = "share_unclaimed"
+    # a replay from an offset skipped records a corrupt record took (quarantined by the log)
+    CORRUPT = "corrupt"
 
 
 # Why a TLS listener's handshake failed (the label of meshmq_tls_handshake_failures_total).

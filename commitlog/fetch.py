@@ -299,6 +299,10 @@ def _string_buffers(values: list[str]) -> tuple[bytes, bytes]:
 # deleted what you asked for" (BELOW_START: restart from log_start, data lost for this
 # reader) and from an offset past the high-water mark (ABOVE_END: truncated by a leader
 # change, or from the future) or a device the node does not know (UNKNOWN_DEVICE).
+# Offsets are dense per device and never reused, so an offset in [offset, next_offset) that no
+# record in the section carries was lost to a corrupt record (quarantined by the node and
+# logged at ERROR): a reader applies its data-loss rule to it (the Spark source's
+# failOnDataLoss).
 
 MULTI_MAGIC = b"MQFM"
 MULTI_HEADER = struct.Struct("<4sI")

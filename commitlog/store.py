@@ -38,6 +38,7 @@ from collections.abc import Iterator, Sequence
 from commitlog import epochs as _ep
 from commitlog import quarantine as _q
 from commitlog import record as _rec
+from commitlog import salvage as _salvage
 from commitlog.record import (
     FLAG_CONTROL,
     HDR_ENTRY,
@@ -578,6 +579,10 @@ class LogStore:
         self._ckpt_hw: set[str] = set()  # during recovery: keys whose hw the checkpoint gave
         self._new_gaps: dict[str, list[tuple[int, int]]] = {}  # found by this recovery
         self._gap_hints: list[tuple[str, int]] = []  # (key, offset) read in bad ranges
+        # Bad byte ranges readers met (store position -> end; see ``_salvage``): every read
+        # path steps over them instead of failing on them again. Not persisted: the lost
+        # offsets are (gaps.json), and a restarted store finds the bytes again on first read.
+        self._bad: dict[int, int] = {}
 
     # ------------------------------------------------------------------ open / recovery
 
@@ -779,7 +784,11 @@ class LogStore:
                 with open(first.path, "rb") as f:
                     head = f.read(pos - first.base)
                 try:
-                    entries, _ = walk_positions(head, 0)
+                    entries, walked = walk_positions(head, 0)
+                    if walked != len(head):
+                        # A damaged header below the checkpoint (found by a reader, or not yet):
+                        # index the records after it too, or their reads would stop there.
+                        entries = _salvage.verified_positions(head, _new_positions)
                 except ValueError:
                     entries = {}
                     self._apos_ok = False
@@ -1299,7 +1308,11 @@ class LogStore:
                 idx, walked = walk_positions(data, 0)
             except ValueError:
                 return None
-            if walked == seg.size:
+            if walked != seg.size:
+                # A damaged header (quarantined, or met by a reader): index the records after
+                # it too, each one checked, or reads of their devices would stop there.
+                idx = _salvage.verified_positions(data, _new_positions)
+            else:
                 try:
                     write_file_atomic(path, encode_pidx(seg.size, idx))
                 except OSError as exc:
@@ -1590,6 +1603,14 @@ class LogStore:
                 return hi
         return offset
 
+    def lost_ranges(self, key: str, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The offset ranges in [lo, hi) lost to quarantined corruption (found by recovery
+        or by a reader): what a reader that went from ``lo`` to ``hi`` skipped."""
+        dev = self._devices.get(key)
+        if dev is None or not dev.gaps:
+            return []
+        return [(max(a, lo), min(b, hi)) for a, b in dev.gaps if a < hi and b > lo]
+
     def log_end(self, key: str) -> int:
         """Next offset to be assigned (includes appends not yet durable)."""
         dev = self._devices.get(key)
@@ -1634,7 +1655,24 @@ class LogStore:
         out: list[Record] = []
         # Disk up to where the cache starts (if the cache holds the rest), else all of it.
         disk_upto = cs if (offset < cs < upto <= cend) else upto
-        used = self._read_disk(dev, offset, disk_upto, max_bytes, out)
+        stale_tried = False
+        while True:
+            try:
+                used = self._read_disk(dev, offset, disk_upto, max_bytes, out)
+                break
+            except CorruptRecordError as exc:
+                # A record recovery never scanned (a clean start trusts its checkpoint) is
+                # bad: handle it as recovery would and read again around it. Each round
+                # learns a new bad range or gap, so this ends; nothing learned: raise.
+                if not self._salvage(dev, getattr(exc, "want", offset), exc):
+                    seg = getattr(exc, "stale_seg", None)
+                    if seg is None or stale_tried:
+                        raise
+                    # The device's records are intact where a full walk looks: it was the
+                    # position index that pointed at something else. Rebuild it, once.
+                    stale_tried = True
+                    self._stale_positions(seg)
+                out.clear()
         if disk_upto < upto and len(out) == disk_upto - offset and used < max_bytes:
             out.extend(self._cap_bytes(dev.cache[: upto - cs], len(dev.kb), max_bytes, used))
         return out
@@ -1832,23 +1870,140 @@ class LogStore:
                 idx = self._sealed_positions(seg)
                 plist = None if idx is None else (idx.get(dev.kb) or _EMPTY)
             done = None
-            if plist is not None:
-                try:
-                    done = self._read_positions(dev, seg, plist, pos, skip, seg_limit, upto,
-                                                max_bytes, state, out)
-                except _Stale:
-                    log.warning("commitlog %s: position index of %s does not match the "
-                                "segment; rebuilding it", self.directory, seg.path)
-                    self._drop_pidx(seg)
-                    if si == len(self._segments) - 1:
-                        self._apos_ok = False  # the scan fallback serves the active segment
-            if done is None:
-                done = self._scan_segment(dev, seg, pos, seg_limit, upto, max_bytes, state, out)
+            try:
+                if plist is not None:
+                    try:
+                        done = self._read_positions(dev, seg, plist, pos, skip, seg_limit,
+                                                    upto, max_bytes, state, out)
+                    except _Stale:
+                        self._stale_positions(seg)
+                if done is None:
+                    done = self._scan_segment(dev, seg, pos, seg_limit, upto, max_bytes, state,
+                                              out)
+            except CorruptRecordError as exc:
+                exc.want = state[0]  # where the reader stood: ``_salvage`` starts there
+                raise
             if done:
                 break
             skip = 0
             pos = seg.end
         return state[1]
+
+    def _stale_positions(self, seg: Segment) -> None:
+        """A position index entry of ``seg`` does not point at the device's record."""
+        log.warning("commitlog %s: position index of %s does not match the segment; "
+                    "rebuilding it", self.directory, seg.path)
+        self._drop_pidx(seg)
+        if seg is self._segments[-1]:
+            self._apos_ok = False  # the scan fallback serves the active segment
+
+    def _salvage(self, dev: DeviceLog, want: int, exc: CorruptRecordError) -> bool:
+        """A read of ``dev`` at offset ``want`` met ``exc``: do what recovery does with a
+        corrupt record that has intact ones after it (quarantine.py), from the reader's side.
+
+        Walks the log from the device's index entry at or before ``want`` checking every
+        record (commitlog/salvage.py: framing, CRC, resynchronising over bad bytes), and
+        remembers what it finds: the bad byte ranges (every read path steps over them) and
+        the device's offsets from ``want`` to its next intact record (or to the committed end)
+        as a gap (``quarantine/gaps.json``, which readers skip and the fetch API names). A
+        new loss is reported as recovery reports one: ERROR, the bad bytes copied to
+        quarantine/, ``stats.corrupt_*``. Offsets are never renumbered.
+
+        True when something new was learned (the read is worth trying again); False when
+        the walk finds the device's records intact (the caller raises, or rebuilds a stale
+        position index)."""
+        i = bisect.bisect_right(dev.idx_off, want) - 1
+        if i < 0:
+            return False
+        hwm = dev.hwm if dev.hw < 0 else dev.hw
+        pos = dev.idx_pos[i]
+        limit = self._committed_pos
+        stale = dev.is_stale if dev.markers else None
+        found = -1
+        bad: list[tuple[int, int, bool]] = []
+        mine = 0  # bad[mine:] lie after the device's last intact record below ``want``
+
+        def is_other(kb: bytes, off: int) -> bool:
+            """A damaged header that still names another device's existing offset."""
+            try:
+                other = self._devices.get(kb.decode())
+            except UnicodeDecodeError:
+                return False
+            return other is not None and other is not dev and other.start <= off < other.next
+
+        while pos < limit:
+            seg = self._segments[bisect.bisect_right(self._seg_bases, pos) - 1]
+            seg_limit = min(seg.end, limit)
+            if pos >= seg_limit:
+                break
+            data = os.pread(self._read_fd(seg), seg_limit - pos, pos - seg.base)
+            walk = _salvage.walk_device(data, pos, dev.kb, want, stale, is_other)
+            if walk.mine >= 0:
+                mine = len(bad) + walk.mine
+            bad.extend(walk.bad)
+            if walk.found >= 0:
+                found = walk.found
+                break
+            pos = seg.end
+        new_bad = [(a, b) for a, b, _o in bad if self._bad.get(a) != b]
+        for a, b in new_bad:
+            self._bad[a] = b
+        lost_hi = found if found >= 0 else hwm
+        after = bad[mine:]
+        # Offsets missing without a bad byte before them are not corruption: never a gap.
+        lost = (want, lost_hi) if lost_hi > want and after else None
+        # What to report as this device's: not a range whose header names another device
+        # (that one's reader reports it), unless nothing else could have held the loss.
+        ours = [(a, b) for a, b, other in after if not other] or [(a, b) for a, b, _ in after]
+        if lost is not None and dev.in_gap(*lost):
+            lost = None  # known (gaps.json, e.g. found before a restart)
+        if lost is None:
+            if new_bad:
+                log.warning("commitlog %s: stepping over %d bad byte range(s) at store "
+                            "position(s) %s met while reading %r (already reported, or other "
+                            "devices' records: their readers report what they lost)",
+                            self.directory, len(new_bad), [a for a, _ in new_bad], dev.key)
+            return bool(new_bad)
+        dev.gaps = _q.merge_ranges([*(dev.gaps or ()), lost])
+        stored = _q.load_gaps(self.directory)
+        stored[dev.key] = _q.merge_ranges([*stored.get(dev.key, ()), lost])
+        try:
+            _q.save_gaps(self.directory, stored)
+        except OSError as err:
+            log.error("commitlog %s: cannot record the gap (%s); it is skipped until a "
+                      "restart, then found again", self.directory, err)
+        paths = []
+        nbytes = 0
+        for a, b in ours:
+            s_ = self._segments[bisect.bisect_right(self._seg_bases, a) - 1]
+            nbytes += b - a
+            try:
+                raw = os.pread(self._read_fd(s_), min(b - a, 1 << 24), a - s_.base)
+                paths.append(_q.write_quarantine(self.directory, dev.key, s_.base, a, raw))
+            except OSError as err:
+                paths.append(f"(not copied: {err})")
+        self.stats.corrupt_records += 1
+        self.stats.corrupt_bytes += nbytes
+        log.error(
+            "commitlog %s: a read of %r at offset %d met a corrupt record (%s): offsets "
+            "[%d, %d) of %r are lost; %d corrupt bytes at store position(s) %s quarantined "
+            "to %s and skipped, later records kept. Readers skip the lost offsets (the "
+            "fetch API names them; a Spark query fails on them unless failOnDataLoss=false). "
+            "Check the disk (SMART, dmesg).",
+            self.directory, dev.key, want, exc, lost[0], lost[1], dev.key, nbytes,
+            [a for a, _ in ours], ", ".join(paths) or "(nothing to copy)")
+        return True
+
+    @staticmethod
+    def _past_bad(plist: array, base: int, s: int, p: int, bad_end: int) -> int:
+        """Where a position read goes on from a known bad range at buffer byte ``p`` (the
+        buffer starts at segment byte ``s``): past the record the position index lists
+        there (its size is known without the damaged header), else past the bad range."""
+        rel = s + p
+        j = bisect.bisect_left(plist, rel << 32)
+        if j < len(plist) and plist[j] >> 32 == rel:
+            return p + (plist[j] & LEN_MASK)
+        return bad_end - base - s
 
     def _read_positions(
         self, dev: DeviceLog, seg: Segment, plist: array, pos: int, skip: int, seg_limit: int,
@@ -1875,6 +2030,7 @@ class LogStore:
         last_topic = ""
         # Quarantine gaps are handled by the Python body only (the C run does not know them).
         c_read = None if gaps else _rec.c_read_run
+        bad = self._bad  # bad ranges readers met: stepped over (see ``_salvage``)
         floor = _NO_FLOOR
         jump = -1
         coalesce = _rec.c_coalesce
@@ -1919,12 +2075,21 @@ class LogStore:
                             return True
                         if p >= dn:
                             break
+                    if bad and base + s + p in bad:
+                        p = self._past_bad(plist, base, s, p, bad[base + s + p])
+                        continue
                     (length, crc, magic, flags, attrs, off, ts, kl, tl, hc) = unpack(data, p)
                     rend = frame_end(length, magic, p, dn)
                     q = p + HEADER_SIZE
                     if (rend < 0 or kl != klen or flags & FLAG_CONTROL
                             or data[q : q + kl] != kb):
-                        raise _Stale()
+                        if rend > 0 and crc32(mv[p + 8 : rend]) == crc:
+                            raise _Stale()  # an intact record of another key: index is stale
+                        # A damaged record (its length, magic or key) where the index says
+                        # one of ours is; ``_salvage`` tells it from a stale index.
+                        err = CorruptRecordError("bad record framing or key", base + s + p)
+                        err.stale_seg = seg
+                        raise err
                     if off != want or markers:
                         if off < want:
                             p = rend
@@ -1942,6 +2107,8 @@ class LogStore:
                         if off > want and gaps and dev.in_gap(want, off):
                             want = off  # lost to quarantined corruption: skip the gap
                         if off != want:
+                            if crc32(mv[p + 8 : rend]) != crc:  # its offset field is damaged
+                                raise CorruptRecordError("CRC mismatch", base + s + p)
                             raise CorruptRecordError(
                                 f"{key!r}: found offset {off} while reading {want}",
                                 base + s + p)
@@ -1995,6 +2162,7 @@ class LogStore:
         unpack = HEADER.unpack_from
         size = READ_CHUNK
         retried = False
+        bad = self._bad  # bad ranges readers met: stepped over (see ``_salvage``)
         fd = self._read_fd(seg)
         try:
             while want < upto and pos < seg_limit:
@@ -2002,8 +2170,14 @@ class LogStore:
                 n = len(data)
                 p = 0
                 while p + HEADER_SIZE <= n:
-                    (length, _c, _m, flags, _a, off, _t, kl, _tl, _hc) = unpack(data, p)
+                    if bad and pos + p in bad:
+                        p = bad[pos + p] - pos
+                        continue
+                    (length, _c, magic, flags, _a, off, _t, kl, _tl, _hc) = unpack(data, p)
                     end = p + 4 + length
+                    if magic != MAGIC or length < HEADER_SIZE - 4:
+                        # A damaged header: walking on by its length would read garbage.
+                        raise CorruptRecordError("bad record length or magic", pos + p)
                     if end > n:
                         break
                     if kl == klen and data[p + HEADER_SIZE : p + HEADER_SIZE + kl] == kb and not (

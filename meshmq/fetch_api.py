@@ -42,7 +42,14 @@ is unknown (404), exactly as if it had never published.
 
     * ``X-Meshmq-Start``: first retained offset; ``X-Meshmq-End``: high-water mark;
     * ``X-Meshmq-Next-Offset``: the offset to ask for next (last returned + 1, or ``N`` when
-      nothing was returned); ``X-Meshmq-Record-Count``: records in the body.
+      nothing was returned, or past offsets lost to corruption); ``X-Meshmq-Record-Count``:
+      records in the body;
+    * ``X-Meshmq-Lost-Offsets`` (only when some were lost): ``lo-hi[,lo-hi...]``, half-open
+      ranges of offsets between ``N`` and the next offset that a corrupt record took (found by
+      recovery or by a read; quarantined and logged at ERROR by the node). Offsets are never
+      reused, so the records around a gap keep theirs. The many-device fetch says the same
+      thing by its section's ``offset``, records and ``next_offset``: any offset between the
+      first and ``next_offset`` without a record is lost.
 
     Parameters (all optional, decimal integers):
 
@@ -368,13 +375,20 @@ async def _serve_records(store: LogStore, device: str,
         # (commitlog/quarantine.py); the reader goes on past the gap instead of asking forever.
         next_offset = store.past_gap(device, offset)
     body = encode_fetch_raw(data, count, start, end)
-    return web.Response(body=body, content_type="application/octet-stream", headers={
+    headers = {
         "X-Meshmq-Start": str(start),
         "X-Meshmq-End": str(end),
         "X-Meshmq-Next-Offset": str(next_offset),
         "X-Meshmq-Record-Count": str(count),
         "Cache-Control": "no-store",
-    })
+    }
+    lost = store.lost_ranges(device, offset, next_offset)
+    if lost:
+        # Offsets between ``offset`` and next_offset lost to a corrupt record (quarantined,
+        # reported at ERROR): half-open ranges, so a reader can apply its own data-loss rule
+        # (Spark's failOnDataLoss) instead of guessing from the records' offsets.
+        headers["X-Meshmq-Lost-Offsets"] = ",".join(f"{lo}-{hi}" for lo, hi in lost)
+    return web.Response(body=body, content_type="application/octet-stream", headers=headers)
 
 
 def _out_of_range(device: str, offset: int, start: int, end: int) -> _HttpError:
@@ -401,8 +415,20 @@ async def _read_raw_sliced(store: LogStore, device: str, offset: int, max_record
             if parts:
                 break  # what we have is still valid; the reader asks again from next_offset
             raise
+        if not n:
+            # Nothing at ``nxt`` below the end: lost to quarantined corruption (found by
+            # recovery or by this very read, commitlog/salvage.py). Go on past the gap; the
+            # reader sees which offsets are missing (``X-Meshmq-Lost-Offsets``, or the
+            # section's offsets against its next_offset).
+            past = store.past_gap(device, nxt)
+            if past <= nxt:
+                break
+            nxt = past
+            if nxt >= store.high_watermark(device):
+                break
+            continue
         size = sum(len(c) for c in chunks)
-        if not n or (parts and used + size > max_bytes):
+        if parts and used + size > max_bytes:
             break  # (read_raw always gives one record, even one over this slice's room)
         parts.extend(chunks)
         count += n

@@ -317,6 +317,11 @@ def _tail(args: argparse.Namespace, out: TextIO, err: TextIO,
             for rec in records:
                 print(format_record(rec, args.format), file=out)
             out.flush()
+            for lost in filter(None, headers.get("X-Meshmq-Lost-Offsets", "").split(",")):
+                lo, _, hi = lost.partition("-")
+                print(f"meshmq log tail: offsets {lo}..{int(hi) - 1} of {args.device!r} were "
+                      "lost to a corrupt record (quarantined; see the node's ERROR log)",
+                      file=err)
             offset = int(headers.get("X-Meshmq-Next-Offset", offset + len(records)))
             end = int(headers.get("X-Meshmq-End", offset))
             if records and offset < end:

@@ -259,10 +259,10 @@ _LOG_COUNTERS = (
     ("index_rebuilds", "meshmq_log_index_rebuilds_total",
      "Starts without a usable checkpoint (full rescan of the segments)."),
     ("corrupt_records", "meshmq_log_corrupt_records_total",
-     "Corrupt byte ranges with intact records after them, found by recovery and moved to "
-     "quarantine/ (each logged at ERROR with device, offsets and bytes)."),
+     "Corrupt byte ranges with intact records after them, found by recovery or by a "
+     "reader and moved to quarantine/ (each logged at ERROR with device, offsets and bytes)."),
     ("corrupt_bytes", "meshmq_log_corrupt_bytes_total",
-     "Bytes of the corrupt ranges moved to quarantine/ by recovery."),
+     "Bytes of the corrupt ranges moved to quarantine/ by recovery or a reader."),
 )
 
 

@@ -213,6 +213,7 @@ def _section_batch(opts: SourceOptions, sec: DeviceFetch, todo: dict[str, list],
                                f"its end was {hi} when planned (server high-water mark now "
                                f"{sec.high_water}): truncated log or a lagging server")
         if sec.next_offset > off:  # records lost to quarantined corruption: past the gap
+            _corrupt_loss(opts, device, off, min(sec.next_offset, hi))
             _advance(todo, device, sec.next_offset)
         return None  # the response's byte budget ran out before this device: ask again
     if opts.include_headers:
@@ -228,17 +229,37 @@ def _section_batch(opts: SourceOptions, sec: DeviceFetch, todo: dict[str, list],
     if first < off:  # the server's contract; serving it would repeat records
         raise RuntimeError(f"meshmq: asked {device!r} from offset {off}, got {first}")
     if first > off:
-        # The node skipped records lost to quarantined corruption (issue 11; it reported them
-        # at ERROR): go on past the gap, as the per-device fetch did.
-        log.warning("meshmq: records [%d, %d) of %r were lost to corruption on the server; "
-                    "skipping them", off, min(first, hi), device)
+        # The node skipped records lost to a corrupt record (it quarantined them and reported
+        # them at ERROR; issues 11 and 28): data loss, as Kafka's source treats it.
+        _corrupt_loss(opts, device, off, min(first, hi))
     take = batch.num_rows
     if offsets[take - 1].as_py() >= hi:  # more than planned: cut at the planned end
         take = bisect.bisect_left(_Offsets(offsets), hi)
         batch = batch.slice(0, take)
+    if take and offsets[take - 1].as_py() - first + 1 != take:
+        # Offsets are dense and never reused: a hole among the records is a lost range.
+        prev = first
+        for o in batch.column(1).to_pylist():
+            if o > prev:
+                _corrupt_loss(opts, device, prev, o)
+            prev = o + 1
     nxt = offsets[take - 1].as_py() + 1 if take else hi
+    if take == sec.record_count and sec.next_offset > nxt:  # a lost range ends this section
+        _corrupt_loss(opts, device, nxt, min(sec.next_offset, hi))
     _advance(todo, device, max(nxt, sec.next_offset) if take == sec.record_count else nxt)
     return batch if take else None
+
+
+def _corrupt_loss(opts: SourceOptions, device: str, lo: int, hi: int) -> None:
+    """Offsets [lo, hi) the node lost to a corrupt record: fail the query, or (with
+    failOnDataLoss=false) skip them with a WARNING, Kafka's meaning of the option."""
+    if hi <= lo:
+        return
+    why = "lost to a corrupt record on the server, which quarantined it (see its ERROR log)"
+    if opts.fail_on_data_loss:
+        raise _data_loss(device, lo, hi, why)
+    log.warning("meshmq: skipping records [%d, %d) of %r: %s (failOnDataLoss=false)",
+                lo, hi, device, why)
 
 
 class _Offsets:

@@ -262,14 +262,20 @@ class Subscriber:
     """A raw MQTT client that subscribes and collects (and acknowledges) PUBLISH packets."""
 
     def __init__(self, host: str, port: int, client_id: str, *, version: int = 5,
-                 timeout: float = 10.0, receive_maximum: int | None = None) -> None:
+                 timeout: float = 10.0, receive_maximum: int | None = None,
+                 session_expiry: int | None = None) -> None:
+        """``session_expiry`` (v5): a persistent session (clean start 0) kept that long."""
         self.client = R.RawClient(host, port, version=version, timeout=timeout)
         self.version = version
         self.messages: list[R.Packet] = []
         self._next_pid = 0
         props = {R.RECEIVE_MAXIMUM: receive_maximum} if receive_maximum and version == 5 else None
-        ack = self.client.connect(client_id, clean=True, keepalive=60, properties=props)
+        if session_expiry is not None:
+            props = {**(props or {}), R.SESSION_EXPIRY_INTERVAL: session_expiry}
+        ack = self.client.connect(client_id, clean=session_expiry is None, keepalive=60,
+                                  properties=props)
         assert ack.reason_code == 0, f"CONNACK refused: {ack!r}"
+        self.session_present = ack.session_present
 
     def _pid(self) -> int:
         self._next_pid = self._next_pid % 65535 + 1
