@@ -30,7 +30,7 @@ from broker.devicelogs import (
     offset_request,
     wants_ack_offsets,
 )
-from broker.forwarding import Forwarder, RemotePublishes, RemoteSessions
+from broker.forwarding import Forwarder, OwnerNotStored, RemotePublishes, RemoteSessions
 from broker.limits import RouterLimits, too_many_levels
 from broker.lograte import RateLimitedLog
 from broker.logrules import LogRules
@@ -689,7 +689,8 @@ class Router:
             return
         if conn.level == 5:
             conn.inbound_unacked -= 1
-            why = {Prop.REASON_STRING: _NOT_STORED}
+            why = {Prop.REASON_STRING: str(err) if isinstance(err, OwnerNotStored)
+                   else _NOT_STORED}
             if qos == 1:
                 conn.send(PubAck(packet_id, Reason.UNSPECIFIED_ERROR, why))
             else:

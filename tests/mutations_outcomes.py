@@ -1,0 +1,61 @@
+"""Planted bugs for APPEND outcomes across link faults and ``cluster.append_timeout`` (issue 28,
+defects 1 and 5), run by ``tests/mutate.py`` like every other guard (``tests/mutate.py
+outcomes-``). Each test of ``tests/cluster/test_append_outcomes.py`` and the config cases of
+``cluster.append_timeout`` are named by at least one mutation they must catch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+AO = "tests/cluster/test_append_outcomes.py"
+FAILED = AO + "::test_failed_writes_whose_results_were_lost_are_refused_not_acked"
+STORED = AO + "::test_stored_writes_whose_results_were_lost_are_acked_once_stored_once"
+FROZEN = AO + "::test_a_frozen_owner_gets_its_publishers_refused_after_append_timeout"
+STATUS = AO + "::test_cluster_status_shows_appends_awaiting_an_outcome"
+CASE = "tests/meshmq/test_cluster_config.py::test_misconfiguration_exits_2_naming_the_key"
+
+
+def outcomes_mutations(mutation: Any) -> tuple[Any, ...]:
+    """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
+    m = mutation
+    return (
+        m("outcomes-ack-means-stored", "cluster/link.py: an ACK (processed) completes an "
+          "APPEND still waiting for its RESULT as stored (the issue's false PUBACK)",
+          "cluster/link.py",
+          "            if out.done is not None:\n                ask.append(out)\n"
+          "                continue\n",
+          "            if out.done is not None:\n                done, out.done = out.done, None\n"
+          "                del self.awaiting[out.seq]\n                done(None, -1)\n",
+          (FAILED,)),
+        m("outcomes-successes-forgotten", "cluster/link.py: the owner remembers only failed "
+          "APPENDs, so a resent stored one is answered 'outcome unknown'",
+          "cluster/link.py", "            self.outcomes.add(seq, offset)\n",
+          "            pass\n", (STORED,)),
+        m("outcomes-resent-appended-again", "cluster/link.py: a resent APPEND the owner "
+          "already processed is not answered (its publisher waits for ever)",
+          "cluster/link.py", "                if entry.kind == frames.APPEND:\n"
+          "                    self._answer_again(entry.seq)\n",
+          "                pass\n", (STORED,)),
+        m("outcomes-no-append-timeout", "cluster/link.py: an APPEND waits for its outcome "
+          "for ever (cluster.append_timeout ignored)",
+          "cluster/link.py", "            if now - out.at < timeout:\n",
+          "            if True:\n", (FROZEN,)),
+        m("outcomes-reason-string-anonymous", "broker/router.py: a publish its owner did not "
+          "store gets the local disk's reason string, not the owner's name",
+          "broker/router.py", "str(err) if isinstance(err, OwnerNotStored)",
+          "_NOT_STORED if isinstance(err, OwnerNotStored)", (FROZEN,)),
+        m("outcomes-awaiting-metric", "meshmq/cluster_wiring.py: "
+          "meshmq_link_appends_awaiting always 0",
+          "meshmq/cluster_wiring.py", "        awaiting.add_metric(peer, len(link.awaiting))\n",
+          "        awaiting.add_metric(peer, 0)\n", (STORED,)),
+        m("outcomes-status-column", "meshmq/clustercli.py: cluster status does not show the "
+          "appends awaiting an outcome", "meshmq/clustercli.py",
+          "    if count is None:\n        return \"-\"\n",
+          "    if True:\n        return \"-\"\n", (STATUS,)),
+        m("outcomes-cfg-append-timeout", "config: cluster.append_timeout <= 0 accepted",
+          "meshmq/config.py",
+          '"append_timeout": (_Float(0.0, inclusive=False),',
+          '"append_timeout": (_Float(-1e9, inclusive=True),',
+          (f"{CASE}[append-timeout-zero]", f"{CASE}[append-timeout-env]")),
+    )
