@@ -418,11 +418,11 @@ class MeshLink:
         self.inbound.release(slot)
         seq = slot[0]
         if exc is None:
-            self.outcomes.add(seq, offset)
+            self.outcomes.stored(seq, offset)
             self.results.append((seq, 0, offset, ""))
         else:
             why = str(exc) or type(exc).__name__
-            self.outcomes.add(seq, (1, why))
+            self.outcomes.failed(seq, 1, why)
             self.results.append((seq, 1, -1, why))
         self.mesh.want_flush(self)
 

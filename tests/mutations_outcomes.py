@@ -12,6 +12,7 @@ AO = "tests/cluster/test_append_outcomes.py"
 FAILED = AO + "::test_failed_writes_whose_results_were_lost_are_refused_not_acked"
 STORED = AO + "::test_stored_writes_whose_results_were_lost_are_acked_once_stored_once"
 FROZEN = AO + "::test_a_frozen_owner_gets_its_publishers_refused_after_append_timeout"
+UNIT = "tests/cluster/test_outcomes_unit.py"
 STATUS = AO + "::test_cluster_status_shows_appends_awaiting_an_outcome"
 CASE = "tests/meshmq/test_cluster_config.py::test_misconfiguration_exits_2_naming_the_key"
 
@@ -30,13 +31,22 @@ def outcomes_mutations(mutation: Any) -> tuple[Any, ...]:
           (FAILED,)),
         m("outcomes-successes-forgotten", "cluster/link.py: the owner remembers only failed "
           "APPENDs, so a resent stored one is answered 'outcome unknown'",
-          "cluster/link.py", "            self.outcomes.add(seq, offset)\n",
+          "cluster/link.py", "            self.outcomes.stored(seq, offset)\n",
           "            pass\n", (STORED,)),
         m("outcomes-resent-appended-again", "cluster/link.py: a resent APPEND the owner "
           "already processed is not answered (its publisher waits for ever)",
           "cluster/link.py", "                if entry.kind == frames.APPEND:\n"
           "                    self._answer_again(entry.seq)\n",
           "                pass\n", (STORED,)),
+        m("outcomes-ring-slot-unchecked", "cluster/outcomes.py: a slot answers for any seq "
+          "that maps to it (an older seq gets a newer one's 'stored')",
+          "cluster/outcomes.py", "if seqs is None or seqs[seq & _MASK] != seq:",
+          "if seqs is None:",
+          (UNIT + "::test_a_slot_taken_by_a_newer_seq_answers_nothing_for_the_older_one",)),
+        m("outcomes-not-cleared", "cluster/outcomes.py: a new peer incarnation keeps the old "
+          "one's outcomes", "cluster/outcomes.py",
+          "        self._seqs = self._offsets = None\n", "        pass\n",
+          (UNIT + "::test_a_new_incarnation_forgets_everything",)),
         m("outcomes-no-append-timeout", "cluster/link.py: an APPEND waits for its outcome "
           "for ever (cluster.append_timeout ignored)",
           "cluster/link.py", "            if now - out.at < timeout:\n",
