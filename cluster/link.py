@@ -148,6 +148,7 @@ class MeshLink:
         self._closed = False
         # send side
         self.next_seq = 1
+        self.sent_upto = 0  # the highest seq ever written: above it, an entry never left here
         self.inflight: deque[Out] = deque()
         self.unsent: deque[Out] = deque()
         self.queued_bytes = 0
@@ -166,7 +167,7 @@ class MeshLink:
             ("msgs_out", "msgs_in", "retained_out", "retained_in", "bytes_out", "bytes_in",
              "frames_out", "frames_in",
              "resent", "dropped_full", "dropped_reconnect", "refused_full",
-             "append_timeouts", "outcomes_asked"), 0)
+             "append_timeouts", "expired_unsent", "outcomes_asked"), 0)
         self._timeout_log = RateLimitedLog(
             log, logging.ERROR, f"link to {peer}: publishes refused (cluster.append_timeout)",
             burst=1, window=5.0)
@@ -244,6 +245,10 @@ class MeshLink:
                 size = 0
         if batch:
             parts.append(frames.encode_entries_parts(batch, len(batch) // 2))
+        # never-sent entries follow the sent ones in the queue, in seq order: the last one
+        # written is the highest (unless only resent ones went, all below it)
+        if sent and inflight[-1].seq > self.sent_upto:
+            self.sent_upto = inflight[-1].seq
         ack = self.inbound.ack_point()
         if ack > self.acked_out:
             parts.append(frames.encode_seq(frames.ACK, ack))
@@ -446,8 +451,11 @@ class MeshLink:
         return ask
 
     def expire_appends(self, now: float, timeout: float) -> int:
-        """APPENDs with no outcome after ``timeout`` s are refused as not stored (their entry
-        stays queued: the owner may still store it, a duplicate the client's retry allows).
+        """APPENDs with no outcome after ``timeout`` s are refused as not stored. One that was
+        sent stays queued (the owner may have it, and may store it yet: a duplicate of the
+        client's retry, which at least once allows); one never sent (the link down, or its
+        window shut, all along) is dropped: it is known not stored, and the owner must not
+        store it later (Kafka expires unsent batches from its accumulator the same way).
         ``awaiting`` is in seq order, so in queueing-time order: stop at the first young one.
         One pass, then the callbacks (a dict's first item after deleting its first items is a
         scan, and a refusal may queue a will's APPEND here)."""
@@ -458,11 +466,17 @@ class MeshLink:
                 break
             old.append(out)
         expired = len(old)
+        sent_upto = self.sent_upto
+        unsent = {out.seq for out in old if out.seq > sent_upto}
+        if unsent:
+            self.unsent = deque(o for o in self.unsent if o.seq not in unsent)
+            self.queued_bytes -= sum(out.size for out in old if out.seq in unsent)
+            self.stats["expired_unsent"] += len(unsent)
         for out in old:
             del awaiting[out.seq]
             done, out.done = out.done, None
             if done is not None:
-                done(AppendTimeout(self.peer, timeout), -1)
+                done(AppendTimeout(self.peer, timeout, out.seq <= sent_upto), -1)
         if expired:
             self.stats["append_timeouts"] += expired
             self._timeout_log("%d publishes to owner router %s had no outcome within %g s "

@@ -15,9 +15,10 @@ stored (once more, if the old one had stored it: at least once).
 
 A publisher's router waits at most ``cluster.append_timeout`` for an outcome
 (``MeshLink.expire_appends``): past it the publish is refused as not stored (``AppendTimeout``;
-Kafka's ``delivery.timeout.ms``: an unknown outcome is an error and the client retries). If the
-owner stores it later, the retry makes a duplicate, which "at least once" allows; a PUBACK for
-something not stored is never sent.
+Kafka's ``delivery.timeout.ms``: an unknown outcome is an error and the client retries). One that
+was never sent (the link down all along) is dropped from the queue, so it is never stored later;
+one that was sent may still be stored by the owner, and the client's retry then makes a
+duplicate, which "at least once" allows. A PUBACK for something not stored is never sent.
 """
 
 from __future__ import annotations
@@ -92,7 +93,12 @@ class AppendTimeout(OwnerNotStored):
     """No outcome from the owner within cluster.append_timeout: not stored, as far as anyone
     may say (the client retries; a duplicate is allowed, a false PUBACK is not)."""
 
-    def __init__(self, owner: str, waited: float) -> None:
-        super().__init__(f"owner router {owner} did not confirm the write within {waited:g} s "
-                         "(cluster.append_timeout): outcome unknown, not acknowledged")
+    def __init__(self, owner: str, waited: float, sent: bool = True) -> None:
+        if sent:
+            text = (f"owner router {owner} did not confirm the write within {waited:g} s "
+                    "(cluster.append_timeout): outcome unknown, not acknowledged")
+        else:
+            text = (f"owner router {owner} unreachable for {waited:g} s "
+                    "(cluster.append_timeout): not stored")
+        super().__init__(text)
         self.owner = owner

@@ -163,7 +163,9 @@ def mesh_metrics(mesh: Any) -> Iterable[Metric]:
                                labels=["peer"])
     dropped = CounterMetricFamily("meshmq_link_dropped", "Entries a link did not carry: "
                                   "queue_full (delivery dropped), refused (publish refused as "
-                                  "not stored), reconnect (QoS 0 lost with a connection).",
+                                  "not stored), reconnect (QoS 0 lost with a connection), "
+                                  "expired (a publish refused at cluster.append_timeout "
+                                  "before it was ever sent: dropped, never stored).",
                                   labels=["peer", "reason"])
     counters = {key: CounterMetricFamily(name, doc, labels=["peer"])
                 for key, name, doc in _COUNTERS}
@@ -183,6 +185,7 @@ def mesh_metrics(mesh: Any) -> Iterable[Metric]:
         dropped.add_metric([link.peer, "queue_full"], link.stats["dropped_full"])
         dropped.add_metric([link.peer, "refused"], link.stats["refused_full"])
         dropped.add_metric([link.peer, "reconnect"], link.stats["dropped_reconnect"])
+        dropped.add_metric([link.peer, "expired"], link.stats["expired_unsent"])
     failures = CounterMetricFamily("meshmq_link_entry_failures", "Entries from peers that "
                                    "raised while applied and were skipped (a bug: see the "
                                    "log).", value=mesh.entry_failures)

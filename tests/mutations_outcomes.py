@@ -12,6 +12,7 @@ AO = "tests/cluster/test_append_outcomes.py"
 FAILED = AO + "::test_failed_writes_whose_results_were_lost_are_refused_not_acked"
 STORED = AO + "::test_stored_writes_whose_results_were_lost_are_acked_once_stored_once"
 FROZEN = AO + "::test_a_frozen_owner_gets_its_publishers_refused_after_append_timeout"
+GONE = AO + "::test_a_publish_refused_before_it_ever_left_is_never_stored_later"
 UNIT = "tests/cluster/test_outcomes_unit.py"
 STATUS = AO + "::test_cluster_status_shows_appends_awaiting_an_outcome"
 CASE = "tests/meshmq/test_cluster_config.py::test_misconfiguration_exits_2_naming_the_key"
@@ -51,6 +52,11 @@ def outcomes_mutations(mutation: Any) -> tuple[Any, ...]:
           "for ever (cluster.append_timeout ignored)",
           "cluster/link.py", "            if now - out.at < timeout:\n",
           "            if True:\n", (FROZEN,)),
+        m("outcomes-unsent-kept", "cluster/link.py: a publish refused at append_timeout "
+          "before it ever left stays queued, and is stored when the owner is back",
+          "cluster/link.py",
+          "            self.unsent = deque(o for o in self.unsent if o.seq not in unsent)\n",
+          "            pass\n", (GONE,)),
         m("outcomes-reason-string-anonymous", "broker/router.py: a publish its owner did not "
           "store gets the local disk's reason string, not the owner's name",
           "broker/router.py", "str(err) if isinstance(err, OwnerNotStored)",

@@ -232,3 +232,38 @@ def test_cluster_status_shows_appends_awaiting_an_outcome() -> None:
     assert "AWAITING (OLDEST)" in text, text
     assert re.search(r"a/0\s+b/0\s+up\s.*\s1024\s+3 \(2\.5s\)", text), text
     assert re.search(r"a/0\s+c/0\s+up\s.*\s1024\s+0\s*$", text, re.M), text
+
+
+def test_a_publish_refused_before_it_ever_left_is_never_stored_later(
+        tmp_path: Path, raw) -> None:
+    """Node 1 (the owner) is killed: node 0 sees its link down, and a publish made then is
+    refused at cluster.append_timeout without ever leaving node 0. When node 1 is back, that
+    publish must not be stored after all (it was dropped from the link's queue): the log holds
+    what was acknowledged, nothing the client was told is not stored."""
+    mesh = Cluster(tmp_path, n=2, overrides={"cluster": {"append_timeout": 1.0}}).start()
+    try:
+        n0, n1 = mesh.nodes
+        device = mesh.device_owned_by(1, unique("gone"))
+        topic = f"devices/{device}/t"
+        pub = raw(n0, version=5)
+        pub.connect(unique("gonepub"))
+        _publish(pub, topic, b"before", 1)
+        assert pub.expect(R.PUBACK, timeout=30).reason_code == 0
+        router = mesh.router_pid(1)
+        os.kill(router, signal.SIGKILL)
+        n1.kill()  # and its supervisor: nothing restarts the router meanwhile
+        wait_for(lambda: mesh.link(0, 1)["state"] != "up", 30, message="node 0 sees it down")
+        _publish(pub, topic, b"refused", 2)
+        ack = pub.expect(R.PUBACK, timeout=60)
+        assert ack.reason_code == 0x80, ack
+        assert "n1/0" in ack.properties.get(R.REASON_STRING, ""), ack
+        assert n0.metric("meshmq_link_dropped_total", peer="n1/0", reason="expired") >= 1
+        n1.start()
+        mesh.wait_links_up(timeout=60)
+        _publish(pub, topic, b"after", 3)
+        assert pub.expect(R.PUBACK, timeout=60).reason_code == 0
+        stored = [bytes(r.payload) for r in fetch_all(n1, device)]
+        assert stored == [b"before", b"after"], (
+            f"a publish refused as not stored was stored later: {stored}")
+    finally:
+        mesh.stop()
