@@ -59,8 +59,12 @@ def outcomes_mutations(mutation: Any) -> tuple[Any, ...]:
           "            pass\n", (GONE,)),
         m("outcomes-reason-string-anonymous", "broker/router.py: a publish its owner did not "
           "store gets the local disk's reason string, not the owner's name",
-          "broker/router.py", "str(err) if isinstance(err, OwnerNotStored)",
-          "_NOT_STORED if isinstance(err, OwnerNotStored)", (FROZEN,)),
+          "broker/router.py", "            why = {Prop.REASON_STRING: str(err) if remote else",
+          "            why = {Prop.REASON_STRING: _NOT_STORED if remote else", (FROZEN,)),
+        m("outcomes-log-line-anonymous", "broker/router.py: the not-stored log line blames "
+          "this router's disk for a publish its owner did not confirm",
+          "broker/router.py", '"message not stored" if remote', "_NOT_STORED if remote",
+          (FROZEN,)),
         m("outcomes-awaiting-metric", "meshmq/cluster_wiring.py: "
           "meshmq_link_appends_awaiting always 0",
           "meshmq/cluster_wiring.py", "        awaiting.add_metric(peer, len(link.awaiting))\n",

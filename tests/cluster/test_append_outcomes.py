@@ -204,6 +204,10 @@ def test_a_frozen_owner_gets_its_publishers_refused_after_append_timeout(
             got = old.wait_closed(timeout=60)
             assert not [p for p in got if p.type == R.PUBACK], f"3.1.1 got an ack: {got}"
             assert n0.metric("meshmq_link_append_timeouts_total", peer="n1/0") >= 3
+            # the operator's side: the refusal names the owner, not this router's disk
+            wait_for(lambda: "message not stored: owner router n1/0" in n0.log_text(), 30,
+                     message="the not-stored log line naming the owner")
+            assert "append_timeout" in n0.log_text()
             assert mesh.link(0, 1)["awaiting_outcome"] == 0
         finally:
             os.kill(owner, signal.SIGCONT)
