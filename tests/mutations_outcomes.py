@@ -48,6 +48,10 @@ def outcomes_mutations(mutation: Any) -> tuple[Any, ...]:
           "one's outcomes", "cluster/outcomes.py",
           "        self._seqs = self._offsets = None\n", "        pass\n",
           (UNIT + "::test_a_new_incarnation_forgets_everything",)),
+        m("outcomes-ack-before-results", "cluster/link.py: the owner's ACK goes ahead of "
+          "the RESULTs it covers, so a healthy link asks every outcome again",
+          "cluster/link.py", "            parts.append(frames.encode_seq(frames.ACK, ack))\n",
+          "            parts.insert(0, frames.encode_seq(frames.ACK, ack))\n", (STORED,)),
         m("outcomes-no-append-timeout", "cluster/link.py: an APPEND waits for its outcome "
           "for ever (cluster.append_timeout ignored)",
           "cluster/link.py", "            if now - out.at < timeout:\n",
