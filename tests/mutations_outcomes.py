@@ -77,6 +77,10 @@ def outcomes_mutations(mutation: Any) -> tuple[Any, ...]:
           "appends awaiting an outcome", "meshmq/clustercli.py",
           "    if count is None:\n        return \"-\"\n",
           "    if True:\n        return \"-\"\n", (STATUS,)),
+        m("outcomes-awaiting-metric-renamed", "meshmq/cluster_wiring.py: the awaiting gauge "
+          "renamed, leaving the dashboard's panel blank",
+          "meshmq/cluster_wiring.py", 'GaugeMetricFamily("meshmq_link_appends_awaiting"',
+          'GaugeMetricFamily("meshmq_link_appends_waiting"', ("tests/meshmq/test_dashboard.py",)),
         m("outcomes-cfg-append-timeout", "config: cluster.append_timeout <= 0 accepted",
           "meshmq/config.py",
           '"append_timeout": (_Float(0.0, inclusive=False),',
