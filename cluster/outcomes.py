@@ -98,7 +98,7 @@ class AppendTimeout(OwnerNotStored):
             text = (f"owner router {owner} did not confirm the write within {waited:g} s "
                     "(cluster.append_timeout): outcome unknown, not acknowledged")
         else:
-            text = (f"owner router {owner} unreachable for {waited:g} s "
-                    "(cluster.append_timeout): not stored")
+            text = (f"the write never reached owner router {owner} within {waited:g} s "
+                    "(cluster.append_timeout; its link down or backlogged): not stored")
         super().__init__(text)
         self.owner = owner
