@@ -13,6 +13,7 @@ FAILED = AO + "::test_failed_writes_whose_results_were_lost_are_refused_not_acke
 STORED = AO + "::test_stored_writes_whose_results_were_lost_are_acked_once_stored_once"
 FROZEN = AO + "::test_a_frozen_owner_gets_its_publishers_refused_after_append_timeout"
 GONE = AO + "::test_a_publish_refused_before_it_ever_left_is_never_stored_later"
+KILLED = AO + "::test_stored_writes_whose_owner_was_killed_before_answering_are_acked_and_kept"
 UNIT = "tests/cluster/test_outcomes_unit.py"
 STATUS = AO + "::test_cluster_status_shows_appends_awaiting_an_outcome"
 CASE = "tests/meshmq/test_cluster_config.py::test_misconfiguration_exits_2_naming_the_key"
@@ -52,6 +53,11 @@ def outcomes_mutations(mutation: Any) -> tuple[Any, ...]:
           "the RESULTs it covers, so a healthy link asks every outcome again",
           "cluster/link.py", "            parts.append(frames.encode_seq(frames.ACK, ack))\n",
           "            parts.insert(0, frames.encode_seq(frames.ACK, ack))\n", (STORED,)),
+        m("outcomes-restart-resend-dropped", "cluster/link.py: APPENDs in flight when the "
+          "link drops are not resent (as QoS 0 deliveries), so a restarted owner never gets them",
+          "cluster/link.py", "            if out.qos == 0 and out.kind == frames.DELIVER:\n",
+          "            if out.kind == frames.APPEND or out.qos == 0 and out.kind == frames.DELIVER:"
+          "\n", (KILLED,)),
         m("outcomes-no-append-timeout", "cluster/link.py: an APPEND waits for its outcome "
           "for ever (cluster.append_timeout ignored)",
           "cluster/link.py", "            if now - out.at < timeout:\n",

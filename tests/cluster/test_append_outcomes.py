@@ -279,3 +279,36 @@ def test_a_publish_refused_before_it_ever_left_is_never_stored_later(
             f"a publish refused as not stored was stored later: {stored}")
     finally:
         mesh.stop()
+
+
+def test_stored_writes_whose_owner_was_killed_before_answering_are_acked_and_kept(
+        one_way: tuple[Cluster, TcpProxy], raw) -> None:
+    """The owner stored (fsynced) N publishes, its answers are lost, and it is killed -9 before
+    the link noticed: its supervisor restarts it, a new incarnation that remembers nothing of
+    this link. Node 0 sends the N again; each is acknowledged, and every acknowledged message
+    is in the log (twice here: at least once, the documented cost of a kill between the fsync
+    and the answer; never acknowledged and missing)."""
+    mesh, proxy = one_way
+    n0, n1 = mesh.nodes
+    device = mesh.device_owned_by(1, unique("kill"))
+    topic = f"devices/{device}/t"
+    pub = raw(n0, version=5)
+    pub.connect(unique("killpub"))
+    _publish(pub, topic, b"ok0", 1)
+    assert pub.expect(R.PUBACK, timeout=30).reason_code == 0
+    proxy.blackhole(back_only=True)
+    for i in range(N):
+        _publish(pub, topic, f"m{i}".encode(), 10 + i)
+    wait_for(lambda: len(fetch_all(n1, device)) == N + 1, 30,
+             message="node 1 stored the N publishes")
+    owner = mesh.router_pid(1)
+    os.kill(owner, signal.SIGKILL)
+    wait_for(lambda: mesh.link(0, 1)["state"] != "up", 30, message="node 0 sees it down")
+    proxy.heal()
+    acks = _acks(pub)
+    assert {pid: p.reason_code for pid, p in acks.items()} == dict.fromkeys(
+        range(10, 10 + N), 0)
+    assert mesh.router_pid(1) != owner
+    stored = [bytes(r.payload) for r in fetch_all(n1, device)]
+    missing = [m for m in [b"ok0"] + [f"m{i}".encode() for i in range(N)] if m not in stored]
+    assert not missing, f"acknowledged and not in the log: {missing}; log: {stored}"
