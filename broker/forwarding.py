@@ -35,6 +35,13 @@ log = logging.getLogger("broker.forwarding")
 CLEARS_KEPT = 65_536
 
 
+class OwnerNotStored(Exception):
+    """A publish its device log's owner router did not store, or did not confirm in time (the
+    mesh raises its subclasses). Its text names the owner and why: the v5 reason string the
+    publisher gets with its 0x80, so whoever reads the client's log knows which router to
+    look at, where a local disk failure says "the commit log cannot write"."""
+
+
 class FetchResult(NamedTuple):
     """A read of a device log another router owns (``Forwarder.fetch``)."""
 

@@ -30,7 +30,7 @@ from broker.devicelogs import (
     offset_request,
     wants_ack_offsets,
 )
-from broker.forwarding import Forwarder, RemotePublishes, RemoteSessions
+from broker.forwarding import Forwarder, OwnerNotStored, RemotePublishes, RemoteSessions
 from broker.limits import RouterLimits, too_many_levels
 from broker.lograte import RateLimitedLog
 from broker.logrules import LogRules
@@ -679,13 +679,16 @@ class Router:
                     err: BaseException) -> None:
         """Never acknowledge what was not stored: v5 gets a failure reason, 3.x a closed socket."""
         self.stats.dropped(DropReason.NOT_STORED)
+        # at another router (its log's owner): its text says which and why, not our disk
+        remote = isinstance(err, OwnerNotStored)
         self._log_not_stored("%s: %s (counted in meshmq_messages_dropped_total"
-                             "{reason=\"not_stored\"})", _NOT_STORED, err)
+                             "{reason=\"not_stored\"})", "message not stored" if remote
+                             else _NOT_STORED, err)
         if conn is None or conn.closing or qos == 0:
             return
         if conn.level == 5:
             conn.inbound_unacked -= 1
-            why = {Prop.REASON_STRING: _NOT_STORED}
+            why = {Prop.REASON_STRING: str(err) if remote else _NOT_STORED}
             if qos == 1:
                 conn.send(PubAck(packet_id, Reason.UNSPECIFIED_ERROR, why))
             else:

@@ -16,6 +16,9 @@ new incarnation and has processed nothing: everything QoS>=1 still unacknowledge
 (an APPEND stored just before a kill -9 and not yet acknowledged is then stored twice: at least
 once, as Kafka's producer retries without idempotence).
 
+An APPEND's outcome reaches the publisher's router exactly once, whatever the link does, and an
+unknown outcome is never a success: see cluster/outcomes.py.
+
 Flow control: at most ``link_window`` entries may be unacknowledged (the ACK is the credit); the
 rest wait in the link's queue, bounded by ``link_max_queued_bytes``. Past that bound a delivery
 is dropped and an APPEND refused (its publisher gets "not stored"), counted per link and logged:
@@ -35,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from broker.forwarding import OwnerNotStored
 from broker.lograte import RateLimitedLog
 from cluster import frames
 from cluster.frames import entry_head
@@ -44,6 +48,7 @@ from cluster.handshake import (
     Established,
     HandshakeRefused,
 )
+from cluster.outcomes import AppendTimeout, Outcomes
 
 if TYPE_CHECKING:
     from cluster.mesh import Mesh
@@ -59,14 +64,14 @@ _HANDSHAKE_TIMEOUT = 5.0
 Done = Callable[[BaseException | None, int], None]  # APPEND outcome: (error or None, offset)
 
 
-class LinkFull(Exception):
+class LinkFull(OwnerNotStored):
     """The link's queue is at link_max_queued_bytes: the publish is refused, not buffered."""
 
 
 class Out:
     """An entry waiting to be sent or acknowledged."""
 
-    __slots__ = ("seq", "kind", "qos", "head", "body", "done", "size")
+    __slots__ = ("seq", "kind", "qos", "head", "body", "done", "size", "at")
 
     def __init__(self, seq: int, kind: int, qos: int, head: tuple[int, int], body: bytes,
                  done: Done | None) -> None:
@@ -77,6 +82,7 @@ class Out:
         self.body = body
         self.done = done
         self.size = len(body) + 64
+        self.at = 0.0  # APPEND: time.monotonic() when queued, for cluster.append_timeout
 
 
 class InboundSequence:
@@ -142,6 +148,7 @@ class MeshLink:
         self._closed = False
         # send side
         self.next_seq = 1
+        self.sent_upto = 0  # the highest seq ever written: above it, an entry never left here
         self.inflight: deque[Out] = deque()
         self.unsent: deque[Out] = deque()
         self.queued_bytes = 0
@@ -149,7 +156,7 @@ class MeshLink:
         # receive side: what we processed of the peer's current incarnation
         self.inbound = InboundSequence()
         self.acked_out = 0  # the last ACK we sent
-        self.failed: dict[int, tuple[int, str]] = {}  # seq -> (status, why) of failed APPENDs
+        self.outcomes = Outcomes()  # of the peer's APPENDs, to answer a resent one again
         self.results: list[tuple[int, int, int, str]] = []
         self.routes_dirty: list[tuple[int, str, str | None]] = []
         # log reads (FETCH/RESOLVE) and their answers: written after the routes of the same
@@ -159,7 +166,11 @@ class MeshLink:
         self.stats: dict[str, int] = dict.fromkeys(
             ("msgs_out", "msgs_in", "retained_out", "retained_in", "bytes_out", "bytes_in",
              "frames_out", "frames_in",
-             "resent", "dropped_full", "dropped_reconnect", "refused_full"), 0)
+             "resent", "dropped_full", "dropped_reconnect", "refused_full",
+             "append_timeouts", "expired_unsent", "outcomes_asked"), 0)
+        self._timeout_log = RateLimitedLog(
+            log, logging.ERROR, f"link to {peer}: publishes refused (cluster.append_timeout)",
+            burst=1, window=5.0)
         self._full_log = RateLimitedLog(
             log, logging.WARNING, f"link to {peer}: queue full (cluster.link_max_queued_bytes)",
             burst=1, window=5.0)
@@ -180,6 +191,7 @@ class MeshLink:
             return False
         out = Out(self.next_seq, kind, qos, head, body, done)
         if done is not None:
+            out.at = time.monotonic()
             self.awaiting[out.seq] = out  # its RESULT finds it without a walk of the window
         self.next_seq += 1
         self.unsent.append(out)
@@ -233,6 +245,10 @@ class MeshLink:
                 size = 0
         if batch:
             parts.append(frames.encode_entries_parts(batch, len(batch) // 2))
+        # never-sent entries follow the sent ones in the queue, in seq order: the last one
+        # written is the highest (unless only resent ones went, all below it)
+        if sent and inflight[-1].seq > self.sent_upto:
+            self.sent_upto = inflight[-1].seq
         ack = self.inbound.ack_point()
         if ack > self.acked_out:
             parts.append(frames.encode_seq(frames.ACK, ack))
@@ -264,15 +280,15 @@ class MeshLink:
             # a restarted peer: its seqs start again; our pending APPENDs of its old
             # incarnation still complete, but their acks mean nothing to the new one
             self.inbound.reset(est.peer_incarnation)
-            self.failed.clear()
+            self.outcomes.clear()
             self.results = []
         self.conn = conn
         self.state = "up"
         self.since = time.time()
         self._backoff = self.mesh.settings.reconnect_min
-        self._acked(est.resume_from)
-        resend: deque[Out] = deque()
-        unacked = 0
+        ask = self._acked(est.resume_from, requeue=False)
+        resend: deque[Out] = deque(ask)  # processed, outcome lost: asked again (lowest seqs)
+        unacked = len(ask)
         for out in self.inflight:
             if out.qos == 0 and out.kind == frames.DELIVER:
                 self.stats["dropped_reconnect"] += 1
@@ -373,9 +389,8 @@ class MeshLink:
         retained = 0
         for entry in entries:
             if not self.inbound.fresh(entry.seq):
-                failed = self.failed.get(entry.seq)
-                if failed is not None:  # its failure result may have died with a connection
-                    self.results.append((entry.seq, failed[0], -1, failed[1]))
+                if entry.kind == frames.APPEND:
+                    self._answer_again(entry.seq)
                 continue
             fresh.append(entry)
             if entry.kind == _RETAIN or entry.kind == _RETAIN_SYNC:
@@ -385,6 +400,18 @@ class MeshLink:
         if fresh:
             self.mesh.on_entries(self, fresh)
         self.mesh.want_flush(self)
+
+    def _answer_again(self, seq: int) -> None:
+        """An APPEND we processed, sent again: its RESULT died with a connection. Answer with
+        the outcome we remember; one still waiting for its fsync (above the ACK point) is
+        answered when it is durable; one forgotten is "outcome unknown", never a success."""
+        self.stats["outcomes_asked"] += 1
+        result = self.outcomes.result(seq)
+        if result is None:
+            if seq > self.inbound.ack_point():
+                return  # still pending here: append_done sends its RESULT
+            result = (seq, 1, -1, "outcome unknown: no longer remembered by the owner")
+        self.results.append(result)
 
     def append_pending(self, seq: int) -> list:
         return self.inbound.hold(seq)
@@ -396,26 +423,74 @@ class MeshLink:
         self.inbound.release(slot)
         seq = slot[0]
         if exc is None:
+            self.outcomes.stored(seq, offset)
             self.results.append((seq, 0, offset, ""))
         else:
             why = str(exc) or type(exc).__name__
-            self.failed[seq] = (1, why)
-            if len(self.failed) > 65_536:
-                self.failed.pop(next(iter(self.failed)))
+            self.outcomes.failed(seq, 1, why)
             self.results.append((seq, 1, -1, why))
         self.mesh.want_flush(self)
 
-    def _acked(self, upto: int) -> None:
+    def _acked(self, upto: int, requeue: bool = True) -> list[Out]:
+        """The peer processed every entry up to ``upto``. Processed is not stored: an APPEND
+        still waiting for its RESULT (which died with a connection) stays queued and is sent
+        again, for the peer to answer with its outcome (``_answer_again``); returned, or put
+        first in the queue with ``requeue``."""
         inflight = self.inflight
+        ask: list[Out] = []
         while inflight and inflight[0].seq <= upto:
             out = inflight.popleft()
+            if out.done is not None:
+                ask.append(out)
+                continue
             self.queued_bytes -= out.size
-            if out.done is not None:  # its RESULT died with a connection: an ACK means stored
-                done, out.done = out.done, None
-                del self.awaiting[out.seq]
-                done(None, -1)
+        if ask and requeue:
+            self.unsent.extendleft(reversed(ask))
         if self.unsent:
             self.mesh.want_flush(self)
+        return ask
+
+    def expire_appends(self, now: float, timeout: float) -> int:
+        """APPENDs with no outcome after ``timeout`` s are refused as not stored. One that was
+        sent stays queued (the owner may have it, and may store it yet: a duplicate of the
+        client's retry, which at least once allows); one never sent (the link down, or its
+        window shut, all along) is dropped: it is known not stored, and the owner must not
+        store it later (Kafka expires unsent batches from its accumulator the same way).
+        ``awaiting`` is in seq order, so in queueing-time order: stop at the first young one.
+        One pass, then the callbacks (a dict's first item after deleting its first items is a
+        scan, and a refusal may queue a will's APPEND here)."""
+        awaiting = self.awaiting
+        old: list[Out] = []
+        for out in awaiting.values():
+            if now - out.at < timeout:
+                break
+            old.append(out)
+        expired = len(old)
+        sent_upto = self.sent_upto
+        unsent = {out.seq for out in old if out.seq > sent_upto}
+        if unsent:
+            self.unsent = deque(o for o in self.unsent if o.seq not in unsent)
+            self.queued_bytes -= sum(out.size for out in old if out.seq in unsent)
+            self.stats["expired_unsent"] += len(unsent)
+        for out in old:
+            del awaiting[out.seq]
+            done, out.done = out.done, None
+            if done is not None:
+                done(AppendTimeout(self.peer, timeout, out.seq <= sent_upto), -1)
+        if expired:
+            self.stats["append_timeouts"] += expired
+            self._timeout_log("%d publishes to owner router %s had no outcome within %g s "
+                              "(cluster.append_timeout): refused as not stored (counted in "
+                              "meshmq_link_append_timeouts_total); is the owner down, frozen "
+                              "or cut off? (meshmq cluster status)", expired, self.peer,
+                              timeout, extra={"peer": self.peer, "link": self.state})
+        return expired
+
+    def oldest_awaiting(self, now: float) -> float:
+        """Seconds the oldest APPEND waiting for its outcome has waited (0 when none)."""
+        for out in self.awaiting.values():
+            return now - out.at
+        return 0.0
 
     def _on_results(self, results: list[tuple[int, int, int, str]]) -> None:
         awaiting = self.awaiting
@@ -447,11 +522,13 @@ class MeshLink:
             "routes_out": local_routes if self.state == "up" else 0,
             "queued": len(self.unsent), "queued_bytes": self.queued_bytes,
             "unacked": len(self.inflight), "window": self.mesh.settings.link_window,
+            "awaiting_outcome": len(self.awaiting),
+            "oldest_awaiting_s": round(self.oldest_awaiting(time.monotonic()), 3),
             **self.stats,
         }
 
 
-class RemoteAppendError(Exception):
+class RemoteAppendError(OwnerNotStored):
     def __init__(self, owner: str, why: str) -> None:
         super().__init__(f"owner router {owner} did not store it: {why}")
 

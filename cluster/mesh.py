@@ -76,6 +76,7 @@ class Mesh:
         self._dirty: set[MeshLink] = set()
         self._flush_handle: asyncio.Handle | None = None
         self._ping_handle: asyncio.TimerHandle | None = None
+        self._expire_handle: asyncio.TimerHandle | None = None
         self.server: asyncio.AbstractServer | None = None
         self._share_cursor: dict[tuple[str, str], int] = {}
         self._claims: dict[int, list] = {}
@@ -108,12 +109,15 @@ class Mesh:
             if link.dial:
                 link._dial()
         self._ping_handle = self.loop.call_later(self.settings.link_timeout / 3, self._ping)
+        self._expire_handle = self.loop.call_later(self._expire_every(), self._expire)
         log.info("mesh listening", extra={"router": self.rid, "mesh": f"{bind}:{port}",
                                           "peers": len(self.links)})
 
     async def close(self) -> None:
         if self._ping_handle is not None:
             self._ping_handle.cancel()
+        if self._expire_handle is not None:
+            self._expire_handle.cancel()
         self._flush()
         for req in list(self._reads):
             self._read_failed(req, "this router is shutting down")
@@ -150,6 +154,21 @@ class Mesh:
                 continue
             conn.write(frames.encode_ping(frames.PING, time.monotonic_ns()))
         self._ping_handle = self.loop.call_later(timeout / 3, self._ping)
+
+    def _expire_every(self) -> float:
+        # a quarter of the timeout, at most 0.5 s: a publish is refused at most that late
+        return min(0.5, self.settings.append_timeout / 4)
+
+    def _expire(self) -> None:
+        """cluster.append_timeout: publishes whose owner has not answered are refused (the
+        link does it, ``MeshLink.expire_appends``; the refusals go out with the router's next
+        write flush)."""
+        now = time.monotonic()
+        timeout = self.settings.append_timeout
+        for link in self.links.values():
+            if link.awaiting:
+                link.expire_appends(now, timeout)
+        self._expire_handle = self.loop.call_later(self._expire_every(), self._expire)
 
     # -- batching ---------------------------------------------------------------------------
     def want_flush(self, link: MeshLink) -> None:

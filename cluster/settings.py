@@ -61,6 +61,12 @@ class ClusterSettings:
     reconnect_max: float = 2.0
     # A link with no frame for this long is declared dead (pings go every third of it).
     link_timeout: float = 6.0
+    # Seconds a publish on a device log another router owns waits for the owner's outcome
+    # (stored or failed) before it is refused as not stored (v5 0x80 naming the owner, a 3.x
+    # publisher disconnected): the owner dead, frozen or cut off must not hang publishers for
+    # the whole outage. 5 s: well under the ack timeouts clients give up at (10-30 s), so the
+    # client hears "not stored, retry" instead of guessing; well over an fsync stall.
+    append_timeout: float = 5.0
     extra: dict = field(default_factory=dict, compare=False)
 
     def router_ids(self) -> list[str]:

@@ -5,6 +5,7 @@ cluster/, see shared/notes/architecture.md)."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import unquote
@@ -29,6 +30,12 @@ _COUNTERS = (
     ("frames_in", "meshmq_link_frames_received", "Frames read from the link."),
     ("reconnects", "meshmq_link_reconnects", "Dials of the link after the first."),
     ("resent", "meshmq_link_resent", "Entries resent after a reconnect (QoS>=1, unacked)."),
+    ("append_timeouts", "meshmq_link_append_timeouts",
+     "Publishes to the peer (the device log's owner) refused as not stored: no outcome "
+     "within cluster.append_timeout."),
+    ("outcomes_asked", "meshmq_link_outcomes_asked",
+     "APPENDs the peer sent again because their outcome was lost with a connection, answered "
+     "here from what this router remembers (never appended twice)."),
 )
 
 
@@ -138,18 +145,27 @@ class MeshView:
 def mesh_metrics(mesh: Any) -> Iterable[Metric]:
     """Per-link families for what an operator graphs: state, traffic, window, queue, RTT."""
     links = mesh.links.values()
+    now = time.monotonic()
     state = GaugeMetricFamily("meshmq_link_up", "1 when the link to the peer router is up.",
                               labels=["peer"])
     queued = GaugeMetricFamily("meshmq_link_queued_bytes", "Bytes waiting on the link "
                                "(bounded by cluster.link_max_queued_bytes).", labels=["peer"])
     unacked = GaugeMetricFamily("meshmq_link_unacked", "Entries sent and not yet acknowledged "
                                 "(bounded by cluster.link_window).", labels=["peer"])
+    awaiting = GaugeMetricFamily("meshmq_link_appends_awaiting", "Publishes sent to the peer, "
+                                 "the owner of their device log, still waiting for its outcome "
+                                 "(their PUBACKs wait too).", labels=["peer"])
+    oldest = GaugeMetricFamily("meshmq_link_oldest_append_seconds", "Age of the oldest publish "
+                               "waiting for the peer's outcome (refused as not stored at "
+                               "cluster.append_timeout); 0 when none waits.", labels=["peer"])
     rtt = GaugeMetricFamily("meshmq_link_rtt_seconds", "Last ping round trip.", labels=["peer"])
     routes = GaugeMetricFamily("meshmq_link_routes", "Filters the peer subscribes to.",
                                labels=["peer"])
     dropped = CounterMetricFamily("meshmq_link_dropped", "Entries a link did not carry: "
                                   "queue_full (delivery dropped), refused (publish refused as "
-                                  "not stored), reconnect (QoS 0 lost with a connection).",
+                                  "not stored), reconnect (QoS 0 lost with a connection), "
+                                  "expired (a publish refused at cluster.append_timeout "
+                                  "before it was ever sent: dropped, never stored).",
                                   labels=["peer", "reason"])
     counters = {key: CounterMetricFamily(name, doc, labels=["peer"])
                 for key, name, doc in _COUNTERS}
@@ -158,6 +174,8 @@ def mesh_metrics(mesh: Any) -> Iterable[Metric]:
         state.add_metric(peer, 1 if link.state == "up" else 0)
         queued.add_metric(peer, link.queued_bytes)
         unacked.add_metric(peer, len(link.inflight))
+        awaiting.add_metric(peer, len(link.awaiting))
+        oldest.add_metric(peer, link.oldest_awaiting(now))
         if link.rtt_ms is not None:
             rtt.add_metric(peer, link.rtt_ms / 1000)
         routes.add_metric(peer, mesh.routes.count(link.peer))
@@ -167,7 +185,9 @@ def mesh_metrics(mesh: Any) -> Iterable[Metric]:
         dropped.add_metric([link.peer, "queue_full"], link.stats["dropped_full"])
         dropped.add_metric([link.peer, "refused"], link.stats["refused_full"])
         dropped.add_metric([link.peer, "reconnect"], link.stats["dropped_reconnect"])
+        dropped.add_metric([link.peer, "expired"], link.stats["expired_unsent"])
     failures = CounterMetricFamily("meshmq_link_entry_failures", "Entries from peers that "
                                    "raised while applied and were skipped (a bug: see the "
                                    "log).", value=mesh.entry_failures)
-    return [state, queued, unacked, rtt, routes, dropped, failures, *counters.values()]
+    return [state, queued, unacked, awaiting, oldest, rtt, routes, dropped, failures,
+            *counters.values()]

@@ -93,6 +93,15 @@ def _normalise(doc: dict[str, Any]) -> dict[str, Any]:
             **({"owner": owner} if isinstance(owner, dict) else {})}
 
 
+def _awaiting(link: dict[str, Any]) -> str:
+    """Publishes waiting for the peer's outcome (the peer owns their logs), and the oldest's
+    age: what grows toward cluster.append_timeout while an owner is unreachable."""
+    count = link.get("awaiting_outcome")
+    if count is None:
+        return "-"
+    return f"{count} ({link.get('oldest_awaiting_s', 0):.1f}s)" if count else "0"
+
+
 def render_status(doc: dict[str, Any], out: TextIO, now: float | None = None) -> bool:
     """Print the status document as tables; True when every router and link is up."""
     now = time.time() if now is None else now
@@ -117,7 +126,8 @@ def render_status(doc: dict[str, Any], out: TextIO, now: float | None = None) ->
     _table(rows, out)
 
     links: list[tuple[str, ...]] = [("ROUTER", "PEER", "STATE", "AGE", "RTT", "MSGS OUT/IN",
-                                     "BYTES OUT/IN", "ROUTES OUT/IN", "QUEUED", "WINDOW")]
+                                     "BYTES OUT/IN", "ROUTES OUT/IN", "QUEUED", "WINDOW",
+                                     "AWAITING (OLDEST)")]
     up = down = 0
     notes = []
     for r in routers:
@@ -141,7 +151,8 @@ def render_status(doc: dict[str, Any], out: TextIO, now: float | None = None) ->
                           f"{link.get('msgs_out', '-')}/{link.get('msgs_in', '-')}",
                           f"{_size(link.get('bytes_out'))}/{_size(link.get('bytes_in'))}",
                           f"{link.get('routes_out', '-')}/{link.get('routes_in', '-')}",
-                          str(link.get("queued", "-")), str(link.get("window", "-"))))
+                          str(link.get("queued", "-")), str(link.get("window", "-")),
+                          _awaiting(link)))
     print(file=out)
     if len(links) > 1:
         _table(links, out)

@@ -514,6 +514,7 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "reconnect_min": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.reconnect_min),
         "reconnect_max": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.reconnect_max),
         "link_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.link_timeout),
+        "append_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.append_timeout),
     },
 }
 # Tables that only hold other tables ([listener] holds [listener.tcp] ...).
@@ -810,7 +811,8 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         name=name, node_id=node_id, routers=routers, nodes=nodes, secret=secret,
         link_window=get("link_window"), link_max_queued_bytes=get("link_max_queued_bytes"),
         reconnect_min=float(get("reconnect_min")), reconnect_max=float(get("reconnect_max")),
-        link_timeout=float(get("link_timeout")))
+        link_timeout=float(get("link_timeout")),
+        append_timeout=float(get("append_timeout")))
 
 
 def _cluster_secret(secret: str, secret_file: str,

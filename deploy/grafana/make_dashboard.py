@@ -91,6 +91,17 @@ CLUSTER_PANELS = [
         ("sum by (router, peer) (meshmq_link_queued_bytes)", "queued bytes {{router}} -> {{peer}}"),
         ("sum by (router, peer) (meshmq_link_unacked)", "unacked {{router}} -> {{peer}}"),
         ("sum by (reason) (increase(meshmq_link_dropped_total[5m]))", "dropped {{reason}}")]),
+    # publishes whose device log another router owns wait for its outcome, at most
+    # cluster.append_timeout: a climbing age means an owner unreachable (alert on timeouts)
+    (CLUSTER_TITLE + "publishes awaiting their log's owner, refused at append_timeout",
+     "short", [
+        ("sum by (router, peer) (meshmq_link_appends_awaiting)",
+         "awaiting {{router}} -> {{peer}}"),
+        ("sum by (peer) (increase(meshmq_link_append_timeouts_total[5m]))",
+         "refused in 5m, owner {{peer}}")]),
+    (CLUSTER_TITLE + "oldest publish awaiting its log's owner", "s", [
+        ("max by (router, peer) (meshmq_link_oldest_append_seconds)",
+         "{{router}} -> {{peer}}")]),
 ]
 
 

@@ -186,8 +186,9 @@ def test_a_publish_at_a_non_owner_is_acked_only_once_the_owner_stored_it(
         tmp_path: Path, clients: ClientFactory) -> None:
     """The owner is frozen: no PUBACK. It is killed (kill -9 of the owner router; its node's
     supervisor restarts it): the publisher's router resends over the new link, the owner
-    stores it, and only then the PUBACK comes; the record is in the owner's log exactly once."""
-    mesh = Cluster(tmp_path, n=3).start()
+    stores it, and only then the PUBACK comes; the record is in the owner's log exactly once.
+    (cluster.append_timeout above the restart: here the publish is to wait, not be refused.)"""
+    mesh = Cluster(tmp_path, n=3, overrides={"cluster": {"append_timeout": 120.0}}).start()
     try:
         n0, n1, n2 = mesh.nodes
         device = mesh.device_owned_by(1, unique("own"))
@@ -216,8 +217,9 @@ def test_a_publish_at_a_non_owner_is_acked_only_once_the_owner_stored_it(
 def test_a_logged_publish_is_refused_not_acked_when_the_owner_cannot_be_reached(
         tmp_path: Path, clients: ClientFactory) -> None:
     """A v5 publisher whose owner is gone gets no false PUBACK: it waits (the link queues
-    and resends); when its router shuts down, the pending publish is answered 'not stored'
-    by closing, never with success."""
+    and resends) up to cluster.append_timeout, which refuses it (tests/cluster/
+    test_append_outcomes.py); when its router shuts down, the pending publish is answered
+    'not stored' by closing, never with success."""
     mesh = Cluster(tmp_path, n=2).start()
     try:
         n0, n1 = mesh.nodes

@@ -25,6 +25,7 @@ class TcpProxy:
         self._lock = threading.Lock()
         self._cut = False
         self._blackhole = False
+        self._blackhole_back = False
         self._stop = False
         self.accepted = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -42,15 +43,21 @@ class TcpProxy:
                     pass
                 s.close()
 
-    def blackhole(self) -> None:
+    def blackhole(self, back_only: bool = False) -> None:
         """Keep the connections open but drop every byte from now on, both ways (a network
-        that silently loses packets: what was sent in this state never arrives)."""
-        self._blackhole = True
+        that silently loses packets: what was sent in this state never arrives). With
+        ``back_only``, only what the target sends back to the dialler is lost (a one-way cut:
+        the target still hears everything, its answers never arrive)."""
+        if back_only:
+            self._blackhole_back = True
+        else:
+            self._blackhole = True
 
     def heal(self) -> None:
         with self._lock:
             self._cut = False
             self._blackhole = False
+            self._blackhole_back = False
 
     def close(self) -> None:
         self._stop = True
@@ -97,7 +104,8 @@ class TcpProxy:
         try:
             data = s.recv(65536)
             if data:
-                if not self._blackhole:
+                lost = self._blackhole or (self._blackhole_back and s is pair[1])
+                if not lost:
                     other.sendall(data)
                 return
         except OSError:

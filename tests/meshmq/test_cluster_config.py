@@ -146,6 +146,10 @@ CASES = [
      "config file"),
     ("reconnect-min-above-max", _config(cluster="reconnect_min = 5.0\nreconnect_max = 1.0"), {},
      "cluster.reconnect_min", "must not exceed"),
+    ("append-timeout-zero", _config(cluster="append_timeout = 0"), {},
+     "cluster.append_timeout", "a number > 0"),
+    ("append-timeout-env", _config(), {"MESHMQ_CLUSTER__APPEND_TIMEOUT": "-5"},
+     "cluster.append_timeout", "(from MESHMQ_CLUSTER__APPEND_TIMEOUT)"),
 ]
 
 
