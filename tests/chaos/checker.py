@@ -30,6 +30,9 @@ stance: an outcome the client could not observe is never held against the system
   - *persistent* (QoS 1, clean start 0, long session expiry): owed every stored record its
     filter matches whose attempt was sent at least ``GRACE_S`` after its first SUBACK: a
     persistent session holds its subscription across disconnects and moves with the client.
+    A reconnect answered Session Present 0 (the broker said the session is gone) ends that
+    span where its last connection (or the first fault on that node) ended; the next starts
+    at the new SUBACK (listed as ``sessions_lost``, not failed).
   - *live* clean sessions (``live``, ``wildcard``, shared ``group`` members): owed a stored
     record only when the attempt's whole publish (send to PUBACK) fell inside one interval in
     which it held the subscription: from SUBACK + ``GRACE_S`` (routes reach the other routers
@@ -39,7 +42,9 @@ stance: an outcome the client could not observe is never held against the system
     owed to clean sessions.
   - *replay* (``offset`` = earliest on one device, resuming from the last offset received +
     1): owed every record of its device's final log.
-  - a shared group is owed what any member is owed; any member's delivery satisfies it; a
+  - a shared group is owed what *every* member is owed (which member gets a message is the
+    broker's choice, and one handed to a member whose connection is dying is lost with that
+    clean session); any member's delivery satisfies it; a
     message delivered to two members is counted (``group_dups``), not failed (QoS 1 allows a
     redelivery to another member after a disconnect).
   Duplicate deliveries to one subscriber are counted, not failed.
@@ -56,8 +61,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GRACE_S = 2.0
-# An availability gap is attributed to a fault when it overlaps [start, end + this].
-AVAIL_TAIL_S = 30.0
+# An availability gap (and the outcomes seen) is attributed to a fault when it overlaps
+# [start, end + this]: short, so a sequential schedule does not blame the next fault's effects.
+AVAIL_TAIL_S = 1.5
 
 Key = tuple[str, int, int]  # (device, seq, attempt)
 
@@ -200,6 +206,12 @@ def check(history: dict[str, Any]) -> Result:
         res.acked += 1
         where = offsets_of.get(key)
         acked_at = a.get("offset")
+        if acked_at is not None and int(acked_at) < 0:
+            # a success PUBACK whose offset property says -1: the router acknowledged without
+            # knowing where it was stored (listed; the log decides whether it is there)
+            res.find("acks_with_offset_-1", f"{payload_for(*key)} acked via node "
+                     f"{a.get('node')} at t={a.get('t_done', 0):.1f}")
+            acked_at = None
         if acked_at is not None:
             offset_claims[(key[0], int(acked_at))].add(key)
         if not where:
@@ -254,12 +266,8 @@ def _windows(sub: dict[str, Any], faults: list[dict[str, Any]]) -> list[tuple[fl
     """A clean session's owed windows: each interval it held the subscription, from SUBACK +
     GRACE_S, cut at the first fault on its node, ending GRACE_S before it ended."""
     out = []
-    for t0, t1, node in sub.get("intervals", []):
-        end = t1 if t1 is not None else float("inf")
-        for f in faults:
-            if _fault_hits(f, node) and f["start"] < end and (f.get("end") or end) > t0:
-                end = min(end, f["start"])
-        lo, hi = t0 + GRACE_S, end - GRACE_S
+    for iv in sub.get("intervals", []):
+        lo, hi = iv[0] + GRACE_S, _clean_end(iv, faults) - GRACE_S
         if hi > lo:
             out.append((lo, hi))
     return out
@@ -294,10 +302,13 @@ def _check_deliveries(history: dict[str, Any], res: Result, attempts: dict[Key, 
                      + ", ".join(payload_for(*k) for k in missing[:5]))
     group_dups = 0
     for flt, members in groups.items():
-        owed_any: set[Key] = set()
+        # owed only while *every* member held the subscription on a healthy node: which
+        # member's router a message goes to is the broker's round-robin choice, and one sent
+        # to a member whose connection is dying is lost with it (a clean session, MQTT 4.8.2)
+        owed_any: set[Key] = _owed(members[0], unique_stored, attempts, faults)
         got_any: Counter[Key] = Counter()
         for sub in members:
-            owed_any |= _owed(sub, unique_stored, attempts, faults)
+            owed_any &= _owed(sub, unique_stored, attempts, faults)
             got_any.update(set(_key_of(item) for item in sub.get("received", [])))
         group_dups += sum(c - 1 for c in got_any.values() if c > 1)
         missing = sorted(k for k in owed_any if k not in got_any)
@@ -307,7 +318,47 @@ def _check_deliveries(history: dict[str, Any], res: Result, attempts: dict[Key, 
                      f"{len(missing)} of {len(owed_any)} owed, e.g. "
                      + ", ".join(payload_for(*k) for k in missing[:5]))
     res.info["delivery_dups"] = dups
+    lost_sessions = [f"{sub['name']} at t={iv[0]:.1f} (node {iv[2]})"
+                     for sub in history.get("subscribers", []) if sub["kind"] == "persistent"
+                     for iv in sub.get("intervals", [])[1:] if len(iv) > 3 and not iv[3]]
+    res.info["sessions_lost"] = len(lost_sessions)
+    for text in lost_sessions:
+        res.find("sessions_lost", text)
     res.info["group_dups"] = group_dups
+
+
+def _session_segments(sub: dict[str, Any],
+                      faults: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """A persistent session's owed spans: from its first SUBACK (+ GRACE_S) on, across
+    disconnects, until a reconnect whose CONNACK said Session Present 0 (the broker told the
+    client its session was lost: listed as ``sessions_lost``). What that lost session had
+    not delivered is gone with it, so the span ends as a clean session's window would: at
+    the end of its last connection, or the first fault on that connection's node, less
+    GRACE_S. The next span starts at the new SUBACK."""
+    spans: list[tuple[float, float]] = []
+    start: float | None = None
+    prev: list[Any] | None = None
+    for iv in sub.get("intervals", []):
+        present = iv[3] if len(iv) > 3 else True
+        if start is None:
+            start = iv[0] + GRACE_S
+        elif not present and prev is not None:
+            spans.append((start, _clean_end(prev, faults) - GRACE_S))
+            start = iv[0] + GRACE_S
+        prev = iv
+    if start is not None:
+        spans.append((start, float("inf")))
+    return spans
+
+
+def _clean_end(iv: list[Any], faults: list[dict[str, Any]]) -> float:
+    """When a connection's interval really ended: its end, or the first fault on its node."""
+    t0, t1, node = iv[0], iv[1], iv[2]
+    end = t1 if t1 is not None else float("inf")
+    for f in faults:
+        if _fault_hits(f, node) and f["start"] < end and (f.get("end") or end) > t0:
+            end = min(end, f["start"])
+    return end
 
 
 def _owed(sub: dict[str, Any], stored: dict[Key, tuple[str, str]],
@@ -317,10 +368,9 @@ def _owed(sub: dict[str, Any], stored: dict[Key, tuple[str, str]],
         return {k for k, (d, _t) in stored.items() if d == sub["device"]}
     matching = [k for k, (_d, t) in stored.items() if topic_matches(flt, t)]
     if kind == "persistent":
-        if not sub.get("intervals"):
-            return set()
-        start = sub["intervals"][0][0] + GRACE_S
-        return {k for k in matching if k in attempts and attempts[k]["t_send"] >= start}
+        segments = _session_segments(sub, faults)
+        return {k for k in matching if k in attempts
+                and any(lo <= attempts[k]["t_send"] <= hi for lo, hi in segments)}
     windows = _windows(sub, faults)
     out = set()
     for k in matching:

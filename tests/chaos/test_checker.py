@@ -180,6 +180,41 @@ def test_a_persistent_session_is_owed_what_was_stored_while_it_was_away() -> Non
     assert counts(h)[4] == 2
 
 
+def test_a_session_the_broker_said_was_lost_is_owed_nothing_from_before() -> None:
+    """Reconnected with Session Present 0: what was sent while it was away is not owed (the
+    broker said so), what is sent after the new SUBACK is."""
+    h = base()
+    p = h["subscribers"][0]
+    p["intervals"] = [[T0, T0 + 10.5, 0, False], [T0 + 12.5, None, 2, False]]
+    p["received"] = [x for x in p["received"] if x[1] != 1]
+    r = check(h)
+    assert r.ok and r.info["sessions_lost"] == 1, r.report()
+    p["received"] = [x for x in p["received"] if x[1] != 2]  # sent at 12 < 12.5 + grace
+    assert check(h).ok
+    h["attempts"] += [attempt("a", 3, t=T0 + 15), attempt("b", 3, t=T0 + 15)]
+    h["log"]["a"].append(rec("a", 3, 3))
+    h["log"]["b"].append(rec("b", 3, 3))
+    for s in h["subscribers"][1:]:
+        s["received"] += [got("a", 3, offset=3 if s["kind"] == "replay" else None)]
+        if s["kind"] != "replay":
+            s["received"] += [got("b", 3)]
+    assert check(h).missed_deliveries == 2  # the persistent one got neither
+
+
+def test_a_group_is_owed_only_while_every_member_is_healthy() -> None:
+    h = base()
+    h["faults"] = [{"kind": "partition", "node": 1, "peer": None, "start": T0 + 11.5,
+                    "end": T0 + 13}]
+    g1 = h["subscribers"][4]
+    g1["received"] = [x for x in g1["received"] if x[1] != 2]  # b|2 went to g1's dying router
+    for s in h["subscribers"]:
+        if s["name"] == "l":
+            s["received"] = [x for x in s["received"] if x[1] != 2]  # l is on node 1 too
+    assert check(h).ok, check(h).report()
+    h["faults"] = []
+    assert check(h).missed_deliveries == 3  # l (a|2, b|2) and the group (b|2)
+
+
 def test_duplicate_deliveries_are_counted_not_failed() -> None:
     h = base()
     h["subscribers"][0]["received"].append(got("a", 0))

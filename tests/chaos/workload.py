@@ -26,6 +26,7 @@ from paho.mqtt.properties import Properties
 from tests.chaos.checker import parse_payload, payload_for
 
 KEEPALIVE = 3  # seconds: a dead connection is noticed within 1.5x this
+SUBACK_TIMEOUT = 30.0  # a SUBSCRIBE unanswered this long: reconnect elsewhere
 
 
 def _client(client_id: str) -> mqtt.Client:
@@ -41,6 +42,7 @@ def _connect(client: mqtt.Client, host: str, port: int, props: Properties,
 
     def on_connect(c: Any, u: Any, flags: Any, rc: Any, p: Any = None) -> None:
         ok[0] = not rc.is_failure
+        client.session_present = bool(getattr(flags, "session_present", False))  # type: ignore[attr-defined]
         done.set()
 
     client.on_connect = on_connect
@@ -160,6 +162,7 @@ class Sub:
         self.intervals: list[list[Any]] = []
         self.received: list[tuple[str, int, int, int | None, float]] = []
         self.next_offset = 0  # replay: resume here
+        self.events: list[list[Any]] = []  # failed connects and SUBACKs
         self._stop = threading.Event()
         self._lost = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"sub-{name}")
@@ -179,7 +182,7 @@ class Sub:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "filter": self.filter,
                 "device": self.device, "intervals": self.intervals,
-                "received": self.received}
+                "received": self.received, "events": self.events}
 
     def _on_message(self, c: Any, u: Any, msg: mqtt.MQTTMessage) -> None:
         key = parse_payload(msg.payload.decode("utf-8", "replace"))
@@ -207,9 +210,16 @@ class Sub:
             node = self.node
 
             def on_subscribe(c: Any, u: Any, mid: int, rcs: Any, p: Any = None,
-                             node: int = node, subscribed: threading.Event = subscribed) -> None:
+                             node: int = node, subscribed: threading.Event = subscribed,
+                             lost: threading.Event = lost) -> None:
                 if all(not rc.is_failure for rc in rcs):
-                    self.intervals.append([time.time(), None, node])
+                    self.intervals.append([time.time(), None, node,
+                                           getattr(c, "session_present", False)])
+                else:
+                    why = getattr(p, "ReasonString", "") if p is not None else ""
+                    self.events.append([time.time(), node, "suback " + ",".join(
+                        f"0x{rc.value:02X}" for rc in rcs) + f" {why}"])
+                    lost.set()  # try again (at the next node)
                 subscribed.set()
 
             def on_disconnect(c: Any, u: Any, flags: Any, rc: Any, p: Any = None,
@@ -225,6 +235,7 @@ class Sub:
                 cprops.SessionExpiryInterval = 3600
             host, port = self.nodes[node]
             if not _connect(client, host, port, cprops, clean_start=not persistent):
+                self.events.append([time.time(), node, "connect failed"])
                 self.node = (self.node + 1) % len(self.nodes)
                 self._stop.wait(0.5)
                 continue
@@ -236,8 +247,12 @@ class Sub:
             except Exception:  # noqa: BLE001 - a connection lost at once: try the next node
                 lost.set()
             self._client = client
+            asked = time.monotonic()
             while not self._stop.is_set() and not lost.is_set():
                 lost.wait(0.2)
+                if not subscribed.is_set() and time.monotonic() - asked > SUBACK_TIMEOUT:
+                    self.events.append([time.time(), node, "no SUBACK"])
+                    break
             if not lost.is_set():  # closing: the interval ends now
                 if self.intervals and self.intervals[-1][1] is None:
                     self.intervals[-1][1] = time.time()
