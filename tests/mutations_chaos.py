@@ -2,7 +2,8 @@
 like every other guard (``tests/mutate.py chaos-``).
 
 The four broker bugs of the issue, each caught by a short real run
-(``tests/chaos/test_chaos_run.py::test_probe``, which today's cluster passes), then bugs in
+(``tests/chaos/test_chaos_run.py::test_probe``: two disk-full faults and two link cuts,
+which today's cluster passes), then bugs in
 the checker itself, each caught by its unit tests on crafted histories
 (``tests/chaos/test_checker.py``). Kept in a module of their own so the mesh's mutations and
 these do not fight over one tuple.
@@ -12,9 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-RUN = "tests/chaos/test_chaos_run.py"
-DISK = RUN + "::test_probe[disk]"
-CUT = RUN + "::test_probe[cut]"
+PROBE = "tests/chaos/test_chaos_run.py::test_probe"
 UNIT = "tests/chaos/test_checker.py"
 CHK = "tests/chaos/checker.py"
 
@@ -32,7 +31,7 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "offset))\n",
           "            lambda exc, offset: None)\n"
           "        self._stored_at_owner(conn, packet_id, msg, None, -1)\n",
-          (DISK,)),
+          (PROBE,)),
         m("chaos-drop-every-100th-delivery",
           "broker/router.py _deliver: every 100th delivery to a subscriber silently dropped",
           "broker/router.py",
@@ -41,7 +40,7 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "        if self._chaos_n % 100 == 0:\n"
           "            return\n"
           "        qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]\n",
-          (DISK,)),
+          (PROBE,)),
         m("chaos-offset-handed-out-twice",
           "broker/devicelogs.py append: every 40th record's offset reported as its "
           "predecessor's (the ack and the routed message name an offset already given out)",
@@ -52,14 +51,14 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "msg.payload)\n"
           "            if offset % 40 == 39:\n"
           "                offset -= 1\n",
-          (DISK,)),
+          (PROBE,)),
         m("chaos-link-resend-off",
           "cluster/link.py established: entries in flight on a dropped link are forgotten, "
           "not resent",
           "cluster/link.py",
           "            resend.append(out)\n            unacked += 1\n",
           "            unacked += 1\n",
-          (CUT,)),
+          (PROBE,)),
         # ------------------------------------------------------------- the checker itself
         m("chaos-checker-false-ack-ignored", "checker: an acked message never stored passes",
           CHK, "                res.false_acks += 1\n", "                pass\n",
@@ -90,7 +89,7 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           (UNIT + "::test_a_late_unknown_attempt_out_of_order_is_no_violation",)),
         m("chaos-checker-clean-owed-while-away",
           "checker: a clean session owed what was published while its node was faulted",
-          CHK, "            if _fault_hits(f, node) and", "            if False and",
+          CHK, "        if _fault_hits(f, node) and", "        if False and",
           (UNIT + "::test_a_clean_session_is_owed_nothing_while_away_or_its_node_faulted",)),
         m("chaos-checker-persistent-like-clean",
           "checker: a persistent session owed only what came while it was connected",

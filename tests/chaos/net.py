@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import random
 import select
+import shutil
 import socket
 import subprocess
 import threading
@@ -53,11 +54,10 @@ def can_use_netns() -> str | None:
     """None when namespaces and veth pairs are usable here; else why not."""
     if os.geteuid() != 0:
         return "not root"
-    for tool in ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip"):
-        if os.path.exists(tool):
-            break
-    else:
-        return "no ip(8)"
+    if shutil.which("ip") is None:
+        return "no ip(8): apt-get install -y iproute2"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "ip netns does not work here (no CAP_SYS_ADMIN?)"
     return None
 
 

@@ -78,8 +78,18 @@ class Run:
         why = can_use_netns() if opts.net in ("auto", "netns") else "asked for the proxy"
         if opts.net == "netns" and why:
             raise SystemExit(f"--net netns: cannot ({why})")
-        self.net: Any = NetnsNet(opts.nodes) if why is None else ProxyNet(opts.nodes,
-                                                                          opts.routers)
+        self.net: Any = None
+        if why is None:
+            self.net = NetnsNet(opts.nodes)
+            try:
+                self.net.setup()
+            except (RuntimeError, OSError) as exc:
+                self.net.close()
+                if opts.net == "netns":
+                    raise SystemExit(f"--net netns: {exc}") from exc
+                why = f"network namespaces failed: {exc}"
+        if why is not None:
+            self.net = ProxyNet(opts.nodes, opts.routers)
         self.net_note = ("network namespaces + veth/bridge, blackhole routes (real packet loss)"
                          if why is None else
                          f"loopback + TCP proxies ({why}); a partition cuts mesh links only")
@@ -102,7 +112,6 @@ class Run:
     # -- set-up ------------------------------------------------------------------------------
     def build(self) -> None:
         o = self.opts
-        self.net.setup()
         tmpfs = o.tmpfs_mb if self.net.mode == "netns" else None
         for i in range(o.nodes):
             if self.net.mode == "netns":
