@@ -360,6 +360,7 @@ class Run:
         (self.dir / "history.json").write_text(json.dumps(history))
         result = check(history)
         (self.dir / "check.json").write_text(json.dumps(result.to_json(), indent=1))
+        self.say(f"history and verdict: {self.dir}/history.json, {self.dir}/check.json")
         print(result.report(), flush=True)
         return (0 if result.ok else 1), result
 
