@@ -62,7 +62,7 @@ def make_schedule(seed: int, count: int, kinds: list[str], nodes: int, routers: 
         if kind == "sigterm":
             duration = 0.0  # a restart: stop gracefully, start again at once
         lane = "link" if (overlap and kind == "cut") else "node"
-        at = lanes[lane] + (rng.uniform(0, gap_s) if overlap else gap_s)
+        at = lanes[lane] + (rng.uniform(gap_s / 2, gap_s) if overlap else gap_s)
         faults.append(Fault(round(at, 2), kind, node, peer, duration, rng.randrange(routers)))
         lanes[lane] = at + duration
         if not overlap:
@@ -226,14 +226,22 @@ class Run:
         rec["end"] = time.time()
 
     def run_schedule(self, schedule: list[Fault]) -> None:
+        """Each fault at its time; a node fault also waits until the previous node fault is
+        over (a restart can take longer than the schedule allowed): never two at once, so a
+        majority of the nodes is always up. With ``--overlap`` link cuts run beside them."""
         threads = []
+        last_node_fault: threading.Thread | None = None
         for f in schedule:
+            if f.kind != "cut" and last_node_fault is not None:
+                last_node_fault.join()
             delay = self.t0 + f.at - time.time()
             if delay > 0:
                 time.sleep(delay)
             t = threading.Thread(target=self.apply, args=(f,), daemon=True)
             t.start()
             threads.append(t)
+            if f.kind != "cut":
+                last_node_fault = t
             if not self.opts.overlap:
                 t.join()
         for t in threads:
