@@ -1,0 +1,107 @@
+"""Planted bugs the chaos suite's checker must catch (issue 23), run by ``tests/mutate.py``
+like every other guard (``tests/mutate.py chaos-``).
+
+The four broker bugs of the issue, each caught by a short real run
+(``tests/chaos/test_chaos_run.py::test_probe``: two disk-full faults and two link cuts,
+which today's cluster passes), then bugs in
+the checker itself, each caught by its unit tests on crafted histories
+(``tests/chaos/test_checker.py``). Kept in a module of their own so the mesh's mutations and
+these do not fight over one tuple.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROBE = "tests/chaos/test_chaos_run.py::test_probe"
+UNIT = "tests/chaos/test_checker.py"
+CHK = "tests/chaos/checker.py"
+
+
+def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
+    """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
+    m = mutation
+    return (
+        # ------------------------------------------------------------ the broker, via a run
+        m("chaos-ack-before-owner-stored",
+          "broker/forwarding.py append_at_owner: the publisher's router acks a remote-owner "
+          "publish at once instead of on the owner's answer",
+          "broker/forwarding.py",
+          "            lambda exc, offset: self._stored_at_owner(conn, packet_id, msg, exc, "
+          "offset))\n",
+          "            lambda exc, offset: None)\n"
+          "        self._stored_at_owner(conn, packet_id, msg, None, -1)\n",
+          (PROBE,)),
+        m("chaos-drop-every-100th-delivery",
+          "broker/router.py _deliver: every 100th delivery to a subscriber silently dropped",
+          "broker/router.py",
+          "        qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]\n",
+          "        self._chaos_n = getattr(self, '_chaos_n', 0) + 1\n"
+          "        if self._chaos_n % 100 == 0:\n"
+          "            return\n"
+          "        qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]\n",
+          (PROBE,)),
+        m("chaos-offset-handed-out-twice",
+          "broker/devicelogs.py append: every 40th record's offset reported as its "
+          "predecessor's (the ack and the routed message name an offset already given out)",
+          "broker/devicelogs.py",
+          "            offset = self.committer.append(key, ts, msg.topic, attrs, headers, "
+          "msg.payload)\n",
+          "            offset = self.committer.append(key, ts, msg.topic, attrs, headers, "
+          "msg.payload)\n"
+          "            if offset % 40 == 39:\n"
+          "                offset -= 1\n",
+          (PROBE,)),
+        m("chaos-link-resend-off",
+          "cluster/link.py established: entries in flight on a dropped link are forgotten, "
+          "not resent",
+          "cluster/link.py",
+          "            resend.append(out)\n            unacked += 1\n",
+          "            unacked += 1\n",
+          (PROBE,)),
+        # ------------------------------------------------------------- the checker itself
+        m("chaos-checker-false-ack-ignored", "checker: an acked message never stored passes",
+          CHK, "                res.false_acks += 1\n", "                pass\n",
+          (UNIT + "::test_false_ack_an_acked_message_never_stored_nor_seen",)),
+        m("chaos-checker-lost-ignored", "checker: an acked message delivered then gone passes",
+          CHK, "                res.lost += 1\n                res.find(\"lost\", f\"{payload",
+          "                res.find(\"lost\", f\"{payload",
+          (UNIT + "::test_lost_an_acked_message_delivered_then_gone_from_the_log",)),
+        m("chaos-checker-acked-offset-unchecked",
+          "checker: an ack naming another offset than the stored one passes",
+          CHK, "        elif acked_at is not None and int(acked_at) not in where:\n",
+          "        elif False:\n",
+          (UNIT + "::test_lost_an_acked_offset_that_holds_another_message",)),
+        m("chaos-checker-dups-ignored", "checker: one attempt stored twice passes",
+          CHK, "            res.dups_in_log += len(offs) - 1\n", "            pass\n",
+          (UNIT + "::test_dup_in_log_one_attempt_stored_twice",)),
+        m("chaos-checker-retry-as-dup",
+          "checker: two attempts of one seq counted as a dup (a false positive)",
+          CHK, "            offsets_of[key].append(int(rec[0]))\n",
+          "            offsets_of[(key[0], key[1], 0)].append(int(rec[0]))\n",
+          (UNIT + "::test_a_retried_write_stored_twice_is_no_dup",)),
+        m("chaos-checker-order-unchecked", "checker: order violations not counted",
+          CHK, "                    res.order_violations += 1\n", "                    pass\n",
+          (UNIT + "::test_order_violation_an_acked_seq_after_a_later_one",)),
+        m("chaos-checker-late-copy-flagged",
+          "checker: a late copy of an unknown-outcome attempt flagged as reordering",
+          CHK, "                if key in ok_keys:\n", "                if True:\n",
+          (UNIT + "::test_a_late_unknown_attempt_out_of_order_is_no_violation",)),
+        m("chaos-checker-clean-owed-while-away",
+          "checker: a clean session owed what was published while its node was faulted",
+          CHK, "        if _fault_hits(f, node) and", "        if False and",
+          (UNIT + "::test_a_clean_session_is_owed_nothing_while_away_or_its_node_faulted",)),
+        m("chaos-checker-persistent-like-clean",
+          "checker: a persistent session owed only what came while it was connected",
+          CHK, '    if kind == "persistent":\n        segments', '    if kind == "x":\n'
+          "        segments",
+          (UNIT + "::test_a_persistent_session_is_owed_what_was_stored_while_it_was_away",)),
+        m("chaos-checker-group-any-member",
+          "checker: a group owed what any member is owed (a false positive under faults)",
+          CHK, "            owed_any &= _owed(", "            owed_any |= _owed(",
+          (UNIT + "::test_a_group_is_owed_only_while_every_member_is_healthy",)),
+        m("chaos-checker-replay-unchecked", "checker: replay subscribers owed nothing",
+          CHK, '        return {k for k, (d, _t) in stored.items() if d == sub["device"]}\n',
+          "        return set()\n",
+          (UNIT + "::test_missed_delivery_each_subscriber_kind",)),
+    )
