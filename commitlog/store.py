@@ -1916,7 +1916,7 @@ class LogStore:
         if i < 0:
             return False
         hwm = dev.hwm if dev.hw < 0 else dev.hw
-        pos = dev.idx_pos[i]
+        start = dev.idx_pos[i]
         limit = self._committed_pos
         stale = dev.is_stale if dev.markers else None
         found = -1
@@ -1931,20 +1931,37 @@ class LogStore:
                 return False
             return other is not None and other is not dev and other.start <= off < other.next
 
-        while pos < limit:
-            seg = self._segments[bisect.bisect_right(self._seg_bases, pos) - 1]
-            seg_limit = min(seg.end, limit)
-            if pos >= seg_limit:
+        # The walk runs on the caller's thread (a router's event loop) and checks every
+        # record's CRC: about 0.5 s per 64 MiB segment. A quiet device's next record may be
+        # gigabytes on, so sealed segments that hold none of the device's records (its sparse
+        # index says which: ``_holds_device``) are skipped, as the read path skips them
+        # (Kafka's readers go by the offset index, never a log scan). Where that walk finds no
+        # bad byte at all (an index that disagrees with the bytes), the whole stretch is
+        # walked as before: the safety net costs nothing where the index is right.
+        for skip in (True, False):
+            pos = start
+            found = -1
+            bad = []
+            mine = 0
+            while pos < limit:
+                seg = self._segments[bisect.bisect_right(self._seg_bases, pos) - 1]
+                seg_limit = min(seg.end, limit)
+                if pos >= seg_limit:
+                    break
+                if skip and pos != start and not self._holds_device(seg, dev):
+                    pos = seg.end
+                    continue
+                data = os.pread(self._read_fd(seg), seg_limit - pos, pos - seg.base)
+                walk = _salvage.walk_device(data, pos, dev.kb, want, stale, is_other)
+                if walk.mine >= 0:
+                    mine = len(bad) + walk.mine
+                bad.extend(walk.bad)
+                if walk.found >= 0:
+                    found = walk.found
+                    break
+                pos = seg.end
+            if bad:
                 break
-            data = os.pread(self._read_fd(seg), seg_limit - pos, pos - seg.base)
-            walk = _salvage.walk_device(data, pos, dev.kb, want, stale, is_other)
-            if walk.mine >= 0:
-                mine = len(bad) + walk.mine
-            bad.extend(walk.bad)
-            if walk.found >= 0:
-                found = walk.found
-                break
-            pos = seg.end
         new_bad = [(a, b) for a, b, _o in bad if self._bad.get(a) != b]
         for a, b in new_bad:
             self._bad[a] = b
@@ -1993,6 +2010,15 @@ class LogStore:
             self.directory, dev.key, want, exc, lost[0], lost[1], dev.key, nbytes,
             [a for a, _ in ours], ", ".join(paths) or "(nothing to copy)")
         return True
+
+    def _holds_device(self, seg: Segment, dev: DeviceLog) -> bool:
+        """False for a sealed segment where ``dev``'s sparse index has no entry: a device's
+        first record in each segment gets one (``seg_base``), at append and in recovery, so
+        such a segment holds none of its records. In memory: no segment or .pidx is read."""
+        if seg is self._segments[-1]:
+            return True
+        j = bisect.bisect_left(dev.idx_pos, seg.base)
+        return j < len(dev.idx_pos) and dev.idx_pos[j] < seg.end
 
     @staticmethod
     def _past_bad(plist: array, base: int, s: int, p: int, bad_end: int) -> int:

@@ -1,0 +1,26 @@
+"""Planted bugs for the review of issue 28's merged branches (procs, mqttfix, corrupt), run by
+``tests/mutate.py`` like every other guard (``tests/mutate.py review1``).
+
+Each test added by that review is named by at least one mutation it must catch. Kept in its own
+module so work going on side by side does not fight over one tuple.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+ST = "commitlog/store.py"
+WB = ("tests/commitlog/test_salvage_walk_bound.py::"
+      "test_salvage_of_a_quiet_devices_last_record_reads_only_its_segments")
+
+
+def review1_mutations(mutation: Any) -> tuple[Any, ...]:
+    """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
+    m = mutation
+    return (
+        m("review1-salvage-walks-whole-log", "store: a reader's salvage walk reads every later "
+          "segment, those holding none of the device's records too (an event-loop stall that "
+          "grows with the log)", ST,
+          "                if skip and pos != start and not self._holds_device(seg, dev):\n",
+          "                if False:\n", (f"{WB}[c]", f"{WB}[py]")),
+    )
