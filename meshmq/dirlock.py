@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import sys
 import time
@@ -33,6 +34,8 @@ import time
 __all__ = ["LOCK_FILE", "DataDirInUse", "DataDirLock"]
 
 LOCK_FILE = "meshmq.lock"
+
+log = logging.getLogger("meshmq.dirlock")
 
 
 class DataDirInUse(Exception):
@@ -82,8 +85,17 @@ class DataDirLock:
                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         data = (json.dumps(info) + "\n").encode()
         # Overwrite what a previous (dead) holder left: the lock is ours, the text informative.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
+        # Best effort: on a full disk (ENOSPC) or over a quota the lock is held all the same,
+        # and a node that starts there reports the full disk through its commit log (refused
+        # writes, /readyz); a traceback here would make systemd restart it into the same one.
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+        except OSError as exc:
+            log.warning("%s: locked, but the holder's PID could not be written into it (%s); "
+                        "a second process on this directory is still refused, without naming "
+                        "this one (pid %d). Free space on that filesystem", lock.path, exc,
+                        os.getpid(), extra={"key": "node.data_dir"})
         return lock
 
     def release(self) -> None:

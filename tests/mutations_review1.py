@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 ST = "commitlog/store.py"
+DL = "meshmq/dirlock.py"
+FD = ("tests/meshmq/test_data_dir_lock_full_disk.py::"
+      "test_node_on_a_full_disk_starts_and_still_holds_its_lock")
 WB = ("tests/commitlog/test_salvage_walk_bound.py::"
       "test_salvage_of_a_quiet_devices_last_record_reads_only_its_segments")
 
@@ -23,4 +26,9 @@ def review1_mutations(mutation: Any) -> tuple[Any, ...]:
           "grows with the log)", ST,
           "                if skip and pos != start and not self._holds_device(seg, dev):\n",
           "                if False:\n", (f"{WB}[c]", f"{WB}[py]")),
+        m("review1-dirlock-enospc-fatal", "dirlock: the holder's PID text failing to write "
+          "(ENOSPC) kills the start-up with a traceback and exit 1", DL,
+          "        except OSError as exc:\n            log.warning(\"%s: locked, but",
+          "        except ValueError as exc:\n            log.warning(\"%s: locked, but",
+          (FD,)),
     )
