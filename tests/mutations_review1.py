@@ -13,6 +13,9 @@ ST = "commitlog/store.py"
 DL = "meshmq/dirlock.py"
 FD = ("tests/meshmq/test_data_dir_lock_full_disk.py::"
       "test_node_on_a_full_disk_starts_and_still_holds_its_lock")
+SRC = "spark_connector/source.py"
+SE = ("tests/spark_connector/test_source_corrupt_edges.py::"
+      "test_corrupt_first_or_last_record_fails_or_is_skipped")
 WB = ("tests/commitlog/test_salvage_walk_bound.py::"
       "test_salvage_of_a_quiet_devices_last_record_reads_only_its_segments")
 
@@ -31,4 +34,14 @@ def review1_mutations(mutation: Any) -> tuple[Any, ...]:
           "        except OSError as exc:\n            log.warning(\"%s: locked, but",
           "        except ValueError as exc:\n            log.warning(\"%s: locked, but",
           (FD,)),
+        m("review1-spark-first-record-loss-silent", "spark source: offsets lost before the "
+          "first record a section serves (offset 0 of a device) are skipped without "
+          "failOnDataLoss", SRC,
+          "        _corrupt_loss(opts, device, off, min(first, hi))\n",
+          "        pass\n", (f"{SE}[first]",)),
+        m("review1-spark-last-record-loss-silent", "spark source: offsets lost after a "
+          "section's last record (the device's last offset) are skipped without "
+          "failOnDataLoss", SRC,
+          "        _corrupt_loss(opts, device, nxt, min(sec.next_offset, hi))\n",
+          "        pass\n", (f"{SE}[last]",)),
     )
