@@ -1932,8 +1932,8 @@ class LogStore:
             return other is not None and other is not dev and other.start <= off < other.next
 
         # The walk runs on the caller's thread (a router's event loop) and checks every
-        # record's CRC: about 0.5 s per 64 MiB segment. A quiet device's next record may be
-        # gigabytes on, so sealed segments that hold none of the device's records (its sparse
+        # record's CRC: about 0.25 s per 64 MiB segment. A quiet device's next record may be
+        # gigabytes on, so segments that hold none of the device's records (its sparse
         # index says which: ``_holds_device``) are skipped, as the read path skips them
         # (Kafka's readers go by the offset index, never a log scan). Where that walk finds no
         # bad byte at all (an index that disagrees with the bytes), the whole stretch is
@@ -2012,11 +2012,10 @@ class LogStore:
         return True
 
     def _holds_device(self, seg: Segment, dev: DeviceLog) -> bool:
-        """False for a sealed segment where ``dev``'s sparse index has no entry: a device's
-        first record in each segment gets one (``seg_base``), at append and in recovery, so
-        such a segment holds none of its records. In memory: no segment or .pidx is read."""
-        if seg is self._segments[-1]:
-            return True
+        """False for a segment where ``dev``'s sparse index has no entry: a device's first
+        record in each segment gets one (``seg_base``) when the batch holding it is laid out,
+        before it commits, and in recovery, so such a segment holds none of its committed
+        records. In memory: no segment or .pidx is read."""
         j = bisect.bisect_left(dev.idx_pos, seg.base)
         return j < len(dev.idx_pos) and dev.idx_pos[j] < seg.end
 

@@ -29,6 +29,11 @@ def review1_mutations(mutation: Any) -> tuple[Any, ...]:
           "grows with the log)", ST,
           "                if skip and pos != start and not self._holds_device(seg, dev):\n",
           "                if False:\n", (f"{WB}[c]", f"{WB}[py]")),
+        m("review1-salvage-walks-active-segment", "store: the salvage walk always reads the "
+          "active segment, whether or not it holds the device's records", ST,
+          "        j = bisect.bisect_left(dev.idx_pos, seg.base)\n",
+          "        if seg is self._segments[-1]:\n            return True\n"
+          "        j = bisect.bisect_left(dev.idx_pos, seg.base)\n", (f"{WB}[c]", f"{WB}[py]")),
         m("review1-dirlock-enospc-fatal", "dirlock: the holder's PID text failing to write "
           "(ENOSPC) kills the start-up with a traceback and exit 1", DL,
           "        except OSError as exc:\n            log.warning(\"%s: locked, but",
