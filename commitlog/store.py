@@ -583,6 +583,9 @@ class LogStore:
         # path steps over them instead of failing on them again. Not persisted: the lost
         # offsets are (gaps.json), and a restarted store finds the bytes again on first read.
         self._bad: dict[int, int] = {}
+        # Bad byte ranges already copied to quarantine/ ([start, end) store positions, file),
+        # read from its file names at a reader's first salvage: each byte is copied once.
+        self._quarantined: list[tuple[int, int, str]] | None = None
 
     # ------------------------------------------------------------------ open / recovery
 
@@ -1989,18 +1992,33 @@ class LogStore:
         except OSError as err:
             log.error("commitlog %s: cannot record the gap (%s); it is skipped until a "
                       "restart, then found again", self.directory, err)
-        paths = []
+        paths: list[str] = []
         nbytes = 0
+        copied = 0
+        # Each bad byte copied once, however many devices lost records in it: a zeroed run
+        # of sectors holds records of thousands, and each device's walk starts at its own
+        # index entry, so their ranges overlap (nested, one end). A copy per device filled
+        # the disk the log needs (and counted the same bytes again); only what no copy in
+        # quarantine/ covers yet is written (across a restart too: the files' names).
+        if self._quarantined is None:
+            self._quarantined = _q.quarantined_ranges(self.directory)
         for a, b in ours:
-            s_ = self._segments[bisect.bisect_right(self._seg_bases, a) - 1]
             nbytes += b - a
-            try:
-                raw = os.pread(self._read_fd(s_), min(b - a, 1 << 24), a - s_.base)
-                paths.append(_q.write_quarantine(self.directory, dev.key, s_.base, a, raw))
-            except OSError as err:
-                paths.append(f"(not copied: {err})")
+            pieces, covering = _q.uncovered(self._quarantined, a, b)
+            paths.extend(covering)
+            for pa, pb in pieces:
+                s_ = self._segments[bisect.bisect_right(self._seg_bases, pa) - 1]
+                try:
+                    raw = os.pread(self._read_fd(s_), min(pb - pa, 1 << 24), pa - s_.base)
+                    path = _q.write_quarantine(self.directory, dev.key, s_.base, pa, raw)
+                except OSError as err:
+                    paths.append(f"(not copied: {err})")
+                    continue
+                self._quarantined.append((pa, pb, path))
+                paths.append(path)
+                copied += pb - pa
         self.stats.corrupt_records += 1
-        self.stats.corrupt_bytes += nbytes
+        self.stats.corrupt_bytes += copied
         log.error(
             "commitlog %s: a read of %r at offset %d met a corrupt record (%s): offsets "
             "[%d, %d) of %r are lost; %d corrupt bytes at store position(s) %s quarantined "

@@ -16,6 +16,8 @@ FD = ("tests/meshmq/test_data_dir_lock_full_disk.py::"
 SRC = "spark_connector/source.py"
 SE = ("tests/spark_connector/test_source_corrupt_edges.py::"
       "test_corrupt_first_or_last_record_fails_or_is_skipped")
+QO = ("tests/commitlog/test_salvage_quarantine_once.py::"
+      "test_a_range_many_devices_lost_records_in_is_quarantined_once")
 WB = ("tests/commitlog/test_salvage_walk_bound.py::"
       "test_salvage_of_a_quiet_devices_last_record_reads_only_its_segments")
 
@@ -34,6 +36,10 @@ def review1_mutations(mutation: Any) -> tuple[Any, ...]:
           "        j = bisect.bisect_left(dev.idx_pos, seg.base)\n",
           "        if seg is self._segments[-1]:\n            return True\n"
           "        j = bisect.bisect_left(dev.idx_pos, seg.base)\n", (f"{WB}[c]", f"{WB}[py]")),
+        m("review1-salvage-quarantine-per-device", "store: a bad range many devices lost "
+          "records in is copied to quarantine/ (and counted) once per device", ST,
+          "            pieces, covering = _q.uncovered(self._quarantined, a, b)\n",
+          "            pieces, covering = [(a, b)], []\n", (f"{QO}[c]", f"{QO}[py]")),
         m("review1-dirlock-enospc-fatal", "dirlock: the holder's PID text failing to write "
           "(ENOSPC) kills the start-up with a traceback and exit 1", DL,
           "        except OSError as exc:\n            log.warning(\"%s: locked, but",
