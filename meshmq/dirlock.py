@@ -31,6 +31,8 @@ import os
 import sys
 import time
 
+from meshmq.preflight import StartupError
+
 __all__ = ["LOCK_FILE", "DataDirInUse", "DataDirLock"]
 
 LOCK_FILE = "meshmq.lock"
@@ -67,11 +69,20 @@ class DataDirLock:
 
     @classmethod
     def acquire(cls, directory: str) -> DataDirLock:
-        """Take the lock or raise ``DataDirInUse`` (``OSError`` for a directory that cannot
-        hold a file at all: preflight's directory checks run before this)."""
+        """Take the lock or raise ``DataDirInUse``; ``StartupError`` (key node.data_dir) when
+        the lock file cannot be opened at all (another user's, a read-only file system)."""
         lock = cls(directory)
-        os.makedirs(lock.directory, exist_ok=True)
-        fd = os.open(lock.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.makedirs(lock.directory, exist_ok=True)
+            fd = os.open(lock.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            # Typically a lock file left by a run as another user (root, by hand): an
+            # operator's fix, so a StartupError (exit 2 naming the key), never a traceback
+            # that systemd restarts into.
+            raise StartupError("node.data_dir", f"cannot open the lock file {lock.path}: "
+                               f"{exc.strerror or exc}; give this user (uid {os.geteuid()}) "
+                               f"read-write access to it (chown), or point node.data_dir "
+                               f"elsewhere") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

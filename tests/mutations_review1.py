@@ -18,6 +18,8 @@ SE = ("tests/spark_connector/test_source_corrupt_edges.py::"
       "test_corrupt_first_or_last_record_fails_or_is_skipped")
 QO = ("tests/commitlog/test_salvage_quarantine_once.py::"
       "test_a_range_many_devices_lost_records_in_is_quarantined_once")
+LU = ("tests/meshmq/test_data_dir_lock_unopenable.py::"
+      "test_lock_file_that_cannot_be_opened_exits_2_naming_it")
 WB = ("tests/commitlog/test_salvage_walk_bound.py::"
       "test_salvage_of_a_quiet_devices_last_record_reads_only_its_segments")
 
@@ -45,6 +47,11 @@ def review1_mutations(mutation: Any) -> tuple[Any, ...]:
           "        except OSError as exc:\n            log.warning(\"%s: locked, but",
           "        except ValueError as exc:\n            log.warning(\"%s: locked, but",
           (FD,)),
+        m("review1-dirlock-unopenable-traceback", "dirlock: a lock file that cannot be opened "
+          "(another user's) escapes as a traceback and exit 1", DL,
+          "        except OSError as exc:\n            # Typically a lock file left by a run",
+          "        except ValueError as exc:\n            # Typically a lock file left by a run",
+          (LU,)),
         m("review1-spark-first-record-loss-silent", "spark source: offsets lost before the "
           "first record a section serves (offset 0 of a device) are skipped without "
           "failOnDataLoss", SRC,
