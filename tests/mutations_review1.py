@@ -20,6 +20,9 @@ QO = ("tests/commitlog/test_salvage_quarantine_once.py::"
       "test_a_range_many_devices_lost_records_in_is_quarantined_once")
 LU = ("tests/meshmq/test_data_dir_lock_unopenable.py::"
       "test_lock_file_that_cannot_be_opened_exits_2_naming_it")
+SL = "broker/statelog.py"
+SC = ("tests/broker/test_state_log_corrupt_counted.py::"
+      "test_lost_retained_record_is_counted_at_restart")
 WB = ("tests/commitlog/test_salvage_walk_bound.py::"
       "test_salvage_of_a_quiet_devices_last_record_reads_only_its_segments")
 
@@ -42,6 +45,10 @@ def review1_mutations(mutation: Any) -> tuple[Any, ...]:
           "records in is copied to quarantine/ (and counted) once per device", ST,
           "            pieces, covering = _q.uncovered(self._quarantined, a, b)\n",
           "            pieces, covering = [(a, b)], []\n", (f"{QO}[c]", f"{QO}[py]")),
+        m("review1-statelog-salvaged-not-counted", "state log replay: records the store "
+          "salvaged are not counted in meshmq_persistence_restored{kind=\"corrupt_records\"}",
+          SL, "        self.corrupt += sum(hi - lo for lo, hi in store.lost_ranges(",
+          "        self.corrupt += 0 * sum(hi - lo for lo, hi in store.lost_ranges(", (SC,)),
         m("review1-dirlock-enospc-fatal", "dirlock: the holder's PID text failing to write "
           "(ENOSPC) kills the start-up with a traceback and exit 1", DL,
           "        except OSError as exc:\n            log.warning(\"%s: locked, but",
