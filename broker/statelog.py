@@ -108,6 +108,10 @@ class StateLog:
                     newest_us = rec.timestamp_us
             off = records[-1].offset + 1
             step = 1024
+        # Records the store itself found corrupt and skipped (commitlog/salvage.py: a reader
+        # salvages them, so no exception reached the loop above): lost all the same, and
+        # counted here, where the restored-state line and metric report what came back.
+        self.corrupt += sum(hi - lo for lo, hi in store.lost_ranges(self.key, start, end))
         self.snapshot_bytes = sum(len(r.topic) + len(r.payload) + _RECORD_OVERHEAD
                                   for r in latest.values())
         self.written = max(0, (end - start) - len(latest)) * _RECORD_OVERHEAD

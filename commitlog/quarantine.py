@@ -102,6 +102,45 @@ def write_quarantine(directory: str, device: str, seg_base: int, pos: int,
     return path
 
 
+def quarantined_ranges(directory: str) -> list[tuple[int, int, str]]:
+    """The store byte ranges ``[start, end)`` already copied to quarantine/, with their files,
+    from the files' names (``write_quarantine``: device, segment base, store position,
+    length). Few files: a directory listing."""
+    qdir = os.path.join(directory, QUARANTINE_DIR)
+    try:
+        names = os.listdir(qdir)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        parts = name[: -len(".bad")].rsplit("-", 3) if name.endswith(".bad") else []
+        if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
+            pos, size = int(parts[2]), int(parts[3])
+            out.append((pos, pos + size, os.path.join(qdir, name)))
+    return out
+
+
+def uncovered(copies: list[tuple[int, int, str]], lo: int,
+              hi: int) -> tuple[list[tuple[int, int]], list[str]]:
+    """The parts of ``[lo, hi)`` no copy in ``copies`` covers, and the files of the copies
+    that cover some of it."""
+    pieces: list[tuple[int, int]] = []
+    files: list[str] = []
+    at = lo
+    for a, b, path in sorted(copies):
+        if b <= at or a >= hi:
+            continue
+        files.append(path)
+        if a > at:
+            pieces.append((at, a))
+        at = max(at, b)
+        if at >= hi:
+            break
+    if at < hi:
+        pieces.append((at, hi))
+    return pieces, files
+
+
 def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -583,6 +583,9 @@ class LogStore:
         # path steps over them instead of failing on them again. Not persisted: the lost
         # offsets are (gaps.json), and a restarted store finds the bytes again on first read.
         self._bad: dict[int, int] = {}
+        # Bad byte ranges already copied to quarantine/ ([start, end) store positions, file),
+        # read from its file names at a reader's first salvage: each byte is copied once.
+        self._quarantined: list[tuple[int, int, str]] | None = None
 
     # ------------------------------------------------------------------ open / recovery
 
@@ -1916,7 +1919,7 @@ class LogStore:
         if i < 0:
             return False
         hwm = dev.hwm if dev.hw < 0 else dev.hw
-        pos = dev.idx_pos[i]
+        start = dev.idx_pos[i]
         limit = self._committed_pos
         stale = dev.is_stale if dev.markers else None
         found = -1
@@ -1931,20 +1934,37 @@ class LogStore:
                 return False
             return other is not None and other is not dev and other.start <= off < other.next
 
-        while pos < limit:
-            seg = self._segments[bisect.bisect_right(self._seg_bases, pos) - 1]
-            seg_limit = min(seg.end, limit)
-            if pos >= seg_limit:
+        # The walk runs on the caller's thread (a router's event loop) and checks every
+        # record's CRC: about 0.25 s per 64 MiB segment. A quiet device's next record may be
+        # gigabytes on, so segments that hold none of the device's records (its sparse
+        # index says which: ``_holds_device``) are skipped, as the read path skips them
+        # (Kafka's readers go by the offset index, never a log scan). Where that walk finds no
+        # bad byte at all (an index that disagrees with the bytes), the whole stretch is
+        # walked as before: the safety net costs nothing where the index is right.
+        for skip in (True, False):
+            pos = start
+            found = -1
+            bad = []
+            mine = 0
+            while pos < limit:
+                seg = self._segments[bisect.bisect_right(self._seg_bases, pos) - 1]
+                seg_limit = min(seg.end, limit)
+                if pos >= seg_limit:
+                    break
+                if skip and pos != start and not self._holds_device(seg, dev):
+                    pos = seg.end
+                    continue
+                data = os.pread(self._read_fd(seg), seg_limit - pos, pos - seg.base)
+                walk = _salvage.walk_device(data, pos, dev.kb, want, stale, is_other)
+                if walk.mine >= 0:
+                    mine = len(bad) + walk.mine
+                bad.extend(walk.bad)
+                if walk.found >= 0:
+                    found = walk.found
+                    break
+                pos = seg.end
+            if bad:
                 break
-            data = os.pread(self._read_fd(seg), seg_limit - pos, pos - seg.base)
-            walk = _salvage.walk_device(data, pos, dev.kb, want, stale, is_other)
-            if walk.mine >= 0:
-                mine = len(bad) + walk.mine
-            bad.extend(walk.bad)
-            if walk.found >= 0:
-                found = walk.found
-                break
-            pos = seg.end
         new_bad = [(a, b) for a, b, _o in bad if self._bad.get(a) != b]
         for a, b in new_bad:
             self._bad[a] = b
@@ -1972,18 +1992,33 @@ class LogStore:
         except OSError as err:
             log.error("commitlog %s: cannot record the gap (%s); it is skipped until a "
                       "restart, then found again", self.directory, err)
-        paths = []
+        paths: list[str] = []
         nbytes = 0
+        copied = 0
+        # Each bad byte copied once, however many devices lost records in it: a zeroed run
+        # of sectors holds records of thousands, and each device's walk starts at its own
+        # index entry, so their ranges overlap (nested, one end). A copy per device filled
+        # the disk the log needs (and counted the same bytes again); only what no copy in
+        # quarantine/ covers yet is written (across a restart too: the files' names).
+        if self._quarantined is None:
+            self._quarantined = _q.quarantined_ranges(self.directory)
         for a, b in ours:
-            s_ = self._segments[bisect.bisect_right(self._seg_bases, a) - 1]
             nbytes += b - a
-            try:
-                raw = os.pread(self._read_fd(s_), min(b - a, 1 << 24), a - s_.base)
-                paths.append(_q.write_quarantine(self.directory, dev.key, s_.base, a, raw))
-            except OSError as err:
-                paths.append(f"(not copied: {err})")
+            pieces, covering = _q.uncovered(self._quarantined, a, b)
+            paths.extend(covering)
+            for pa, pb in pieces:
+                s_ = self._segments[bisect.bisect_right(self._seg_bases, pa) - 1]
+                try:
+                    raw = os.pread(self._read_fd(s_), min(pb - pa, 1 << 24), pa - s_.base)
+                    path = _q.write_quarantine(self.directory, dev.key, s_.base, pa, raw)
+                except OSError as err:
+                    paths.append(f"(not copied: {err})")
+                    continue
+                self._quarantined.append((pa, pb, path))
+                paths.append(path)
+                copied += pb - pa
         self.stats.corrupt_records += 1
-        self.stats.corrupt_bytes += nbytes
+        self.stats.corrupt_bytes += copied
         log.error(
             "commitlog %s: a read of %r at offset %d met a corrupt record (%s): offsets "
             "[%d, %d) of %r are lost; %d corrupt bytes at store position(s) %s quarantined "
@@ -1993,6 +2028,14 @@ class LogStore:
             self.directory, dev.key, want, exc, lost[0], lost[1], dev.key, nbytes,
             [a for a, _ in ours], ", ".join(paths) or "(nothing to copy)")
         return True
+
+    def _holds_device(self, seg: Segment, dev: DeviceLog) -> bool:
+        """False for a segment where ``dev``'s sparse index has no entry: a device's first
+        record in each segment gets one (``seg_base``) when the batch holding it is laid out,
+        before it commits, and in recovery, so such a segment holds none of its committed
+        records. In memory: no segment or .pidx is read."""
+        j = bisect.bisect_left(dev.idx_pos, seg.base)
+        return j < len(dev.idx_pos) and dev.idx_pos[j] < seg.end
 
     @staticmethod
     def _past_bad(plist: array, base: int, s: int, p: int, bad_end: int) -> int:

@@ -72,6 +72,10 @@ async def _supervise(config: NodeConfig, config_path: str | None,
                   extra={"key": "node.data_dir", "holder_pid": err.holder.get("pid")})
         dirlock.release()
         return 2
+    except StartupError as err:  # a router's lock file it cannot open (meshmq/dirlock.py)
+        log.error("cannot start: %s", err, extra={"key": err.key})
+        dirlock.release()
+        return 2
     taken = listener_conflicts(config.broker.listeners)
     for key, bind, why in taken:
         log.error("cannot start: %s %s: %s. Another process listens there; this node's routers "

@@ -52,6 +52,7 @@ from typing import Any, TextIO
 from meshmq.config import ENV_PREFIX, ConfigError, load_config
 from meshmq.dirlock import DataDirInUse, DataDirLock
 from meshmq.portcheck import bind_conflict
+from meshmq.preflight import StartupError
 
 __all__ = ["add_dev_cluster_parser", "run_dev_cluster", "DevNode", "wait_ready"]
 
@@ -262,7 +263,7 @@ def run_dev_cluster(args: argparse.Namespace, out: TextIO | None = None,
     root = Path(args.dir).resolve()
     try:  # one dev-cluster per --dir: a second would rewrite the configs of running nodes
         dirlock = DataDirLock.acquire(str(root))
-    except DataDirInUse as exc:
+    except (DataDirInUse, StartupError) as exc:
         print(f"meshmq dev-cluster: --dir {exc}; nothing started", file=err)
         return 2
     try:

@@ -26,13 +26,18 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import sys
 import time
 
+from meshmq.preflight import StartupError
+
 __all__ = ["LOCK_FILE", "DataDirInUse", "DataDirLock"]
 
 LOCK_FILE = "meshmq.lock"
+
+log = logging.getLogger("meshmq.dirlock")
 
 
 class DataDirInUse(Exception):
@@ -64,11 +69,20 @@ class DataDirLock:
 
     @classmethod
     def acquire(cls, directory: str) -> DataDirLock:
-        """Take the lock or raise ``DataDirInUse`` (``OSError`` for a directory that cannot
-        hold a file at all: preflight's directory checks run before this)."""
+        """Take the lock or raise ``DataDirInUse``; ``StartupError`` (key node.data_dir) when
+        the lock file cannot be opened at all (another user's, a read-only file system)."""
         lock = cls(directory)
-        os.makedirs(lock.directory, exist_ok=True)
-        fd = os.open(lock.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.makedirs(lock.directory, exist_ok=True)
+            fd = os.open(lock.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            # Typically a lock file left by a run as another user (root, by hand): an
+            # operator's fix, so a StartupError (exit 2 naming the key), never a traceback
+            # that systemd restarts into.
+            raise StartupError("node.data_dir", f"cannot open the lock file {lock.path}: "
+                               f"{exc.strerror or exc}; give this user (uid {os.geteuid()}) "
+                               f"read-write access to it (chown), or point node.data_dir "
+                               f"elsewhere") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -82,8 +96,17 @@ class DataDirLock:
                 "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         data = (json.dumps(info) + "\n").encode()
         # Overwrite what a previous (dead) holder left: the lock is ours, the text informative.
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, data, 0)
+        # Best effort: on a full disk (ENOSPC) or over a quota the lock is held all the same,
+        # and a node that starts there reports the full disk through its commit log (refused
+        # writes, /readyz); a traceback here would make systemd restart it into the same one.
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+        except OSError as exc:
+            log.warning("%s: locked, but the holder's PID could not be written into it (%s); "
+                        "a second process on this directory is still refused, without naming "
+                        "this one (pid %d). Free space on that filesystem", lock.path, exc,
+                        os.getpid(), extra={"key": "node.data_dir"})
         return lock
 
     def release(self) -> None:
