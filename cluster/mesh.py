@@ -191,6 +191,10 @@ class Mesh:
         for msg in self.router.retained.match("#"):
             head, body = self._encode(msg, frames.RETAIN_SYNC)
             link.enqueue(frames.RETAIN_SYNC, 1, head, body)
+        # What the peer stored while unreachable (or routed before it had our routes, just
+        # restarted) is read back from its logs from each session's position there
+        # (broker/positions.py); after the routes written just before, so nothing falls between.
+        self.router.positions.owner_back(link.peer, self.owner_of)
 
     def link_down(self, link: MeshLink) -> None:
         # The peer's routes stay: what is published meanwhile queues on the link (bounded) and

@@ -1,0 +1,40 @@
+"""Planted bugs for stored messages reaching subscribers after restarts and session moves
+(issue 28, defects 2 to 4: ``broker/positions.py``), run by ``tests/mutate.py`` like every other
+guard (``tests/mutate.py delivery-``). Kept in their own module so work going on side by side
+does not fight over one tuple.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+POS = "tests/cluster/test_delivery_positions.py"
+BACK = f"{POS}::test_a_restarted_owner_s_backlog_reaches_a_peer_whose_link_came_back_later"
+CRASH = (f"{POS}::test_deliveries_acknowledged_by_the_link_survive_a_kill_of_the_subscriber_s"
+         "_router")
+MOVE = f"{POS}::test_a_session_moved_while_its_old_router_s_link_lost_everything_misses_nothing"
+
+
+def delivery_mutations(mutation: Any) -> tuple[Any, ...]:
+    """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
+    m = mutation
+    return (
+        m("delivery-owner-back-ignored", "cluster/mesh.py link_up: a link to an owner coming "
+          "up reads nothing back (what it routed before it had our routes is lost)",
+          "cluster/mesh.py", "        self.router.positions.owner_back(link.peer, self.owner_of)\n",
+          "", (BACK,)),
+        m("delivery-positions-not-kept", "broker/router.py _deliver: no position recorded per "
+          "device (nothing to resume from)", "broker/router.py",
+          "            positions[msg.device] = msg.offset + 1\n", "            pass\n",
+          (BACK, CRASH, MOVE)),
+        m("delivery-positions-not-checkpointed", "broker/sessionstore.py _encode: positions left "
+          "out of the checkpoint (a restart resumes remote logs from nothing)",
+          "broker/sessionstore.py",
+          "        for device, offset in s.positions.items():\n",
+          "        for device, offset in (s.positions if copies else {}).items():\n", (CRASH,)),
+        m("delivery-positions-not-exported", "broker/sessionstore.py _encode: positions left "
+          "out of a session handed to another router (what went to the old router is lost)",
+          "broker/sessionstore.py",
+          "        for device, offset in s.positions.items():\n",
+          "        for device, offset in ({} if copies else s.positions).items():\n", (MOVE,)),
+    )
