@@ -89,11 +89,19 @@ class DeliveredPositions:
         if catchup is None:
             return 0
         started = 0
+        # Synchronous on purpose: a position read after this link's first DELIVER could already
+        # have moved past what was lost. The cost is one (cached) owner lookup per position.
+        owners: dict[str, str | None] = {}
         for session in list(self._sessions.values()):
             if not session.positions:
                 continue
-            mine = [(device, offset) for device, offset in session.positions.items()
-                    if owner_of(device) == owner]
+            mine = []
+            for device, offset in session.positions.items():
+                at = owners.get(device, "")
+                if at == "":
+                    at = owners[device] = owner_of(device)
+                if at == owner:
+                    mine.append((device, offset))
             for device, offset in mine:
                 catchup.restore(session, device, offset)
             if mine:

@@ -187,3 +187,52 @@ def test_a_session_moved_while_its_old_router_s_link_lost_everything_misses_noth
         proxy.close()
         cluster.stop()
 
+
+
+def test_a_session_hopping_between_nodes_under_load_misses_nothing(
+        tmp_path, clients: ClientFactory) -> None:
+    """A persistent QoS 1 subscriber hops between nodes 1 and 2 (DISCONNECT + CONNECT, and
+    takeovers without a DISCONNECT) while node 0's publisher sends 3 devices' messages at about
+    200 a second, one device owned by each node. After the last hop it holds every message
+    (duplicates allowed)."""
+    cluster = Cluster(tmp_path, n=3)
+    try:
+        cluster.start()
+        n0, n1, n2 = cluster.nodes
+        devices = [cluster.device_owned_by(i, unique("hop")) for i in range(3)]
+        cid = unique("hopper")
+        sub = _persistent(clients, n1, cid)
+        for device in devices:
+            sub.subscribe(f"devices/{device}/#", 1)
+        cluster.wait_routes(1, 3)
+        pub = clients.connected(n0, protocol=V5)
+        want: set[str] = set()
+        got: list[str] = []
+        old: list = []  # earlier connections: what they got (and acked) after a hop counts
+        hops = 0
+        at = 1
+        next_hop = time.monotonic() + 0.1
+        for i in range(600):
+            payload = f"m{i}"
+            pub.publish(f"devices/{devices[i % 3]}/t", payload, 1, wait=False)
+            want.add(payload)
+            time.sleep(0.005)
+            if time.monotonic() >= next_hop:
+                got.extend(m.payload.decode() for m in sub.drain())
+                if hops % 2 == 0:
+                    sub.disconnect()  # DISCONNECT, then CONNECT elsewhere
+                old.append(sub)
+                at = 2 if at == 1 else 1
+                sub = _persistent(clients, cluster.nodes[at], cid)  # else a takeover
+                assert sub.session_present
+                hops += 1
+                next_hop = time.monotonic() + 0.1
+        pub.publish(f"devices/{devices[0]}/t", "m600", 1)
+        want.add("m600")
+        for earlier in old:
+            got.extend(m.payload.decode() for m in earlier.drain())
+        got.extend(_collect(sub, want - set(got)))
+        assert hops >= 5
+        assert not _missing(want, got), f"lost in {hops} hops: {_missing(want, got)[:10]}"
+    finally:
+        cluster.stop()
