@@ -13,6 +13,8 @@ BACK = f"{POS}::test_a_restarted_owner_s_backlog_reaches_a_peer_whose_link_came_
 CRASH = (f"{POS}::test_deliveries_acknowledged_by_the_link_survive_a_kill_of_the_subscriber_s"
          "_router")
 MOVE = f"{POS}::test_a_session_moved_while_its_old_router_s_link_lost_everything_misses_nothing"
+BOUND = ("tests/broker/test_log_positions.py::"
+         "test_a_session_s_positions_are_bounded_by_max_lagging_devices")
 
 
 def delivery_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -37,4 +39,9 @@ def delivery_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/sessionstore.py",
           "        for device, offset in s.positions.items():\n",
           "        for device, offset in ({} if copies else s.positions).items():\n", (MOVE,)),
+        m("delivery-positions-unbounded", "broker/router.py _deliver: a session's positions "
+          "grow past mqtt.max_lagging_devices (no count, no log line)", "broker/router.py",
+          "            if len(positions) >= self.positions.max_devices and msg.device not in "
+          "positions:\n",
+          "            if False and len(positions) >= self.positions.max_devices:\n", (BOUND,)),
     )
