@@ -12,7 +12,9 @@ forward=False)``, ``router.remote`` (``append_for_peer``, ``retain_from_peer``),
 One-hop rule (NATS routes, VerneMQ): a message that arrived over a link is delivered to local
 subscribers and never forwarded again, so a full mesh needs no loop detection. Logged messages
 are routed by their owner once stored, so every subscriber anywhere sees one device's messages
-in the owner's log order.
+in the owner's log order. Pushing is not all: when a link comes up, this router's sessions read
+the peer's logs back from their positions there (``broker/positions.py``), so what the peer
+stored while unreachable, or routed before it had this router's routes, is not lost.
 """
 
 from __future__ import annotations
