@@ -823,9 +823,13 @@ class Router:
             return
         if group is None and msg.device is not None and not position:
             positions = session.positions  # where a restart or move resumes (broker/positions)
-            if len(positions) >= self.positions.max_devices and msg.device not in positions:
-                self.positions.full(session)
-            positions[msg.device] = msg.offset + 1
+            at = positions.get(msg.device)
+            if at is None:
+                if len(positions) >= self.positions.max_devices:
+                    self.positions.full(session)
+                positions[msg.device] = msg.offset + 1
+            elif msg.offset >= at:  # never back: a retained message sent on SUBSCRIBE is old
+                positions[msg.device] = msg.offset + 1
         delivery = Delivery(msg, qos, retain, sub_ids, group, position)
         if conn is not None and not session.queue and len(session.inflight) < session.window:
             self._send_inflight(session, conn, delivery)

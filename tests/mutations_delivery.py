@@ -15,6 +15,8 @@ CRASH = (f"{POS}::test_deliveries_acknowledged_by_the_link_survive_a_kill_of_the
 MOVE = f"{POS}::test_a_session_moved_while_its_old_router_s_link_lost_everything_misses_nothing"
 BOUND = ("tests/broker/test_log_positions.py::"
          "test_a_session_s_positions_are_bounded_by_max_lagging_devices")
+BACKWARD = ("tests/broker/test_log_positions.py::"
+            "test_a_retained_message_sent_on_subscribe_does_not_move_a_position_back")
 
 
 def delivery_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -41,7 +43,11 @@ def delivery_mutations(mutation: Any) -> tuple[Any, ...]:
           "        for device, offset in ({} if copies else s.positions).items():\n", (MOVE,)),
         m("delivery-positions-unbounded", "broker/router.py _deliver: a session's positions "
           "grow past mqtt.max_lagging_devices (no count, no log line)", "broker/router.py",
-          "            if len(positions) >= self.positions.max_devices and msg.device not in "
-          "positions:\n",
-          "            if False and len(positions) >= self.positions.max_devices:\n", (BOUND,)),
+          "                if len(positions) >= self.positions.max_devices:\n",
+          "                if False:\n", (BOUND,)),
+        m("delivery-position-moves-back", "broker/router.py _deliver: a delivery of an older "
+          "offset (a retained message on SUBSCRIBE) moves the position back (repeats after a "
+          "restart)", "broker/router.py",
+          "            elif msg.offset >= at:  # never back: a retained message sent on SUBSCRIBE "
+          "is old\n", "            else:\n", (BACKWARD,)),
     )

@@ -27,3 +27,33 @@ def test_a_session_s_positions_are_bounded_by_max_lagging_devices(start_broker, 
                                 limit="max_lagging_devices") == 3, timeout=10,
              message="3 positions forgotten, counted")
     assert "positions are full (mqtt.max_lagging_devices)" in b.log_text()
+
+
+def test_a_retained_message_sent_on_subscribe_does_not_move_a_position_back(
+        start_broker, clients):
+    """A retained message of a device log (offset 0) is sent to a session on a later SUBSCRIBE,
+    after it was delivered offsets 1-10 of the same log: its position there stays past 10, so
+    after a graceful restart (SIGTERM: nothing is repeated, sessionstore.py) the session gets
+    no message again."""
+    b = start_broker()
+    tag = unique("back")
+    device = f"{tag}-d"
+    cid = unique("backsub")
+    connect = {"properties": props(PacketTypes.CONNECT, SessionExpiryInterval=600)}
+    pub = clients.connected(b, protocol=V5)
+    pub.publish(f"devices/{device}/state", "r", 1, retain=True)  # offset 0
+    sub = clients.connected(b, cid, protocol=V5, clean=False, connect=connect)
+    sub.subscribe(f"devices/{device}/t", 1)
+    for i in range(10):
+        pub.publish(f"devices/{device}/t", f"m{i}", 1)
+    sub.expect_messages(10, timeout=10)
+    sub.subscribe(f"devices/{device}/state", 1)
+    assert sub.expect_message(timeout=10).payload == b"r"
+    sub.disconnect()
+    b.restart()
+    again = clients.connected(b, cid, protocol=V5, clean=False, connect=connect)
+    assert again.session_present
+    pub = clients.connected(b, protocol=V5)
+    pub.publish(f"devices/{device}/t", "after", 1)  # the sentinel: what was owed came first
+    got = again.expect_message(timeout=10)
+    assert got.payload == b"after", f"repeated after a graceful restart: {got.payload!r}"
