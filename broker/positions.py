@@ -36,11 +36,12 @@ session whose filters match some topics of a device log sees offsets skip for ev
 does not match, and reading each skip back would turn every other topic into a read (the
 README's "Not yet" list keeps this caveat for drops of a full link while both ends stay up).
 
-Not covered: a device new to a session has no position until its first delivery, so its first
-messages are not read back if they were stored while the owner did not know this router's
-routes, or (another router's log) if this router is killed before the next checkpoint records
-the position; positions are not pruned on UNSUBSCRIBE (a stale one costs a read that delivers
-nothing). A link-up walks every position once (one cached owner lookup each, synchronously).
+Not covered: a device new to a session has no position until its first delivery, so (for
+another router's log) its first messages are not read again if this router is killed before
+the next checkpoint records the position (what a restarted owner routed before it knew this
+router's routes is sent here by the owner itself once it does: ``cluster/routegap.py``);
+positions are not pruned on UNSUBSCRIBE (a stale one costs a read that delivers nothing). A
+link-up walks every position once (one cached owner lookup each, synchronously).
 
 Memory: a position is a dict entry per device a session has been delivered from, bounded by
 ``mqtt.max_lagging_devices`` (the bound on a session's catch-up cursors, which positions become).

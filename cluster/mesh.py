@@ -35,6 +35,7 @@ from cluster import frames
 from cluster.link import Done, LinkConnection, LinkFull, MeshLink
 from cluster.ownership import Ownership
 from cluster.retainsync import RetainSync
+from cluster.routegap import UnroutedPeers, redeliver
 from cluster.routes import RouteTable
 from cluster.settings import ClusterSettings, router_id, router_sort_key
 from commitlog.record import decode_batch
@@ -95,6 +96,9 @@ class Mesh:
                                          burst=3, window=10.0)
         self.entry_failures = 0
         self.retain_sync = RetainSync(self)  # peer retained changes (cluster/retainsync.py)
+        # what was routed here before a peer's routes were known (cluster/routegap.py)
+        self.unrouted = UnroutedPeers(list(self.links), store,
+                                      router.mqtt.max_lagging_devices)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -180,6 +184,9 @@ class Mesh:
         if full:
             self.routes.replace(link.peer, [(f, g) for op, f, g in changes
                                             if op == frames.ROUTE_ADD])
+            if self.unrouted.pending is not None:
+                self.unrouted.routes_known(
+                    link.peer, lambda rec: redeliver(self.routes, self._encode, link, rec))
             return
         for op, flt, group in changes:
             if op == frames.ROUTE_ADD:
@@ -215,6 +222,8 @@ class Mesh:
     # -- the forwarder (called by the router) -------------------------------------------------
     def forward(self, msg: Message) -> None:
         """Once to each peer with a matching filter, after local delivery (never from a peer)."""
+        if self.unrouted.pending is not None and msg.device is not None:
+            self.unrouted.routed(msg.device, msg.offset)  # some peers' routes not known yet
         peers = self.routes.peers_for(msg.topic)
         if not peers or msg.topic.startswith(_LOCAL_SYS):
             return

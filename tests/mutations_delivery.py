@@ -13,6 +13,7 @@ BACK = f"{POS}::test_a_restarted_owner_s_backlog_reaches_a_peer_whose_link_came_
 CRASH = (f"{POS}::test_deliveries_acknowledged_by_the_link_survive_a_kill_of_the_subscriber_s"
          "_router")
 MOVE = f"{POS}::test_a_session_moved_while_its_old_router_s_link_lost_everything_misses_nothing"
+NEW = f"{POS}::test_a_restarted_owner_sends_a_device_new_to_the_peer_once_it_knows_its_routes"
 BOUND = ("tests/broker/test_log_positions.py::"
          "test_a_session_s_positions_are_bounded_by_max_lagging_devices")
 BACKWARD = ("tests/broker/test_log_positions.py::"
@@ -27,9 +28,16 @@ def delivery_mutations(mutation: Any) -> tuple[Any, ...]:
           "up reads nothing back (what it routed before it had our routes is lost)",
           "cluster/mesh.py", "        self.router.positions.owner_back(link.peer, self.owner_of)\n",
           "", (BACK,)),
+        m("delivery-routegap-off", "cluster/mesh.py peer_routes: what a restarted router "
+          "routed before a peer's routes arrived is never sent to it (a device the peer's "
+          "sessions have no position in is lost)", "cluster/mesh.py",
+          "            if self.unrouted.pending is not None:\n", "            if False:\n",
+          (NEW,)),
         m("delivery-positions-not-kept", "broker/router.py _deliver: no position recorded per "
           "device (nothing to resume from)", "broker/router.py",
-          "            positions[msg.device] = msg.offset + 1\n", "            pass\n",
+          "        if group is None and msg.device is not None and not position:\n"
+          "            positions = session.positions",
+          "        if False:\n            positions = session.positions",
           (BACK, CRASH, MOVE)),
         m("delivery-positions-not-checkpointed", "broker/sessionstore.py _encode: positions left "
           "out of the checkpoint (a restart resumes remote logs from nothing)",

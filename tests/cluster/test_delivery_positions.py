@@ -73,11 +73,13 @@ def trio_via_proxy(tmp_path) -> Iterator[tuple[Cluster, TcpProxy]]:
 
 def test_a_restarted_owner_s_backlog_reaches_a_peer_whose_link_came_back_later(
         trio_via_proxy: tuple[Cluster, TcpProxy], clients: ClientFactory) -> None:
-    """Node 0 owns the log and is killed (-9) while node 1's publisher keeps publishing: its
-    APPENDs queue on the link. Node 0 restarts with its link to node 2 still cut: the resent
-    APPENDs are stored (every PUBACK arrives) and routed while node 0 knows no route of node 2.
-    When that link comes back, node 2's subscriber gets every one of them, read back from the
-    log from where its session was."""
+    """Node 0 owns the log. Its link to node 2 loses every byte while 40 messages are stored
+    (their DELIVERs wait unacknowledged in node 0's link), then node 0 is killed (-9), so those
+    DELIVERs die with it, while node 1's publisher keeps publishing: its APPENDs queue on the
+    link. Node 0 restarts with its link to node 2 still cut: the resent APPENDs are stored
+    (every PUBACK arrives) and routed while node 0 knows no route of node 2. When that link
+    comes back, node 2's subscriber gets all 80, read back from the log from where its session
+    was (the 40 routed before the kill by nothing else)."""
     cluster, proxy = trio_via_proxy
     n0, n1, n2 = cluster.nodes
     device = cluster.device_owned_by(0, unique("back"))
@@ -91,6 +93,9 @@ def test_a_restarted_owner_s_backlog_reaches_a_peer_whose_link_came_back_later(
     got = _collect(sub, {f"a{i}" for i in range(_N)}, 30)
     assert not _missing({f"a{i}" for i in range(_N)}, got)
 
+    proxy.blackhole()
+    for i in range(_N):
+        pub.publish(topic, f"h{i}", 1)  # stored; the DELIVER to node 2 never arrives
     _kill_node(cluster, 0)
     proxy.cut()
     infos = [pub.publish(topic, f"b{i}", 1, wait=False) for i in range(_N)]
@@ -102,7 +107,36 @@ def test_a_restarted_owner_s_backlog_reaches_a_peer_whose_link_came_back_later(
     proxy.heal()
     cluster.wait_links_up(60)
     pub.publish(topic, "c0", 1)
-    want = {f"b{i}" for i in range(_N)} | {"c0"}
+    want = {f"h{i}" for i in range(_N)} | {f"b{i}" for i in range(_N)} | {"c0"}
+    got = _collect(sub, want)
+    assert not _missing(want, got), (
+        f"stored, acknowledged, never delivered: {_missing(want, got)[:10]}")
+
+
+def test_a_restarted_owner_sends_a_device_new_to_the_peer_once_it_knows_its_routes(
+        trio_via_proxy: tuple[Cluster, TcpProxy], clients: ClientFactory) -> None:
+    """As above, but node 2's subscriber had never been delivered from the device (no position
+    to read back from): node 0 remembers what it routed before node 2's routes arrived and
+    sends it then (cluster/routegap.py)."""
+    cluster, proxy = trio_via_proxy
+    n0, n1, n2 = cluster.nodes
+    device = cluster.device_owned_by(0, unique("new"))
+    topic = f"devices/{device}/t"
+    sub = _persistent(clients, n2, unique("sub"))
+    sub.subscribe(f"devices/{device}/#", 1)
+    cluster.wait_routes(2, 1)
+    pub = clients.connected(n1, protocol=V5)
+    _kill_node(cluster, 0)
+    proxy.cut()
+    infos = [pub.publish(topic, f"b{i}", 1, wait=False) for i in range(_N)]
+    n0.start(wait=False)
+    n0.wait_ready()
+    wait_for(lambda: all(i.is_published() for i in infos), 60,
+             message="every PUBACK of the backlog (stored at the restarted owner)")
+    time.sleep(0.5)
+    proxy.heal()
+    cluster.wait_links_up(60)
+    want = {f"b{i}" for i in range(_N)}
     got = _collect(sub, want)
     assert not _missing(want, got), (
         f"stored, acknowledged, never delivered: {_missing(want, got)[:10]}")
