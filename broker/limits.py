@@ -36,6 +36,7 @@ LIMIT_NAMES = (
     "max_offline_sessions",
     "max_queued_bytes",
     "max_failures",
+    "max_lagging_devices",  # a session's log positions (broker/positions.py)
 )
 
 _LOG_EVERY_S = 10.0  # at most one log line per limit in this many seconds

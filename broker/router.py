@@ -35,6 +35,7 @@ from broker.limits import RouterLimits, too_many_levels
 from broker.lograte import RateLimitedLog
 from broker.logrules import LogRules
 from broker.message import Delivery, Message, aliased_parts
+from broker.positions import DeliveredPositions
 from broker.protocol.errors import ProtocolError, UnsupportedProtocolVersion
 from broker.protocol.packets import (
     Connack,
@@ -147,6 +148,8 @@ class Router:
                                        self.mqtt.max_queued_bytes),
                                       self.mqtt.max_lagging_devices, self.loop.call_soon,
                                       self._remote_logs, self.loop.call_later)
+        self.positions = DeliveredPositions(self.sessions, self.catchup, stats,
+                                            self.mqtt.max_lagging_devices)
         self._paused_publishers: set[Connection] = set()
         self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
         self.remote = RemotePublishes(self)
@@ -818,6 +821,15 @@ class Router:
                 return
             self._write_publish(session, conn, Delivery(msg, 0, retain, sub_ids, None, position))
             return
+        if group is None and msg.device is not None and not position:
+            positions = session.positions  # where a restart or move resumes (broker/positions)
+            at = positions.get(msg.device)
+            if at is None:
+                if len(positions) >= self.positions.max_devices:
+                    self.positions.full(session)
+                positions[msg.device] = msg.offset + 1
+            elif msg.offset >= at:  # never back: a retained message sent on SUBSCRIBE is old
+                positions[msg.device] = msg.offset + 1
         delivery = Delivery(msg, qos, retain, sub_ids, group, position)
         if conn is not None and not session.queue and len(session.inflight) < session.window:
             self._send_inflight(session, conn, delivery)

@@ -117,7 +117,7 @@ class Session:
     __slots__ = (
         "client_id", "conn", "level", "expiry_interval", "subscriptions", "inflight", "queue",
         "next_pid", "incoming_qos2", "window", "max_packet_size", "alias_max", "expires_at",
-        "will", "will_due", "username", "lag", "lag_behind", "has_no_local",
+        "will", "will_due", "username", "lag", "lag_behind", "has_no_local", "positions",
     )
 
     def __init__(self, client_id: str, level: int) -> None:
@@ -145,6 +145,10 @@ class Session:
         self.lag: dict[str, LagCursor] = {}
         self.lag_behind = 0
         self.has_no_local = False  # holds a No Local subscription: its publishes keep an origin
+        # device -> the offset after the last logged QoS>0 message handed to this session (in
+        # its window, queue or acked): where a restart, a move or a link that came back
+        # resumes reading that device's log (broker/positions.py)
+        self.positions: dict[str, int] = {}
 
     @property
     def v5(self) -> bool:

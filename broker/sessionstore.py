@@ -12,7 +12,11 @@ Queued logged messages are kept as *positions in their device logs*, never as co
 session's catch-up cursors (``broker/catchup.py``) per device, the lowest offset it still owes
 per device. Unlogged queued messages (``log = false`` rules, ``$`` topics) have no log to point
 into and are kept as copies in the record. Messages in the window are kept as references
-(device, offset) or copies, and resent with DUP=1 and their packet id [MQTT-4.4.0-1].
+(device, offset) or copies, and resent with DUP=1 and their packet id [MQTT-4.4.0-1]. Every
+other device log the session was delivered from is kept as its position there
+(``Session.positions``, ``broker/positions.py``): local or another router's, a restored or
+moved session reads each from that position, so a delivery its router's link acknowledged after
+the last checkpoint, or one that went to the old router during a move, is read again.
 
 When a record is written ("stored before acknowledged"):
 
@@ -299,6 +303,10 @@ class SessionPersistence(SessionHooks):
         if copies:  # another router: copies, and only the cursors' positions (below)
             behind = {device: c.next for device, c in s.lag.items() if not c.live}
             resume = now_us + CLOCK_MARGIN_US
+        for device, offset in s.positions.items():
+            # where delivery got to in every other log (broker/positions.py): a restart reads
+            # again what came after this checkpoint, a move what went to the old router
+            behind.setdefault(device, offset)
         subs = []
         for key, sub in s.subscriptions.items():
             r = sub.replay
@@ -481,6 +489,7 @@ class SessionPersistence(SessionHooks):
         for device, offset in behind.items():
             if device in replay_only:
                 continue
+            s.positions[device] = offset  # read from here again if its owner comes back
             if remote is not None and remote(device) is not None:
                 catchup.restore(s, device, offset)  # read from its owner; nothing new: live
             elif offset < store.high_watermark(device):

@@ -12,7 +12,9 @@ forward=False)``, ``router.remote`` (``append_for_peer``, ``retain_from_peer``),
 One-hop rule (NATS routes, VerneMQ): a message that arrived over a link is delivered to local
 subscribers and never forwarded again, so a full mesh needs no loop detection. Logged messages
 are routed by their owner once stored, so every subscriber anywhere sees one device's messages
-in the owner's log order.
+in the owner's log order. Pushing is not all: when a link comes up, this router's sessions read
+the peer's logs back from their positions there (``broker/positions.py``), so what the peer
+stored while unreachable, or routed before it had this router's routes, is not lost.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from cluster import frames
 from cluster.link import Done, LinkConnection, LinkFull, MeshLink
 from cluster.ownership import Ownership
 from cluster.retainsync import RetainSync
+from cluster.routegap import UnroutedPeers, redeliver
 from cluster.routes import RouteTable
 from cluster.settings import ClusterSettings, router_id, router_sort_key
 from commitlog.record import decode_batch
@@ -94,6 +97,9 @@ class Mesh:
                                          burst=3, window=10.0)
         self.entry_failures = 0
         self.retain_sync = RetainSync(self)  # peer retained changes (cluster/retainsync.py)
+        # what was routed here before a peer's routes were known (cluster/routegap.py)
+        self.unrouted = UnroutedPeers(list(self.links), store,
+                                      router.mqtt.max_lagging_devices)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -197,6 +203,9 @@ class Mesh:
         if full:
             self.routes.replace(link.peer, [(f, g) for op, f, g in changes
                                             if op == frames.ROUTE_ADD])
+            if self.unrouted.pending is not None:
+                self.unrouted.routes_known(
+                    link.peer, lambda rec: redeliver(self.routes, self._encode, link, rec))
             return
         for op, flt, group in changes:
             if op == frames.ROUTE_ADD:
@@ -210,6 +219,10 @@ class Mesh:
         for msg in self.router.retained.match("#"):
             head, body = self._encode(msg, frames.RETAIN_SYNC)
             link.enqueue(frames.RETAIN_SYNC, 1, head, body)
+        # What the peer stored while unreachable (or routed before it had our routes, just
+        # restarted) is read back from its logs from each session's position there
+        # (broker/positions.py); after the routes written just before, so nothing falls between.
+        self.router.positions.owner_back(link.peer, self.owner_of)
 
     def link_down(self, link: MeshLink) -> None:
         # The peer's routes stay: what is published meanwhile queues on the link (bounded) and
@@ -228,6 +241,8 @@ class Mesh:
     # -- the forwarder (called by the router) -------------------------------------------------
     def forward(self, msg: Message) -> None:
         """Once to each peer with a matching filter, after local delivery (never from a peer)."""
+        if self.unrouted.pending is not None and msg.device is not None:
+            self.unrouted.routed(msg.device, msg.offset)  # some peers' routes not known yet
         peers = self.routes.peers_for(msg.topic)
         if not peers or msg.topic.startswith(_LOCAL_SYS):
             return
