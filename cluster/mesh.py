@@ -30,6 +30,7 @@ from broker.forwarding import FetchResult
 from broker.lograte import RateLimitedLog
 from broker.message import Message
 from cluster import frames
+from cluster.idempotence import source_value
 from cluster.link import Done, LinkConnection, LinkFull, MeshLink
 from cluster.ownership import Ownership
 from cluster.retainsync import RetainSync
@@ -327,12 +328,18 @@ class Mesh:
             router.route(msg, forward=False)
         elif kind == frames.APPEND:
             slot = link.append_pending(e.seq)
+            inc = link.peer_incarnation
             try:
-                router.remote.append_for_peer(e.device, msg, e.expiry,
-                                              (link, slot, link.peer_incarnation))
+                found = link.resends.stored_at(router.logs.store, e.device, e.seq)
+                if found is not None:  # our previous run stored it: answer, store nothing
+                    link.resends.found += 1
+                    link.append_done(slot, inc, None, found)
+                    return
+                router.remote.append_for_peer(e.device, msg, e.expiry, (link, slot, inc),
+                                              source_value(inc, e.seq))
             except Exception as err:  # noqa: BLE001 - LogWriteError or worse: the publisher
                 # is refused ("not stored"), and the slot must not hold the link's ACK forever
-                link.append_done(slot, link.peer_incarnation, err, -1)
+                link.append_done(slot, inc, err, -1)
                 if not isinstance(err, LogWriteError):
                     raise
         elif kind == frames.RETAIN:
