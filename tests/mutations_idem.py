@@ -12,6 +12,8 @@ RI = "tests/cluster/test_resend_idempotence.py"
 KILLED = RI + "::test_appends_stored_before_the_owner_was_killed_are_stored_once"
 UNIT = "tests/cluster/test_idempotence_unit.py"
 OWN_INC = UNIT + "::test_a_resent_append_is_found_only_for_its_own_publisher_incarnation"
+SPARK = ("tests/spark_connector/test_internal_headers.py::"
+         "test_the_internal_source_header_is_not_a_spark_header")
 LOOKBACK = UNIT + "::test_records_older_than_the_lookback_are_not_looked_for"
 
 
@@ -50,4 +52,8 @@ def idem_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/idempotence.py",
           "            since = self.started_us - int(RESEND_LOOKBACK_S * 1e6)\n",
           "            since = 0\n", (LOOKBACK,)),
+        m("idem-source-in-spark", "spark_connector/arrow.py: Spark's headers column shows "
+          "the internal ':src' header",
+          "spark_connector/arrow.py", " for n, v in h if n != _INTERNAL}\n",
+          " for n, v in h}\n", (SPARK,)),
     )
