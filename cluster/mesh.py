@@ -331,17 +331,25 @@ class Mesh:
             inc = link.peer_incarnation
             try:
                 found = link.resends.stored_at(router.logs.store, e.device, e.seq)
-                if found is not None:  # our previous run stored it: answer, store nothing
-                    link.resends.found += 1
-                    link.append_done(slot, inc, None, found)
+                if found is None:
+                    router.remote.append_for_peer(e.device, msg, e.expiry, (link, slot, inc),
+                                                  source_value(inc, e.seq))
                     return
-                router.remote.append_for_peer(e.device, msg, e.expiry, (link, slot, inc),
-                                              source_value(inc, e.seq))
             except Exception as err:  # noqa: BLE001 - LogWriteError or worse: the publisher
                 # is refused ("not stored"), and the slot must not hold the link's ACK forever
                 link.append_done(slot, inc, err, -1)
                 if not isinstance(err, LogWriteError):
                     raise
+                return
+            # our previous run stored it: answer with its offset, store nothing. It may have
+            # died between its fsync and routing it (and its DELIVERs to peers died with it):
+            # route it again, at least once for subscribers (a replaying one drops an offset
+            # it already has), as the second copy was routed before this check existed
+            link.resends.found += 1
+            link.append_done(slot, inc, None, found)
+            msg.device = e.device
+            msg.offset = found
+            router.route(msg)
         elif kind == frames.RETAIN:
             self.retain_sync.on_retain(link, msg, e.seq)
         elif kind == frames.SHARE:

@@ -29,8 +29,8 @@ def idem_mutations(mutation: Any) -> tuple[Any, ...]:
         m("idem-no-source-header", "cluster/mesh.py: a peer's record is stored without its "
           "':src' header, so nothing names it after a restart",
           "cluster/mesh.py",
-          "                                              source_value(inc, e.seq))\n",
-          "                                              None)\n", (KILLED,)),
+          "                                                  source_value(inc, e.seq))\n",
+          "                                                  None)\n", (KILLED,)),
         m("idem-never-adopted", "cluster/link.py: a peer incarnation first heard after our "
           "start is not checked against the log",
           "cluster/link.py", "                self.resends.adopt(est.peer_incarnation)\n",
@@ -56,4 +56,9 @@ def idem_mutations(mutation: Any) -> tuple[Any, ...]:
           "the internal ':src' header",
           "spark_connector/arrow.py", " for n, v in h if n != _INTERNAL}\n",
           " for n, v in h}\n", (SPARK,)),
+        m("idem-found-not-routed", "cluster/mesh.py: a resent APPEND found in the log is "
+          "answered but not routed: a subscriber elsewhere never gets what the killed owner "
+          "stored and had not delivered",
+          "cluster/mesh.py", "            msg.offset = found\n            router.route(msg)\n",
+          "            msg.offset = found\n", (KILLED,)),
     )

@@ -6,7 +6,9 @@ back: node 1 stores (fsyncs) the publishes, its RESULTs never arrive, and it is 
 the link notices; its supervisor restarts it, a new incarnation that remembers nothing. Node 0
 resends the APPENDs; the new owner must find them in its log (the ``:src`` header a peer's
 record carries, cluster/idempotence.py) and answer with the offsets they were stored at: every
-acknowledged message in the log exactly once, each PUBACK naming its own record's offset.
+acknowledged message in the log exactly once, each PUBACK naming its own record's offset. A
+subscriber on node 0, connected all along, gets every one at least once: the old owner's
+deliveries to it were lost with its answers, so the found records are routed again.
 """
 
 from __future__ import annotations
@@ -52,8 +54,14 @@ def test_appends_stored_before_the_owner_was_killed_are_stored_once(
     topic = f"devices/{device}/t"
     pub = raw(n0, version=5)
     pub.connect(unique("idempub"), properties=ACK_OFFSETS)
+    watcher = raw(n0, version=5)
+    watcher.connect(unique("idemwatch"))
+    watcher.send(R.subscribe(1, [(f"devices/{device}/#", 1)], version=5))
+    watcher.expect(R.SUBACK, timeout=30)
+    mesh.wait_routes(filters_at=0)
     pub.send(R.publish(topic, b"ok0", qos=1, packet_id=1, version=5))
     assert pub.expect(R.PUBACK, timeout=30).reason_code == 0
+    assert watcher.expect(R.PUBLISH, timeout=30).payload == b"ok0"
     proxy.blackhole(back_only=True)
     sent = [f"m{i}".encode() for i in range(N)]
     for i, payload in enumerate(sent):
@@ -82,6 +90,14 @@ def test_appends_stored_before_the_owner_was_killed_are_stored_once(
         assert offset == at[payload], (
             f"PUBACK for {payload!r} names offset {offset}, stored at {at[payload]}")
     assert mesh.link(1, 0)["resends_found"] == N, mesh.link(1, 0)
+    delivered: set[bytes] = set()
+    while not set(sent) <= delivered:
+        try:
+            delivered.add(bytes(watcher.expect(R.PUBLISH, timeout=30).payload))
+        except Exception as err:  # noqa: BLE001 - say what was missing
+            missing = sorted(m.decode() for m in set(sent) - delivered)
+            raise AssertionError(f"stored, acknowledged, never delivered to node 0's "
+                                 f"subscriber: {missing}") from err
     # the internal header stays internal: a subscriber replaying the log sees no ":src"
     sub = raw(n1, version=5)
     sub.connect(unique("idemsub"))
