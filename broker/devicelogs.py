@@ -47,6 +47,10 @@ _H_EXPIRY = ":message-expiry"  # the interval in seconds, counted from the recor
 # The publisher's client id, kept only when that client holds a No Local subscription: a session
 # fed from the log (broker/catchup.py) must still not get its own messages back [MQTT-3.8.3-3].
 _H_ORIGIN = ":origin"
+# Where a record appended for a peer router came from (publisher incarnation, link seq): what
+# lets a restarted owner answer a resent APPEND with the offset it was stored at instead of
+# storing it twice (cluster/idempotence.py). Internal: never shown to MQTT subscribers.
+H_SOURCE = ":src"
 _RESERVED = {
     _H_CONTENT_TYPE: (Prop.CONTENT_TYPE, "str"),
     _H_RESPONSE_TOPIC: (Prop.RESPONSE_TOPIC, "str"),
@@ -85,7 +89,7 @@ def properties_from_headers(headers: Any) -> tuple[dict | None, int | None]:
     for name, value in headers:
         spec = _RESERVED.get(name)
         if spec is None:
-            if name == _H_ORIGIN:
+            if name == _H_ORIGIN or name == H_SOURCE:
                 continue
             users.append((name, bytes(value).decode("utf-8", "replace")))
             continue
@@ -171,8 +175,9 @@ class DeviceLogs:
         return key
 
     def append(self, key: str, msg: Message, conn: Connection | None, packet_id: int | None,
-               expiry: int | None) -> int:
-        """Append and hold the publish until durable; raises LogWriteError if the log is failing."""
+               expiry: int | None, source: bytes | None = None) -> int:
+        """Append and hold the publish until durable; raises LogWriteError if the log is failing.
+        ``source``: a peer's APPEND, kept as the ``:src`` header (cluster/idempotence.py)."""
         ts = time.time_ns() // 1000
         if not self._batch:
             self._batch_ts = ts
@@ -183,6 +188,8 @@ class DeviceLogs:
                 msg.properties or expiry is not None) else None
             if conn is not None and conn.session is not None and conn.session.has_no_local:
                 headers = [*(headers or ()), (_H_ORIGIN, msg.origin.encode())]
+            if source is not None:
+                headers = [*(headers or ()), (H_SOURCE, source)]
             offset = self.committer.append(key, ts, msg.topic, attrs, headers, msg.payload)
             msg.device = key
             msg.offset = offset

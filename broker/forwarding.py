@@ -136,13 +136,15 @@ class RemotePublishes:
         # every other ack of the RESULTS frame (a flush per ack was a third of a router's CPU)
 
     # -- at the owner's router --------------------------------------------------------------
-    def append_for_peer(self, key: str, msg: Message, expiry: int | None, ticket: Any) -> None:
+    def append_for_peer(self, key: str, msg: Message, expiry: int | None, ticket: Any,
+                        source: bytes | None = None) -> None:
         """Store a peer's publish; ``stored`` routes it and answers the peer once durable.
-        Raises LogWriteError when the log cannot take it (the peer refuses its publisher)."""
+        Raises LogWriteError when the log cannot take it (the peer refuses its publisher).
+        ``source`` names the APPEND in the record, for a restart's resend check."""
         logs = self.router.logs
         if logs is None:
             raise RuntimeError("this router has no commit log to store a peer's publish")
-        logs.append(key, msg, None, ticket, expiry)
+        logs.append(key, msg, None, ticket, expiry, source)
 
     def stored(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
         """From Router._on_durable, for a publish stored for a peer: route it here (the owner

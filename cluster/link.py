@@ -13,8 +13,8 @@ per process start). After a reconnect the sender drops what the peer processed a
 rest, except QoS 0 deliveries (at most once, as MQTT QoS 0 is); the receiver drops any entry at or
 below what it processed, so a resent entry is never applied twice. A peer that restarted has a
 new incarnation and has processed nothing: everything QoS>=1 still unacknowledged goes again
-(an APPEND stored just before a kill -9 and not yet acknowledged is then stored twice: at least
-once, as Kafka's producer retries without idempotence).
+(an APPEND stored just before a kill -9 and not yet acknowledged is found in the log by the
+restarted owner and answered with its offset, not stored twice: cluster/idempotence.py).
 
 An APPEND's outcome reaches the publisher's router exactly once, whatever the link does, and an
 unknown outcome is never a success: see cluster/outcomes.py.
@@ -48,6 +48,7 @@ from cluster.handshake import (
     Established,
     HandshakeRefused,
 )
+from cluster.idempotence import ResendCheck
 from cluster.outcomes import AppendTimeout, Outcomes
 
 if TYPE_CHECKING:
@@ -157,6 +158,9 @@ class MeshLink:
         self.inbound = InboundSequence()
         self.acked_out = 0  # the last ACK we sent
         self.outcomes = Outcomes()  # of the peer's APPENDs, to answer a resent one again
+        # ... and, for an incarnation first heard after our own start, what our previous run
+        # stored of its APPENDs (cluster/idempotence.py)
+        self.resends = ResendCheck(mesh.settings.link_window)
         self.results: list[tuple[int, int, int, str]] = []
         self.routes_dirty: list[tuple[int, str, str | None]] = []
         # log reads (FETCH/RESOLVE) and their answers: written after the routes of the same
@@ -279,6 +283,10 @@ class MeshLink:
         if est.peer_incarnation != self.inbound.incarnation:
             # a restarted peer: its seqs start again; our pending APPENDs of its old
             # incarnation still complete, but their acks mean nothing to the new one
+            if not self.inbound.incarnation:
+                # the first we hear of it since we started: a previous run of ours may have
+                # stored some of what it resends now
+                self.resends.adopt(est.peer_incarnation)
             self.inbound.reset(est.peer_incarnation)
             self.outcomes.clear()
             self.results = []
@@ -524,6 +532,8 @@ class MeshLink:
             "unacked": len(self.inflight), "window": self.mesh.settings.link_window,
             "awaiting_outcome": len(self.awaiting),
             "oldest_awaiting_s": round(self.oldest_awaiting(time.monotonic()), 3),
+            # resent APPENDs a previous run of ours had stored, answered from the log
+            "resends_found": self.resends.found, "resend_tails_read": self.resends.scanned,
             **self.stats,
         }
 

@@ -32,6 +32,7 @@ from broker.forwarding import FetchResult
 from broker.lograte import RateLimitedLog
 from broker.message import Message
 from cluster import frames
+from cluster.idempotence import source_value
 from cluster.link import Done, LinkConnection, LinkFull, MeshLink
 from cluster.ownership import Ownership
 from cluster.retainsync import RetainSync
@@ -342,14 +343,28 @@ class Mesh:
             router.route(msg, forward=False)
         elif kind == frames.APPEND:
             slot = link.append_pending(e.seq)
+            inc = link.peer_incarnation
             try:
-                router.remote.append_for_peer(e.device, msg, e.expiry,
-                                              (link, slot, link.peer_incarnation))
+                found = link.resends.stored_at(router.logs.store, e.device, e.seq)
+                if found is None:
+                    router.remote.append_for_peer(e.device, msg, e.expiry, (link, slot, inc),
+                                                  source_value(inc, e.seq))
+                    return
             except Exception as err:  # noqa: BLE001 - LogWriteError or worse: the publisher
                 # is refused ("not stored"), and the slot must not hold the link's ACK forever
-                link.append_done(slot, link.peer_incarnation, err, -1)
+                link.append_done(slot, inc, err, -1)
                 if not isinstance(err, LogWriteError):
                     raise
+                return
+            # our previous run stored it: answer with its offset, store nothing. It may have
+            # died between its fsync and routing it (and its DELIVERs to peers died with it):
+            # route it again, at least once for subscribers (a replaying one drops an offset
+            # it already has), as the second copy was routed before this check existed
+            link.resends.found += 1
+            link.append_done(slot, inc, None, found)
+            msg.device = e.device
+            msg.offset = found
+            router.route(msg)
         elif kind == frames.RETAIN:
             self.retain_sync.on_retain(link, msg, e.seq)
         elif kind == frames.SHARE:

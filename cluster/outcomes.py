@@ -10,8 +10,8 @@ ACK, or the handshake's resume point, covers it while its publisher still waits)
 the owner, which drops it as already processed (``InboundSequence.fresh``), answers with the
 outcome it remembers: the RESULT again, never a second append. One it no longer remembers is
 answered "outcome unknown", a failure; one still waiting for its fsync is answered when that
-ends. A restarted owner (a new incarnation) processed nothing of ours: everything is resent and
-stored (once more, if the old one had stored it: at least once).
+ends. A restarted owner (a new incarnation) processed nothing of ours: everything is resent, and it
+looks for each in its log before storing it (cluster/idempotence.py: stored once).
 
 A publisher's router waits at most ``cluster.append_timeout`` for an outcome
 (``MeshLink.expire_appends``): past it the publish is refused as not stored (``AppendTimeout``;

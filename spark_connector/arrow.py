@@ -37,6 +37,9 @@ _BASE_FIELDS = [
     ("payload", BinaryType(), pa.binary()),
 ]
 _HEADERS_ARROW = pa.map_(pa.string(), pa.string())
+#: A record header internal to the broker (broker/devicelogs.py H_SOURCE; not imported: the
+#: connector depends on commitlog/ only, never on the broker)
+_INTERNAL = ":src"
 
 
 def spark_schema(include_headers: bool) -> StructType:
@@ -74,9 +77,12 @@ def to_record_batch(cols: FetchColumns, include_headers: bool,
     if include_headers:
         # Header values are bytes; MQTT user properties are UTF-8 strings by the spec, and the
         # binary correlation data is the only exception (decoded with U+FFFD replacement).
-        # Repeated names keep the last value (a map has one value per key).
+        # Repeated names keep the last value (a map has one value per key). ":src" (which
+        # peer's APPEND a record is, for the owner's resend check: cluster/idempotence.py) is
+        # the broker's, not the publisher's: left out, as MQTT replay leaves it out.
         arrays.append(pa.array(
-            [{n: bytes(v).decode("utf-8", "replace") for n, v in h} for h in cols.headers],
+            [{n: bytes(v).decode("utf-8", "replace") for n, v in h if n != _INTERNAL}
+             for h in cols.headers],
             _HEADERS_ARROW))
     batch = pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(include_headers))
     if keep is not None:

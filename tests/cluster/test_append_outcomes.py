@@ -286,8 +286,8 @@ def test_stored_writes_whose_owner_was_killed_before_answering_are_acked_and_kep
     """The owner stored (fsynced) N publishes, its answers are lost, and it is killed -9 before
     the link noticed: its supervisor restarts it, a new incarnation that remembers nothing of
     this link. Node 0 sends the N again; each is acknowledged, and every acknowledged message
-    is in the log (twice here: at least once, the documented cost of a kill between the fsync
-    and the answer; never acknowledged and missing)."""
+    is in the log (never acknowledged and missing; that it is there once, the restarted owner
+    finding the resent APPENDs in its log, is tests/cluster/test_resend_idempotence.py)."""
     mesh, proxy = one_way
     n0, n1 = mesh.nodes
     device = mesh.device_owned_by(1, unique("kill"))

@@ -1,0 +1,127 @@
+"""A resent APPEND is stored once, even when the owner restarted in between (issue 28).
+
+Within one owner incarnation a resent APPEND is answered from memory (cluster/outcomes.py). A
+restarted owner remembers nothing, and the publisher's router resends every APPEND still
+unanswered (at most ``cluster.link_window``): one the old incarnation had stored before a kill -9
+would be stored a second time. Kafka's idempotent producer solves the same problem by keeping
+(producer id, epoch, sequence) with every batch and rebuilding its producer state from the log
+tail on restart; meshmq does the same with less state:
+
+* every record an owner appends for a peer carries one reserved header, ``:src``, naming where
+  it came from: the first 8 bytes of the publisher router's incarnation (random per process
+  start, so a restarted publisher's seqs starting again from 1 never match its old ones) and the
+  APPEND's link seq (16 bytes a record, on the mesh path only; a single node never writes it);
+* when this router adopts a publisher incarnation it has not heard from since it started (its
+  own restart, or the peer's), the first ``link_window`` seqs it receives may be resends of
+  APPENDs the old incarnation stored. For each, the device's recent tail (records written within
+  ``RESEND_LOOKBACK_S`` before this process started, and since; at most ``RESEND_SCAN_MAX``) is
+  read once and the ``:src`` values of that publisher incarnation indexed: a match is answered
+  "stored at offset N" instead of appended again. After the window, no read at all.
+
+What it cannot see, and then stores again (at least once, as before): a record retention already
+removed, one older than the lookback, one beyond the scan cap, or a tail that cannot be read
+(logged). A record in the tail that is corrupt is read around by the store (commitlog/salvage.py):
+if it was the one resent, the resend stores it again, which is what a reader of a lost record
+needs anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from typing import Any
+
+from broker.devicelogs import H_SOURCE
+from broker.lograte import RateLimitedLog
+
+log = logging.getLogger("cluster.idempotence")
+
+#: How far before this process started a resent APPEND's first store may lie: the publisher's
+#: router keeps an unanswered APPEND queued past ``cluster.append_timeout`` (it refuses the
+#: client, but the owner may still store it), so generously more than that.
+RESEND_LOOKBACK_S = 60.0
+#: Records read back per device (once per adopted publisher incarnation): what bounds the cost
+#: of a restart on a device written very fast. One past it may be stored twice (logged).
+RESEND_SCAN_MAX = 65536
+
+_SRC = struct.Struct(">8sQ")
+
+
+def source_value(incarnation: bytes, seq: int) -> bytes:
+    """The ``:src`` header value of a peer's APPEND: (publisher incarnation prefix, link seq)."""
+    return _SRC.pack(incarnation[:8], seq)
+
+
+class ResendCheck:
+    """Per link, the owner's side: which APPENDs of the peer's current incarnation may be
+    resends of ones a previous incarnation of *this* router stored, and where they are."""
+
+    __slots__ = ("window", "started_us", "_inc", "_first", "_found", "_scan_log", "found",
+                 "scanned")
+
+    def __init__(self, window: int, started_us: int | None = None) -> None:
+        self.window = window
+        self.started_us = time.time_ns() // 1000 if started_us is None else started_us
+        self._inc = b""
+        self._first = -1  # the first seq heard from this incarnation; -1: none yet
+        self._found: dict[str, dict[bytes, int]] = {}  # device -> {:src value -> offset}
+        self._scan_log = RateLimitedLog(log, logging.WARNING, "resend check incomplete",
+                                        burst=1, window=10.0)
+        self.found = 0  # resent APPENDs answered from the log (counted per link)
+        self.scanned = 0  # device tails read
+
+    def adopt(self, incarnation: bytes) -> None:
+        """A peer incarnation this router has not processed anything of: check its first
+        window of seqs against the log."""
+        self._inc = incarnation[:8]
+        self._first = -1
+        self._found = {}
+
+    def stored_at(self, store: Any, device: str, seq: int) -> int | None:
+        """The offset where this APPEND is already stored, or None (append it)."""
+        first = self._first
+        if first < 0:
+            self._first = first = seq
+        if seq >= first + self.window:
+            if self._found:
+                self._found = {}  # past the window: nothing more to look up
+            return None
+        index = self._found.get(device)
+        if index is None:
+            index = self._found[device] = self._scan(store, device)
+        return index.get(_SRC.pack(self._inc, seq))
+
+    def _scan(self, store: Any, device: str) -> dict[bytes, int]:
+        """``:src`` values of this publisher incarnation in the device's recent tail."""
+        self.scanned += 1
+        index: dict[bytes, int] = {}
+        inc = self._inc
+        try:
+            start, end = store.log_range(device)
+            if start >= end:
+                return index
+            since = self.started_us - int(RESEND_LOOKBACK_S * 1e6)
+            off = max(start, store.offset_for_timestamp(device, since), end - RESEND_SCAN_MAX)
+            capped = off == end - RESEND_SCAN_MAX and off > start
+            while off < end:
+                recs = store.read(device, off, 4096, 1 << 24)
+                if not recs:
+                    break
+                for rec in recs:
+                    for name, value in rec.headers or ():
+                        if name == H_SOURCE and bytes(value[:8]) == inc:
+                            index[bytes(value)] = rec.offset
+                off = recs[-1].offset + 1
+        except Exception as err:  # noqa: BLE001 - an unreadable tail: store again (at least
+            # once, as without this check), never refuse a write for a read
+            self._scan_log("could not read the tail of device log %s to find resent publishes "
+                           "(%r): any the previous run stored are stored again (duplicates in "
+                           "the log; check the store: meshmq log verify)", device, err,
+                           extra={"device": device})
+            return index
+        if capped:
+            self._scan_log("device log %s had over %d records in the last %g s before this "
+                           "router started: a resent publish older than that is stored again",
+                           device, RESEND_SCAN_MAX, RESEND_LOOKBACK_S, extra={"device": device})
+        return index

@@ -1,0 +1,78 @@
+"""``ResendCheck`` against a real LogStore (cluster/idempotence.py): what a restarted owner finds
+of a resent APPEND in its log, and what it must not find (issue 28, the chaos suite's
+``dups_in_log``).
+
+* an APPEND of the publisher incarnation it adopted, within the first window: found at its offset;
+* the same seq of a *restarted* publisher (another incarnation, seqs starting again): not found;
+* a seq past the resend window (never resent: at most link_window were unanswered): no read;
+* a record older than the lookback before this process started: not looked for;
+* a corrupt record in the tail: the store reads around it, the others are found, no error.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from broker.devicelogs import H_SOURCE
+from cluster.idempotence import RESEND_LOOKBACK_S, ResendCheck, source_value
+from commitlog.record import HEADER, HEADER_SIZE
+from commitlog.store import LogStore
+
+PUB = b"A" * 16  # the publisher router's incarnation
+DEV = "dev1"
+
+
+def _store(path: Path, seqs: range, ts: int, inc: bytes = PUB) -> None:
+    with LogStore.open(str(path)) as st:
+        st.append(DEV, ts, f"devices/{DEV}/t", 1, None, b"local")  # a local publish: no :src
+        for seq in seqs:
+            st.append(DEV, ts, f"devices/{DEV}/t", 1, [(H_SOURCE, source_value(inc, seq))],
+                      f"m{seq}".encode())
+        st.flush_sync_commit()
+
+
+def test_a_resent_append_is_found_only_for_its_own_publisher_incarnation(
+        tmp_path: Path) -> None:
+    now = time.time_ns() // 1000
+    _store(tmp_path / "log", range(1, 21), now - 1_000_000)
+    with LogStore.open(str(tmp_path / "log")) as st:
+        check = ResendCheck(window=8, started_us=now)
+        check.adopt(PUB)
+        assert check.stored_at(st, DEV, 3) == 3  # offset 0 is the local publish
+        assert check.stored_at(st, DEV, 1) == 1
+        assert check.stored_at(st, DEV, 15) is None  # past the window (first seq 3 + 8)
+        assert check.stored_at(st, "other", 4) is None  # another device: nothing there
+        check.adopt(b"B" * 16)  # the publisher restarted: its seq 3 is a new publish
+        assert check.stored_at(st, DEV, 3) is None
+        assert check.scanned == 3
+
+
+def test_records_older_than_the_lookback_are_not_looked_for(tmp_path: Path) -> None:
+    now = time.time_ns() // 1000
+    _store(tmp_path / "log", range(1, 4), now - int((RESEND_LOOKBACK_S + 60) * 1e6))
+    with LogStore.open(str(tmp_path / "log")) as st:
+        check = ResendCheck(window=8, started_us=now)
+        check.adopt(PUB)
+        assert check.stored_at(st, DEV, 1) is None
+
+
+def test_a_corrupt_record_in_the_tail_is_read_around(tmp_path: Path) -> None:
+    now = time.time_ns() // 1000
+    _store(tmp_path / "log", range(1, 6), now - 1_000_000)
+    seg = sorted((tmp_path / "log").glob("*.log"))[-1]
+    data = bytearray(seg.read_bytes())
+    p, seen = 0, 0
+    while p + HEADER_SIZE <= len(data):  # damage the payload of the record of seq 3
+        length, _c, _m, _f, _a, off, _ts, _kl, _tl, _hc = HEADER.unpack_from(data, p)
+        if off == 3:
+            data[p + 4 + length - 2] ^= 0x01
+            seen += 1
+        p += 4 + length
+    assert seen == 1
+    seg.write_bytes(bytes(data))
+    with LogStore.open(str(tmp_path / "log")) as st:
+        check = ResendCheck(window=8, started_us=now)
+        check.adopt(PUB)
+        assert check.stored_at(st, DEV, 3) is None  # lost: stored again by the resend
+        assert [check.stored_at(st, DEV, s) for s in (1, 2, 4, 5)] == [1, 2, 4, 5]

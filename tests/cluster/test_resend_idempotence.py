@@ -1,0 +1,110 @@
+"""A resent APPEND is stored once, even across the owner's kill -9 (issue 28; the chaos suite's
+``dups_in_log``).
+
+Node 0 publishes on a device log node 1 owns, through a proxy that loses only what node 1 sends
+back: node 1 stores (fsyncs) the publishes, its RESULTs never arrive, and it is killed -9 before
+the link notices; its supervisor restarts it, a new incarnation that remembers nothing. Node 0
+resends the APPENDs; the new owner must find them in its log (the ``:src`` header a peer's
+record carries, cluster/idempotence.py) and answer with the offsets they were stored at: every
+acknowledged message in the log exactly once, each PUBACK naming its own record's offset. A
+subscriber on node 0, connected all along, gets every one at least once: the old owner's
+deliveries to it were lost with its answers, so the found records are routed again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import raw as R
+from helpers.broker import wait_for
+from helpers.clients import unique
+from helpers.cluster import Cluster
+from helpers.devicelog import fetch_all
+from helpers.tcpproxy import TcpProxy
+
+pytestmark = pytest.mark.timeout(240)
+ACK_OFFSETS = {R.USER_PROPERTY: [("ack-offsets", "true")]}
+N = 20
+
+
+@pytest.fixture
+def one_way(tmp_path: Path) -> Iterator[tuple[Cluster, TcpProxy]]:
+    # append_timeout far above the test's restart: what answers must be the owner's outcome
+    cluster = Cluster(tmp_path, n=2, overrides={"cluster": {"append_timeout": 600.0}})
+    proxy = TcpProxy(cluster.mesh_ports[1])
+    cluster.dial_via(0, 1, proxy.port)  # n0/0 < n1/0: node 0 dials
+    try:
+        cluster.start()
+        yield cluster, proxy
+    finally:
+        cluster.stop()
+        proxy.close()
+
+
+def test_appends_stored_before_the_owner_was_killed_are_stored_once(
+        one_way: tuple[Cluster, TcpProxy], raw) -> None:
+    mesh, proxy = one_way
+    n0, n1 = mesh.nodes
+    device = mesh.device_owned_by(1, unique("idem"))
+    topic = f"devices/{device}/t"
+    pub = raw(n0, version=5)
+    pub.connect(unique("idempub"), properties=ACK_OFFSETS)
+    watcher = raw(n0, version=5)
+    watcher.connect(unique("idemwatch"))
+    watcher.send(R.subscribe(1, [(f"devices/{device}/#", 1)], version=5))
+    watcher.expect(R.SUBACK, timeout=30)
+    mesh.wait_routes(filters_at=0)
+    pub.send(R.publish(topic, b"ok0", qos=1, packet_id=1, version=5))
+    assert pub.expect(R.PUBACK, timeout=30).reason_code == 0
+    assert watcher.expect(R.PUBLISH, timeout=30).payload == b"ok0"
+    proxy.blackhole(back_only=True)
+    sent = [f"m{i}".encode() for i in range(N)]
+    for i, payload in enumerate(sent):
+        pub.send(R.publish(topic, payload, qos=1, packet_id=10 + i, version=5))
+    wait_for(lambda: len(fetch_all(n1, device)) == N + 1, 30,
+             message="node 1 stored the publishes")
+    owner = mesh.router_pid(1)
+    os.kill(owner, signal.SIGKILL)
+    wait_for(lambda: mesh.link(0, 1)["state"] != "up", 30, message="node 0 sees it down")
+    proxy.heal()
+    acks = {}
+    while len(acks) < N:
+        p = pub.expect(R.PUBACK, timeout=60)
+        acks[p.packet_id] = p
+    assert {pid: p.reason_code for pid, p in acks.items()} == dict.fromkeys(
+        range(10, 10 + N), 0)
+    assert mesh.router_pid(1) != owner
+    records = fetch_all(n1, device)
+    stored = [bytes(r.payload) for r in records]
+    twice = {m.decode(): n for m, n in Counter(stored).items() if n > 1}
+    assert not twice, f"resent after the owner's restart and stored again: {twice}; log: {stored}"
+    assert stored == [b"ok0", *sent], stored
+    at = {bytes(r.payload): r.offset for r in records}
+    for i, payload in enumerate(sent):
+        offset = int(dict(acks[10 + i].properties.get(R.USER_PROPERTY, []))["offset"])
+        assert offset == at[payload], (
+            f"PUBACK for {payload!r} names offset {offset}, stored at {at[payload]}")
+    assert mesh.link(1, 0)["resends_found"] == N, mesh.link(1, 0)
+    delivered: set[bytes] = set()
+    while not set(sent) <= delivered:
+        try:
+            delivered.add(bytes(watcher.expect(R.PUBLISH, timeout=30).payload))
+        except Exception as err:  # noqa: BLE001 - say what was missing
+            missing = sorted(m.decode() for m in set(sent) - delivered)
+            raise AssertionError(f"stored, acknowledged, never delivered to node 0's "
+                                 f"subscriber: {missing}") from err
+    # the internal header stays internal: a subscriber replaying the log sees no ":src"
+    sub = raw(n1, version=5)
+    sub.connect(unique("idemsub"))
+    sub.send(R.subscribe(1, [(f"devices/{device}/#", 1)], version=5,
+                         properties={R.USER_PROPERTY: [("offset", "earliest")]}))
+    sub.expect(R.SUBACK, timeout=30)
+    got = [sub.expect(R.PUBLISH, timeout=30) for _ in range(N + 1)]
+    for p in got:
+        names = [k for k, _ in p.properties.get(R.USER_PROPERTY, [])]
+        assert ":src" not in names, p
