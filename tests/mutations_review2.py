@@ -1,0 +1,29 @@
+"""Planted bugs for the review of the merged ``outcomes`` branch (issue 28: an APPEND's outcome
+reaches the publisher exactly once; ``cluster.append_timeout``), run by ``tests/mutate.py``
+like every other guard (``tests/mutate.py review2-``). Each names the test that must catch it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Q2 = "tests/cluster/test_review2_qos2_resume.py"
+Q2T = Q2 + "::test_a_qos2_resend_after_reconnect_is_answered_whatever_the_owner_says"
+
+
+def review2_mutations(mutation: Any) -> tuple[Any, ...]:
+    """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
+    m = mutation
+    return (
+        m("review2-qos2-pending-after-close", "a QoS 2 publish's remote outcome arriving after "
+          "its connection closed leaves the packet id pending in the session forever",
+          "broker/forwarding.py",
+          "        if msg.qos == 2 and conn.closing and conn.session is not None:\n",
+          "        if False:\n", (f"{Q2T}[refused]", f"{Q2T}[stored-late]")),
+        m("review2-qos2-late-store-not-told", "a QoS 2 publish stored after its connection "
+          "closed: the session's live connection is not sent its PUBREC",
+          "broker/forwarding.py",
+          "            if live is not None:\n                self.router._ack_publish(",
+          "            if False:\n                self.router._ack_publish(",
+          (f"{Q2T}[stored-late]",)),
+    )
