@@ -9,6 +9,7 @@ from typing import Any
 
 Q2 = "tests/cluster/test_review2_qos2_resume.py"
 Q2T = Q2 + "::test_a_qos2_resend_after_reconnect_is_answered_whatever_the_owner_says"
+Q2V4 = Q2 + "::test_a_311_qos2_publish_refused_by_disconnect_can_be_resent"
 
 
 def review2_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -19,7 +20,7 @@ def review2_mutations(mutation: Any) -> tuple[Any, ...]:
           "its connection closed leaves the packet id pending in the session forever",
           "broker/forwarding.py",
           "        if msg.qos == 2 and conn.closing and conn.session is not None:\n",
-          "        if False:\n", (f"{Q2T}[refused]", f"{Q2T}[stored-late]")),
+          "        if False:\n", (f"{Q2T}[refused]", f"{Q2T}[stored-late]", Q2V4)),
         m("review2-qos2-late-store-not-told", "a QoS 2 publish stored after its connection "
           "closed: the session's live connection is not sent its PUBREC",
           "broker/forwarding.py",

@@ -94,3 +94,41 @@ def test_a_qos2_resend_after_reconnect_is_answered_whatever_the_owner_says(
             assert stored.count(b"q2") == 1, f"acknowledged once, stored: {stored}"
     finally:
         mesh.stop()
+
+
+def test_a_311_qos2_publish_refused_by_disconnect_can_be_resent(tmp_path: Path, raw) -> None:
+    """3.1.1 has no negative PUBREC: a QoS 2 publish the owner did not confirm within
+    cluster.append_timeout closes the connection, and the client resends it after reconnecting
+    with its session. Before the fix the refusal closed the connection but left the packet id
+    pending in the session, so that resend was swallowed for good: never stored, never
+    answered."""
+    mesh = Cluster(tmp_path, n=2, overrides={"cluster": {"append_timeout": 1.0}}).start()
+    try:
+        n0, n1 = mesh.nodes
+        device = mesh.device_owned_by(1, unique("q2v4"))
+        topic = f"devices/{device}/t"
+        client_id = unique("q2v4pub")
+        first = raw(n0, version=4)
+        first.connect(client_id, clean=False)
+        first.send(R.publish(topic, b"warm", qos=1, packet_id=1))
+        assert first.expect(R.PUBACK, timeout=30).packet_id == 1
+        owner = mesh.router_pid(1)
+        os.kill(owner, signal.SIGSTOP)
+        try:
+            first.send(R.publish(topic, b"q2", qos=2, packet_id=7))
+            got = first.wait_closed(timeout=60)
+            assert not [p for p in got if p.type == R.PUBREC], f"a refused publish: {got}"
+        finally:
+            os.kill(owner, signal.SIGCONT)
+        again = raw(n0, version=4)
+        ack = again.connect(client_id, clean=False)
+        assert ack.session_present, ack
+        again.send(R.publish(topic, b"q2", qos=2, dup=True, packet_id=7))
+        rec = again.expect(R.PUBREC, timeout=60)
+        assert rec.packet_id == 7, rec
+        again.send(R.pubrel(7))
+        assert again.expect(R.PUBCOMP, timeout=30).packet_id == 7
+        stored = [bytes(r.payload) for r in fetch_all(n1, device)]
+        assert stored[0] == b"warm" and b"q2" in stored, stored
+    finally:
+        mesh.stop()
