@@ -124,6 +124,9 @@ class RemotePublishes:
                 router._not_stored(None, None, msg.qos, exc)
             return
         conn.unsettled -= 1
+        if msg.qos == 2 and conn.closing and conn.session is not None:
+            # first: _not_stored forgets the id, and a live connection must hear the outcome
+            self._settle_resumed_qos2(conn.session, packet_id, exc)  # type: ignore[arg-type]
         if exc is not None:
             router._not_stored(conn, packet_id, msg.qos, exc)
         elif msg.qos and not conn.closing and conn.session is not None:
@@ -132,8 +135,6 @@ class RemotePublishes:
                 msg.offset = offset
                 props = {Prop.USER_PROPERTY: msg.log_position()}
             router._ack_publish(conn, msg.qos, packet_id, 0, props)
-        if msg.qos == 2 and conn.closing and conn.session is not None:
-            self._settle_resumed_qos2(conn.session, packet_id, exc)  # type: ignore[arg-type]
         if not conn.unsettled and conn.pending is not None:
             router._release_held(conn)
         # no flush here: the ack is queued on the connection, written once per loop tick with

@@ -684,6 +684,10 @@ class Router:
         self._log_not_stored("%s: %s (counted in meshmq_messages_dropped_total"
                              "{reason=\"not_stored\"})", "message not stored" if remote
                              else _NOT_STORED, err)
+        if qos == 2 and conn is not None and conn.session is not None:
+            # the id is the client's again, whatever its level: a 3.x client (closed below)
+            # resends after reconnecting, and a pending id would swallow that resend for good
+            conn.session.incoming_qos2.pop(packet_id, None)
         if conn is None or conn.closing or qos == 0:
             return
         if conn.level == 5:
@@ -692,8 +696,6 @@ class Router:
             if qos == 1:
                 conn.send(PubAck(packet_id, Reason.UNSPECIFIED_ERROR, why))
             else:
-                if conn.session is not None:
-                    conn.session.incoming_qos2.pop(packet_id, None)
                 conn.send(PubRec(packet_id, Reason.UNSPECIFIED_ERROR, why))
         else:
             conn.close()  # 3.x has no negative PUBACK: the client retries after reconnecting
