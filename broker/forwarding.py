@@ -126,7 +126,7 @@ class RemotePublishes:
         conn.unsettled -= 1
         if msg.qos == 2 and conn.closing and conn.session is not None:
             # first: _not_stored forgets the id, and a live connection must hear the outcome
-            self._settle_resumed_qos2(conn.session, packet_id, exc)  # type: ignore[arg-type]
+            self.settle_resumed_qos2(conn.session, packet_id, exc)  # type: ignore[arg-type]
         if exc is not None:
             router._not_stored(conn, packet_id, msg.qos, exc)
         elif msg.qos and not conn.closing and conn.session is not None:
@@ -140,10 +140,11 @@ class RemotePublishes:
         # no flush here: the ack is queued on the connection, written once per loop tick with
         # every other ack of the RESULTS frame (a flush per ack was a third of a router's CPU)
 
-    def _settle_resumed_qos2(self, session: Session, packet_id: int,
+    def settle_resumed_qos2(self, session: Session, packet_id: int,
                              exc: BaseException | None) -> None:
         """A QoS 2 publish's outcome came after its connection closed (the owner slow, frozen
-        or cut off: up to cluster.append_timeout). Its packet id must not stay pending in the
+        or cut off: up to cluster.append_timeout; or our own fsync slow, from
+        ``Router._on_durable``). Its packet id must not stay pending in the
         session: the client, reconnected, resends it [MQTT-4.4.0-1], and a resend of a pending
         id is answered only once it is stored (router's [MQTT-4.3.3-10] path), so nobody would
         ever answer it and the client would hang on that id. Stored: the id is the client's to

@@ -652,6 +652,9 @@ class Router:
                 conn.unsettled -= 1
                 if not conn.unsettled and conn.pending is not None:
                     settled.append(conn)
+                if msg.qos == 2 and conn.closing and conn.session is not None:
+                    # its resumed session must not keep the id pending forever
+                    self.remote.settle_resumed_qos2(conn.session, packet_id, exc)
             try:
                 if exc is not None:
                     self._not_stored(conn, packet_id, msg.qos, exc)

@@ -36,4 +36,12 @@ def review2_mutations(mutation: Any) -> tuple[Any, ...]:
           "            # the id is",
           "        if False:\n            # the id is",
           (f"{LOCAL}::test_a_311_qos2_publish_refused_by_the_log_can_be_resent", Q2V4)),
+        m("review2-qos2-local-stored-after-close", "a QoS 2 publish stored in the local log after "
+          "its connection closed leaves its packet id pending in the resumed session: the "
+          "client's resend is swallowed for good",
+          "broker/router.py",
+          "                if msg.qos == 2 and conn.closing and conn.session is not None:\n"
+          "                    # its resumed session",
+          "                if False:\n                    # its resumed session",
+          (f"{LOCAL}::test_a_qos2_publish_stored_after_its_connection_closed_is_answered_on_resume",)),
     )

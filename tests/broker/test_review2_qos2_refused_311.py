@@ -69,3 +69,36 @@ def test_a_311_qos2_publish_refused_by_the_log_can_be_resent(lazy_broker, raw) -
     again.send(R.pubrel(7))
     assert again.expect(R.PUBCOMP, timeout=30).packet_id == 7
     assert [bytes(r.payload) for r in fetch_all(broker, "q2l")] == [b"ok", b"q2"]
+
+
+@pytest.fixture
+def slow_disk_broker(fuse_tools, tmp_path: Path):
+    fs = LazyFS(tmp_path / "disk", tmp_path / "data", fsync_delay_s=2.0).mount()
+    group = BrokerGroup()
+    try:
+        yield group.start(tmp_path, node={"data_dir": str(tmp_path / "data")})
+    finally:
+        group.stop_all()
+        fs.unmount()
+
+
+def test_a_qos2_publish_stored_after_its_connection_closed_is_answered_on_resume(
+        slow_disk_broker, raw) -> None:
+    """Every fsync takes 2 s: a v5 QoS 2 publish's connection dies before its batch is durable,
+    the client resumes its session and resends the PUBLISH. The message is stored (once): the
+    resend must get its PUBREC. Before the fix the durable batch answered only the closed
+    connection, the session kept the id pending, and the resend was swallowed for good."""
+    broker = slow_disk_broker
+    first = raw(broker, version=5)
+    first.connect("q2slow", clean=False, properties={R.SESSION_EXPIRY_INTERVAL: 300})
+    first.send(R.publish("devices/q2slow/t", b"q2", qos=2, packet_id=7, version=5))
+    first.abort()
+    again = raw(broker, version=5)
+    ack = again.connect("q2slow", clean=False, properties={R.SESSION_EXPIRY_INTERVAL: 300})
+    assert ack.session_present, ack
+    again.send(R.publish("devices/q2slow/t", b"q2", qos=2, dup=True, packet_id=7, version=5))
+    rec = again.expect(R.PUBREC, timeout=60)
+    assert (rec.packet_id, rec.reason_code) == (7, 0), rec
+    again.send(R.pubrel(7))
+    assert again.expect(R.PUBCOMP, timeout=60).packet_id == 7
+    assert [bytes(r.payload) for r in fetch_all(broker, "q2slow")] == [b"q2"]
