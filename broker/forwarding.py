@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from broker.connection import fail_client
 from broker.lograte import RateLimitedLog
+from broker.protocol.packets import PubRec
 from broker.protocol.properties import Prop
 from broker.protocol.reasons import Reason
 from broker.stats import DropReason
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from broker.connection import Connection
     from broker.message import Message
     from broker.router import Router
+    from broker.session import Session
     from commitlog.record import Record
 
 log = logging.getLogger("broker.forwarding")
@@ -122,6 +124,9 @@ class RemotePublishes:
                 router._not_stored(None, None, msg.qos, exc)
             return
         conn.unsettled -= 1
+        if msg.qos == 2 and conn.closing and conn.session is not None:
+            # first: _not_stored forgets the id, and a live connection must hear the outcome
+            self.settle_resumed_qos2(conn.session, packet_id, exc)  # type: ignore[arg-type]
         if exc is not None:
             router._not_stored(conn, packet_id, msg.qos, exc)
         elif msg.qos and not conn.closing and conn.session is not None:
@@ -134,6 +139,35 @@ class RemotePublishes:
             router._release_held(conn)
         # no flush here: the ack is queued on the connection, written once per loop tick with
         # every other ack of the RESULTS frame (a flush per ack was a third of a router's CPU)
+
+    def settle_resumed_qos2(self, session: Session, packet_id: int,
+                             exc: BaseException | None) -> None:
+        """A QoS 2 publish's outcome came after its connection closed (the owner slow, frozen
+        or cut off: up to cluster.append_timeout; or our own fsync slow, from
+        ``Router._on_durable``). Its packet id must not stay pending in the
+        session: the client, reconnected, resends it [MQTT-4.4.0-1], and a resend of a pending
+        id is answered only once it is stored (router's [MQTT-4.3.3-10] path), so nobody would
+        ever answer it and the client would hang on that id. Stored: the id is the client's to
+        release (PUBREC, now to the session's live connection if any, and to any resend).
+        Not stored: the id is forgotten (a resend is a new publish) and a live connection hears
+        the refusal (v5 0x80; a 3.x one is closed, it resends after reconnecting)."""
+        if session.incoming_qos2.get(packet_id) is not False:
+            return  # no longer pending: a takeover's clean start, or the id already settled
+        live = session.conn
+        if live is not None and live.closing:
+            live = None
+        if exc is None:
+            session.incoming_qos2[packet_id] = True
+            if live is not None:
+                self.router._ack_publish(live, 2, packet_id, 0)
+            return
+        del session.incoming_qos2[packet_id]
+        if live is None:
+            return
+        if live.level == 5:
+            live.send(PubRec(packet_id, Reason.UNSPECIFIED_ERROR, {Prop.REASON_STRING: str(exc)}))
+        else:
+            live.close()
 
     # -- at the owner's router --------------------------------------------------------------
     def append_for_peer(self, key: str, msg: Message, expiry: int | None, ticket: Any,

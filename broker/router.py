@@ -655,6 +655,9 @@ class Router:
                 conn.unsettled -= 1
                 if not conn.unsettled and conn.pending is not None:
                     settled.append(conn)
+                if msg.qos == 2 and conn.closing and conn.session is not None:
+                    # its resumed session must not keep the id pending forever
+                    self.remote.settle_resumed_qos2(conn.session, packet_id, exc)
             try:
                 if exc is not None:
                     self._not_stored(conn, packet_id, msg.qos, exc)
@@ -687,6 +690,10 @@ class Router:
         self._log_not_stored("%s: %s (counted in meshmq_messages_dropped_total"
                              "{reason=\"not_stored\"})", "message not stored" if remote
                              else _NOT_STORED, err)
+        if qos == 2 and conn is not None and conn.session is not None:
+            # the id is the client's again, whatever its level: a 3.x client (closed below)
+            # resends after reconnecting, and a pending id would swallow that resend for good
+            conn.session.incoming_qos2.pop(packet_id, None)
         if conn is None or conn.closing or qos == 0:
             return
         if conn.level == 5:
@@ -695,8 +702,6 @@ class Router:
             if qos == 1:
                 conn.send(PubAck(packet_id, Reason.UNSPECIFIED_ERROR, why))
             else:
-                if conn.session is not None:
-                    conn.session.incoming_qos2.pop(packet_id, None)
                 conn.send(PubRec(packet_id, Reason.UNSPECIFIED_ERROR, why))
         else:
             conn.close()  # 3.x has no negative PUBACK: the client retries after reconnecting
