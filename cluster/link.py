@@ -65,6 +65,16 @@ _HANDSHAKE_TIMEOUT = 5.0
 Done = Callable[[BaseException | None, int], None]  # APPEND outcome: (error or None, offset)
 
 
+def _tell(done: Done, exc: BaseException | None, offset: int) -> None:
+    """Give one publish its outcome. A publisher-side failure (its connection, its session)
+    must not escape into the link: from ``_on_results`` it would drop the link for every flow
+    on it, from ``expire_appends`` it would stop the append_timeout timer for good."""
+    try:
+        done(exc, offset)
+    except Exception:  # noqa: BLE001 - logged; the other outcomes of the batch go on
+        log.exception("answering a publisher for its APPEND's outcome failed")
+
+
 class LinkFull(OwnerNotStored):
     """The link's queue is at link_max_queued_bytes: the publish is refused, not buffered."""
 
@@ -484,7 +494,7 @@ class MeshLink:
             del awaiting[out.seq]
             done, out.done = out.done, None
             if done is not None:
-                done(AppendTimeout(self.peer, timeout, out.seq <= sent_upto), -1)
+                _tell(done, AppendTimeout(self.peer, timeout, out.seq <= sent_upto), -1)
         if expired:
             self.stats["append_timeouts"] += expired
             self._timeout_log("%d publishes to owner router %s had no outcome within %g s "
@@ -507,7 +517,7 @@ class MeshLink:
             if out is None or out.done is None:
                 continue
             done, out.done = out.done, None
-            done(None if status == 0 else RemoteAppendError(self.peer, why), offset)
+            _tell(done, None if status == 0 else RemoteAppendError(self.peer, why), offset)
 
     def fail_pending(self, why: str) -> None:
         """At shutdown: APPENDs still waiting get 'not stored' (their publishers resend)."""

@@ -172,10 +172,12 @@ class Mesh:
         write flush)."""
         now = time.monotonic()
         timeout = self.settings.append_timeout
-        for link in self.links.values():
-            if link.awaiting:
-                link.expire_appends(now, timeout)
-        self._expire_handle = self.loop.call_later(self._expire_every(), self._expire)
+        try:
+            for link in self.links.values():
+                if link.awaiting:
+                    link.expire_appends(now, timeout)
+        finally:  # (whatever happened, the timer goes on: else nothing is refused any more)
+            self._expire_handle = self.loop.call_later(self._expire_every(), self._expire)
 
     # -- batching ---------------------------------------------------------------------------
     def want_flush(self, link: MeshLink) -> None:
