@@ -1,7 +1,7 @@
 """Typed settings the broker room receives from the node wiring.
 
 The broker never reads TOML or the environment itself: ``meshmq.config`` parses and validates the
-file once and hands each room only what it needs (see ``../shared/notes/architecture.md``).
+file once and hands each room only what it needs (see ``docs/architecture.md``).
 Defaults follow Mosquitto/EMQX where they agree, and the comment says where they come from.
 """
 

@@ -3,8 +3,8 @@ signals on, and stop every child by its PID.
 
 Why processes and not threads: a router is an event loop that must stay near 2 ms of lag, and
 CPython runs one thread of Python at a time; N processes sharing the MQTT ports with
-SO_REUSEPORT are how meshmq uses N cores (see shared/notes/architecture.md, "Processes of a
-cluster node"). Why one supervisor in front of them: an operator (systemd, Kubernetes, a shell)
+SO_REUSEPORT are how meshmq uses N cores (see docs/architecture.md,
+"Processes"). Why one supervisor in front of them: an operator (systemd, Kubernetes, a shell)
 manages one process per node, with one PID to signal and one exit code, as with Mosquitto and
 EMQX; the routers are an implementation detail behind it.
 

@@ -1,6 +1,6 @@
 """Wires a router process into the mesh: builds cluster.mesh.Mesh and hands the router its
 forwarder. The only place that knows both the router and the cluster (broker/ never imports
-cluster/, see shared/notes/architecture.md)."""
+cluster/, see docs/architecture.md)."""
 
 from __future__ import annotations
 

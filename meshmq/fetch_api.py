@@ -677,7 +677,7 @@ async def _wait_for_data(store: LogStore, targets: list[tuple[str, int]],
 
 class ClusterView(Protocol):
     """What the fetch API needs of the cluster; meshmq/cluster_wiring.py builds it over the
-    mesh. A protocol, so this module imports nothing of cluster/ (shared/notes/architecture.md:
+    mesh. A protocol, so this module imports nothing of cluster/ (docs/architecture.md:
     the wiring connects the rooms)."""
 
     def owner_of(self, device: str) -> str | None:

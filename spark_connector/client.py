@@ -157,7 +157,7 @@ class LogClient:
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
-        state["_conn"] = None  # a socket never travels to a worker (see the design notes)
+        state["_conn"] = None  # no socket travels to a worker: each opens its own
         return state
 
     # -- plumbing ---------------------------------------------------------------------------
