@@ -7,8 +7,10 @@ departing member's shares go. Round-robin over members, preferring connected, un
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
+from broker.lograte import RateLimitedLog
 from broker.message import Delivery
 from broker.stats import DropReason
 
@@ -19,9 +21,15 @@ if TYPE_CHECKING:
     from broker.trie import SharedGroup
 
 
+log = logging.getLogger("broker.shared")
+
+
 class SharedDelivery:
     def __init__(self, router: Router) -> None:
         self.router = router
+        self._unclaimed_log = RateLimitedLog(log, logging.WARNING,
+                                             "shared messages with no member left",
+                                             burst=3, window=10.0)
 
     def deliver(self, group: SharedGroup, msg: Message, exclude: str | None = None) -> bool:
         """Round-robin to one member, preferring connected, uncongested ones."""
@@ -69,6 +77,13 @@ class SharedDelivery:
             return
         if group is None or not self.deliver(group, msg):
             self.router.stats.dropped(DropReason.SHARE_UNCLAIMED)
+            self._unclaimed_log(
+                "a message for $share/%s/%s was dropped: no member of the group is left here "
+                "or on any reachable router (counted in meshmq_messages_dropped_total"
+                "{reason=\"share_unclaimed\"}): its members left while it travelled; if some "
+                "should still exist, check that the routers holding them are reachable "
+                "(links in GET /api/v1/cluster)", name, flt,
+                extra={"topic": msg.topic})
 
     def _connected(self, group: SharedGroup) -> bool:
         sessions = self.router.sessions
