@@ -80,6 +80,10 @@ class Forwarder(Protocol):
         """Pick, for each shared group matching ``msg`` here or on peers, the router whose
         member gets it: send the peers' shares, return the local groups to deliver to."""
 
+    def hand_on(self, msg: Message, key: tuple[str, str]) -> bool:
+        """A share of group ``key`` (name, filter) with no connected member here: send it to
+        another router with members (never handed on again there); False when none is up."""
+
     def resolve(self, owner: str, device: str, spec: str, reset: str, done: Any) -> None:
         """Where an offset subscription of ``device`` starts, asked of its owner after this
         router's routes for it: ``done(offset or None, why)``."""

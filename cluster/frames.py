@@ -83,6 +83,10 @@ APPEND = 1
 RETAIN = 2
 RETAIN_SYNC = 3  # on link up: set only where the receiver has no retained message there
 SHARE = 4  # one member of the receiver's $share/<group>/<filter> gets it (the group rides along)
+# a SHARE handed on by a router that had no connected member left for it (its member moved or
+# ended while the share travelled): the receiver delivers it and never hands it on again, so a
+# share makes at most two hops however stale the routes are
+SHARE_ON = 5
 
 _F_RETAIN = 0x04
 _F_PROPS = 0x08

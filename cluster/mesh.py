@@ -39,6 +39,7 @@ from cluster.retainsync import RetainSync
 from cluster.routegap import UnroutedPeers, redeliver
 from cluster.routes import RouteTable
 from cluster.settings import ClusterSettings, router_id, router_sort_key
+from cluster.shares import ShareDispatch
 from commitlog.record import decode_batch
 from commitlog.store import LogWriteError, OffsetOutOfRangeError
 
@@ -82,7 +83,8 @@ class Mesh:
         self._ping_handle: asyncio.TimerHandle | None = None
         self._expire_handle: asyncio.TimerHandle | None = None
         self.server: asyncio.AbstractServer | None = None
-        self._share_cursor: dict[tuple[str, str], int] = {}
+        # shared groups across routers; it encodes entries the way every other entry is
+        self.shares = ShareDispatch(self.routes, self.links, self._encode)
         self._claims: dict[int, list] = {}
         self._claim_seq = 0
         self._relays: dict[int, asyncio.Future] = {}
@@ -256,32 +258,12 @@ class Mesh:
             self.links[peer].enqueue(frames.DELIVER, msg.qos, head, body)
 
     def share(self, msg: Message, groups: list) -> list:
-        """Shared subscriptions cluster-wide: each message to exactly one member of a group,
-        wherever its members are. The router that routes a message first (its publisher's, or
-        its log's owner) picks, round-robin over the routers holding members of the group (this
-        one included); a peer's pick travels as a SHARE entry naming the group, and the peer
-        picks the member. A router receiving a plain DELIVER never shares it again."""
-        if not self.routes.has_groups or msg.topic.startswith("$"):
-            return groups
-        remote = self.routes.groups_for(msg.topic)
-        if not remote:
-            return groups
-        local = {(g.name, g.filter): g for g in groups if g.members}
-        targets: dict[tuple[str, str], list[str | None]] = {
-            key: [None] for key in local}
-        for g in remote:
-            targets.setdefault((g.name, g.filter), []).extend(g.members)
-        out = []
-        for key, routers in targets.items():
-            cursor = self._share_cursor.get(key, 0)
-            self._share_cursor[key] = cursor + 1
-            pick = routers[cursor % len(routers)]
-            if pick is None:
-                out.append(local[key])
-                continue
-            head, body = self._encode(msg, frames.SHARE, msg.device, group=key)
-            self.links[pick].enqueue(frames.SHARE, msg.qos, head, body)
-        return out
+        """Which router's members of each matching group get ``msg`` (cluster/shares.py)."""
+        return self.shares.share(msg, groups)
+
+    def hand_on(self, msg: Message, key: tuple[str, str]) -> bool:
+        """A share with no connected member here, to another router's (cluster/shares.py)."""
+        return self.shares.hand_on(msg, key)
 
     def owner_of(self, device: str) -> str | None:
         """The router owning a device log, or None when it is this one."""
@@ -369,12 +351,12 @@ class Mesh:
             router.route(msg)
         elif kind == frames.RETAIN:
             self.retain_sync.on_retain(link, msg, e.seq)
-        elif kind == frames.SHARE:
+        elif kind == frames.SHARE or kind == frames.SHARE_ON:
             if e.device is not None:
                 msg.device = e.device
                 msg.offset = e.offset
                 msg.remote = True
-            router.shared.deliver_share(msg, *e.group)
+            router.shared.deliver_share(msg, *e.group, last_hop=kind == frames.SHARE_ON)
         elif kind == frames.RETAIN_SYNC:
             self.retain_sync.on_sync(link, msg, e.seq)
 

@@ -131,6 +131,30 @@ def test_shared_unacked_qos1_redistributed_when_member_leaves(broker, raw, clien
     assert got == ["m0", "m1", "m2"]
 
 
+def test_sole_members_unacked_shares_stay_in_its_offline_session(broker, raw):
+    """A persistent member's connection drops with QoS 1 shares it never acknowledged, and no
+    other member exists to take them: its session keeps them and sends them again when it
+    resumes (they used to be taken out of the session for a re-dispatch that found nobody,
+    and lost: "a slow consumer is a lag, never a silent drop")."""
+    topic = unique("sh8") + "/t"
+    flt = f"$share/g/{topic}"
+    cid = unique("sha8")
+    a = raw(broker, version=5)
+    a.connect(cid, clean=False, properties={R.SESSION_EXPIRY_INTERVAL: 60})
+    a.subscribe(flt, 1)
+    pub = raw(broker, version=5)
+    pub.connect(unique("shp8"))
+    for i in range(3):
+        pub.publish(topic, f"m{i}".encode(), qos=1, packet_id=i + 1)  # waits for its PUBACK
+    held = [a.expect(R.PUBLISH) for _ in range(3)]  # never acknowledged
+    assert sorted(m.payload for m in held) == [b"m0", b"m1", b"m2"]
+    a.abort()
+    back = raw(broker, version=5)
+    back.connect(cid, clean=False, properties={R.SESSION_EXPIRY_INTERVAL: 60})
+    again = sorted(back.expect(R.PUBLISH, timeout=15).payload for _ in range(3))
+    assert again == [b"m0", b"m1", b"m2"], again
+
+
 def test_shared_inflight_qos2_not_redistributed(broker, raw, clients):
     """[MQTT-4.8.2-5] (5.0): a QoS 2 message the server already started sending to one member
     MUST NOT be sent to another member when that member's session ends; later messages go
