@@ -1,7 +1,7 @@
 """The router's side of the cluster seam, kept out of ``router.py``.
 
 ``Forwarder`` is what the node wiring may hand the router (``cluster/mesh.py`` implements it;
-``broker/`` never imports ``cluster/``, see shared/notes/architecture.md). ``RemotePublishes`` is
+``broker/`` never imports ``cluster/``, see docs/architecture.md). ``RemotePublishes`` is
 the router-side half of "a publish whose device log another router owns": the publisher's
 router holds the PUBACK/PUBREC until the owner says the record is durable (so "a PUBACK means
 stored" holds cluster-wide), and the owner's router appends for a peer and routes once durable.

@@ -5,7 +5,7 @@ bytes on connections, which flush once per loop tick. Nothing here awaits per me
 awaits are CONNECT authentication with a password file (scrypt runs in a worker thread) and
 shutdown.
 The router never imports the cluster: the node wiring will hand it a forwarder (rumqttd's
-router/link split; see shared/notes/architecture.md).
+router/link split; see docs/architecture.md).
 """
 
 from __future__ import annotations

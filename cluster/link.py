@@ -23,8 +23,8 @@ Flow control: at most ``link_window`` entries may be unacknowledged (the ACK is 
 rest wait in the link's queue, bounded by ``link_max_queued_bytes``. Past that bound a delivery
 is dropped and an APPEND refused (its publisher gets "not stored"), counted per link and logged:
 a slow, paused or dead peer costs memory up to the bound and never blocks the router or the
-other links (EMQX's unbounded gen_rpc mailbox and VerneMQ's unbounded buffer are the
-counter-examples in shared/notes/cluster-anchors.md).
+other links (EMQX's unbounded gen_rpc mailbox and VerneMQ's unbounded per-node buffer are the
+counter-examples: both grow without limit while a peer is slow).
 """
 
 from __future__ import annotations
