@@ -78,8 +78,20 @@ class ResendCheck:
         self._first = -1
         self._found = {}
 
-    def stored_at(self, store: Any, device: str, seq: int) -> int | None:
-        """The offset where this APPEND is already stored, or None (append it)."""
+    def forget(self) -> None:
+        """The peer restarted again: its new incarnation's seqs start from 1 and can be
+        nothing a previous run of ours stored. ``stored_at`` never looks them up (it compares
+        incarnations: looking them up as the adopted one's matched old records of the same
+        seq, and a new publish was answered "stored" at an old offset and never stored, found
+        by the chaos suite); here only the index's memory is let go."""
+        self._first = -1
+        self._found = {}
+
+    def stored_at(self, store: Any, device: str, seq: int, incarnation: bytes) -> int | None:
+        """The offset where this APPEND of ``incarnation`` is already stored, or None (append
+        it). Only the adopted incarnation's first window of seqs is ever looked up."""
+        if not self._inc or incarnation[:8] != self._inc:
+            return None
         first = self._first
         if first < 0:
             self._first = first = seq

@@ -297,6 +297,8 @@ class MeshLink:
                 # the first we hear of it since we started: a previous run of ours may have
                 # stored some of what it resends now
                 self.resends.adopt(est.peer_incarnation)
+            else:  # a later one: nothing of it can be in our log (cluster/idempotence.py)
+                self.resends.forget()
             self.inbound.reset(est.peer_incarnation)
             self.outcomes.clear()
             self.results = []

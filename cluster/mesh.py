@@ -329,7 +329,7 @@ class Mesh:
             slot = link.append_pending(e.seq)
             inc = link.peer_incarnation
             try:
-                found = link.resends.stored_at(router.logs.store, e.device, e.seq)
+                found = link.resends.stored_at(router.logs.store, e.device, e.seq, inc)
                 if found is None:
                     router.remote.append_for_peer(e.device, msg, e.expiry, (link, slot, inc),
                                                   source_value(inc, e.seq))

@@ -15,6 +15,7 @@ OWN_INC = UNIT + "::test_a_resent_append_is_found_only_for_its_own_publisher_inc
 SPARK = ("tests/spark_connector/test_internal_headers.py::"
          "test_the_internal_source_header_is_not_a_spark_header")
 LOOKBACK = UNIT + "::test_records_older_than_the_lookback_are_not_looked_for"
+LATER = RI + "::test_a_new_publisher_incarnation_never_matches_the_adopted_ones_records"
 
 
 def idem_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -61,4 +62,15 @@ def idem_mutations(mutation: Any) -> tuple[Any, ...]:
           "stored and had not delivered",
           "cluster/mesh.py", "            msg.offset = found\n            router.route(msg)\n",
           "            msg.offset = found\n", (KILLED,)),
+        m("idem-other-incarnation-looked-up", "cluster/idempotence.py: an APPEND of another "
+          "incarnation than the adopted one is looked up as the adopted one's",
+          "cluster/idempotence.py",
+          "        if not self._inc or incarnation[:8] != self._inc:\n            return None\n",
+          "", (OWN_INC,)),
+        m("idem-later-incarnation-matched", "cluster/idempotence.py: the publisher "
+          "restarting again after the owner adopted it has its new seqs (from 1) matched "
+          "against the adopted incarnation's records: false acks, never stored (chaos seed 11)",
+          "cluster/idempotence.py",
+          "        if not self._inc or incarnation[:8] != self._inc:\n",
+          "        if not self._inc:\n", (LATER,)),
     )

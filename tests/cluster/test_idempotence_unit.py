@@ -39,13 +39,18 @@ def test_a_resent_append_is_found_only_for_its_own_publisher_incarnation(
     with LogStore.open(str(tmp_path / "log")) as st:
         check = ResendCheck(window=8, started_us=now)
         check.adopt(PUB)
-        assert check.stored_at(st, DEV, 3) == 3  # offset 0 is the local publish
-        assert check.stored_at(st, DEV, 1) == 1
-        assert check.stored_at(st, DEV, 15) is None  # past the window (first seq 3 + 8)
-        assert check.stored_at(st, "other", 4) is None  # another device: nothing there
+        assert check.stored_at(st, DEV, 3, PUB) == 3  # offset 0 is the local publish
+        assert check.stored_at(st, DEV, 1, PUB) == 1
+        assert check.stored_at(st, DEV, 15, PUB) is None  # past the window (first seq 3 + 8)
+        assert check.stored_at(st, "other", 4, PUB) is None  # another device: nothing there
         check.adopt(b"B" * 16)  # the publisher restarted: its seq 3 is a new publish
-        assert check.stored_at(st, DEV, 3) is None
+        assert check.stored_at(st, DEV, 3, b"B" * 16) is None
         assert check.scanned == 3
+        # a later incarnation that was not adopted (the publisher restarted again while we
+        # ran) is never looked up as the adopted one: its seqs start from 1 again
+        check.adopt(PUB)
+        check.forget()  # the link heard a later incarnation, C
+        assert check.stored_at(st, DEV, 2, b"C" * 16) is None
 
 
 def test_records_older_than_the_lookback_are_not_looked_for(tmp_path: Path) -> None:
@@ -54,7 +59,7 @@ def test_records_older_than_the_lookback_are_not_looked_for(tmp_path: Path) -> N
     with LogStore.open(str(tmp_path / "log")) as st:
         check = ResendCheck(window=8, started_us=now)
         check.adopt(PUB)
-        assert check.stored_at(st, DEV, 1) is None
+        assert check.stored_at(st, DEV, 1, PUB) is None
 
 
 def test_a_corrupt_record_in_the_tail_is_read_around(tmp_path: Path) -> None:
@@ -74,5 +79,5 @@ def test_a_corrupt_record_in_the_tail_is_read_around(tmp_path: Path) -> None:
     with LogStore.open(str(tmp_path / "log")) as st:
         check = ResendCheck(window=8, started_us=now)
         check.adopt(PUB)
-        assert check.stored_at(st, DEV, 3) is None  # lost: stored again by the resend
-        assert [check.stored_at(st, DEV, s) for s in (1, 2, 4, 5)] == [1, 2, 4, 5]
+        assert check.stored_at(st, DEV, 3, PUB) is None  # lost: stored again by the resend
+        assert [check.stored_at(st, DEV, s, PUB) for s in (1, 2, 4, 5)] == [1, 2, 4, 5]
