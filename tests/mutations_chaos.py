@@ -104,4 +104,14 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           CHK, '        return {k for k, (d, _t) in stored.items() if d == sub["device"]}\n',
           "        return set()\n",
           (UNIT + "::test_missed_delivery_each_subscriber_kind",)),
+        m("chaos-checker-delivery-order-unchecked", "checker: a live subscriber's records "
+          "received out of log order pass", CHK,
+          "            if off < top:\n                inversions.append(",
+          "            if False:\n                inversions.append(",
+          (UNIT + "::test_delivery_order_a_live_subscriber_gets_a_record_after_a_later_one",)),
+        m("chaos-checker-dup-is-inversion", "checker: a redelivered copy counts as a delivery "
+          "order inversion (a false positive on every QoS 1 resend)", CHK,
+          "            if key in seen or off is None:\n",
+          "            if off is None:\n",
+          (UNIT + "::test_delivery_order_duplicates_and_new_sessions_are_no_inversion",)),
     )

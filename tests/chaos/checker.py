@@ -48,6 +48,17 @@ stance: an outcome the client could not observe is never held against the system
     message delivered to two members is counted (``group_dups``), not failed (QoS 1 allows a
     redelivery to another member after a disconnect).
   Duplicate deliveries to one subscriber are counted, not failed.
+* **Delivery order** (per subscriber, per device): the first copy of each record a subscriber
+  gets must come after every record of the same device with a lower offset that it already
+  got, within one session (a clean subscriber's connection; a persistent session's span, see
+  below). An inversion of a *live*, *wildcard* or *replay* subscriber is an
+  ``order_violation`` (O). A *persistent* session's inversions are counted
+  (``persistent_order_inversions``), not failed, until the session registry of the
+  replication issue lands: today, after a node is killed or frozen past the claim timeout, a
+  client id can hold a session on two routers (the CONNACK says Session Present 1 when the
+  older one moves in), and the older one delivers its own backlog, behind what the newer one
+  already gave. Shared-group members are not checked (which member gets which message, and
+  when a departing member's unacked messages go to another, is the broker's choice).
 * **Availability** (reported, never failed): for each fault, the longest time any device went
   without a success PUBACK while its publisher kept trying, around the fault, and the outcomes
   publishers saw meanwhile (reason codes, ``timeout``, ``disconnected``).
@@ -325,6 +336,57 @@ def _check_deliveries(history: dict[str, Any], res: Result, attempts: dict[Key, 
     for text in lost_sessions:
         res.find("sessions_lost", text)
     res.info["group_dups"] = group_dups
+    _check_order(history, res, log_keys)
+
+
+def _check_order(history: dict[str, Any], res: Result,
+                 log_keys: dict[str, list[tuple[int, Key | None]]]) -> None:
+    """The delivery-order rule of the module docstring."""
+    offset_of: dict[Key, int] = {}
+    for rows in log_keys.values():
+        for off, key in rows:
+            if key is not None:
+                offset_of.setdefault(key, off)
+    persistent_inversions = 0
+    for sub in history.get("subscribers", []):
+        kind = sub["kind"]
+        if kind == "group":
+            continue
+        # a session starts at every connection of a clean subscriber, and at a reconnect
+        # answered Session Present 0 for a persistent one
+        starts = sorted(iv[0] for i, iv in enumerate(sub.get("intervals", []))
+                        if kind != "persistent" or i == 0 or (len(iv) > 3 and not iv[3]))
+        items = sub.get("received", [])  # in the order they arrived
+        seen: set[Key] = set()
+        highest: dict[str, int] = {}
+        session = -1
+        inversions: list[str] = []
+        for item in items:
+            t = item[4] if len(item) > 4 else 0
+            now_in = sum(1 for st in starts if st <= t)
+            if now_in != session:
+                session, seen, highest = now_in, set(), {}
+            key = _key_of(item)
+            off = offset_of.get(key)
+            if key in seen or off is None:
+                continue
+            seen.add(key)
+            top = highest.get(key[0], -1)
+            if off < top:
+                inversions.append(f"{key[0]}@{off} after @{top}")
+            else:
+                highest[key[0]] = off
+        if not inversions:
+            continue
+        if kind == "persistent":
+            persistent_inversions += len(inversions)
+            res.find("persistent_order_inversions",
+                     f"{sub['name']}: {len(inversions)}, e.g. " + ", ".join(inversions[:3]))
+        else:
+            res.order_violations += len(inversions)
+            res.find("delivery_order", f"{sub['name']} ({kind}): {len(inversions)} records "
+                     f"first received after a later one, e.g. " + ", ".join(inversions[:3]))
+    res.info["persistent_order_inversions"] = persistent_inversions
 
 
 def _session_segments(sub: dict[str, Any],

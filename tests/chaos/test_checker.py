@@ -116,6 +116,7 @@ def test_order_violation_an_acked_seq_after_a_later_one() -> None:
     h["log"]["a"] = [rec("a", 0, 0), rec("a", 1, 2), rec("a", 2, 1)]
     for a in h["attempts"]:
         a["offset"] = None
+    deliver_log(h)  # subscribers got it in log order: the violation is the log's alone
     assert counts(h) == (0, 0, 0, 1, 0)
 
 
@@ -253,3 +254,30 @@ def test_the_base_history_is_not_changed_by_checking() -> None:
     before = copy.deepcopy(h)
     check(h)
     assert h == before
+
+
+def test_delivery_order_a_live_subscriber_gets_a_record_after_a_later_one() -> None:
+    h = base()
+    live = next(s for s in h["subscribers"] if s["name"] == "l")
+    a0, a1 = got("a", 0), got("a", 1)
+    a0[4], a1[4] = a1[4], a0[4]  # a1 arrives first, a0 after it
+    live["received"] = [a1, a0, *[got("b", s) for s in range(3)], got("a", 2)]
+    res = check(h)
+    assert res.order_violations == 1, res.report()
+    assert "l (live)" in res.findings["delivery_order"][0]
+
+
+def test_delivery_order_duplicates_and_new_sessions_are_no_inversion() -> None:
+    h = base()
+    live = next(s for s in h["subscribers"] if s["name"] == "l")
+    # a redelivered copy of an earlier record is a duplicate, not an inversion
+    live["received"] = [*live["received"], [*got("a", 0)[:4], T0 + 50]]
+    # a persistent session's inversions are counted, not failed
+    p = next(s for s in h["subscribers"] if s["name"] == "p")
+    late = got("a", 0)
+    late[4] = T0 + 60
+    p["received"] = [r for r in p["received"] if r[:3] != ["a", 0, 0]] + [late]
+    res = check(h)
+    assert res.order_violations == 0, res.report()
+    assert res.info["persistent_order_inversions"] == 1, res.report()
+    assert res.ok
