@@ -1,0 +1,33 @@
+"""Planted bugs for review3's fixes (a fault-finder's review of the delivery, shared and idem
+merges), run by ``tests/mutate.py`` like every other guard (``tests/mutate.py review3-``). Each
+new test is named by at least one mutation it must catch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+RG = "tests/cluster/test_routegap_bounds.py"
+RG_LATE = RG + "::test_routes_arriving_past_the_window_get_nothing_and_the_state_is_released"
+RG_FULL = RG + "::test_a_full_link_stops_the_read"
+RG_CAP = RG + "::test_the_read_stops_at_scan_max_records"
+
+
+def review3_mutations(mutation: Any) -> tuple[Any, ...]:
+    """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
+    m = mutation
+    return (
+        m("review3-routegap-no-deadline", "cluster/routegap.py: a peer's routes arriving hours "
+          "after this router's start still get every record stored since, in one synchronous "
+          "read (and a peer that never comes back is tracked forever)",
+          "cluster/routegap.py", "        if self._clock() <= self._deadline:\n",
+          "        if True:\n", (RG_LATE,)),
+        m("review3-routegap-past-full", "cluster/routegap.py: the read goes on to the log end "
+          "after the link refused a DELIVER as full (everything after is dropped anyway)",
+          "cluster/routegap.py", "                    if ok is None:\n",
+          "                    if False:\n", (RG_FULL,)),
+        m("review3-routegap-no-cap", "cluster/routegap.py: no cap on the records read for a "
+          "peer whose routes match little of the backlog",
+          "cluster/routegap.py", "        budget = self._scan_max\n",
+          "        budget = 1 << 62\n", (RG_CAP,)),
+    )
