@@ -11,6 +11,8 @@ RG = "tests/cluster/test_routegap_bounds.py"
 RG_LATE = RG + "::test_routes_arriving_past_the_window_get_nothing_and_the_state_is_released"
 RG_FULL = RG + "::test_a_full_link_stops_the_read"
 RG_CAP = RG + "::test_the_read_stops_at_scan_max_records"
+DOWN = ("tests/cluster/test_idempotence_unit.py::"
+        "test_an_owner_down_longer_than_the_lookback_still_finds_what_it_stored")
 
 
 def review3_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -30,4 +32,9 @@ def review3_mutations(mutation: Any) -> tuple[Any, ...]:
           "peer whose routes match little of the backlog",
           "cluster/routegap.py", "        budget = self._scan_max\n",
           "        budget = 1 << 62\n", (RG_CAP,)),
+        m("review3-idem-lookback-from-start", "cluster/idempotence.py: the resend lookback "
+          "is measured back from this process's start, so an owner down longer than it stores "
+          "every resent APPEND a second time",
+          "cluster/idempotence.py", "            if recs and recs[0].offset < first_new:\n",
+          "            if False:\n", (DOWN,)),
     )
