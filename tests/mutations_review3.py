@@ -11,6 +11,7 @@ RG = "tests/cluster/test_routegap_bounds.py"
 RG_LATE = RG + "::test_routes_arriving_past_the_window_get_nothing_and_the_state_is_released"
 RG_FULL = RG + "::test_a_full_link_stops_the_read"
 RG_CAP = RG + "::test_the_read_stops_at_scan_max_records"
+PROTO = "tests/cluster/test_link_protocol.py::test_a_peer_of_mesh_protocol_1_is_refused"
 DOWN = ("tests/cluster/test_idempotence_unit.py::"
         "test_an_owner_down_longer_than_the_lookback_still_finds_what_it_stored")
 
@@ -37,4 +38,7 @@ def review3_mutations(mutation: Any) -> tuple[Any, ...]:
           "every resent APPEND a second time",
           "cluster/idempotence.py", "            if recs and recs[0].offset < first_new:\n",
           "            if False:\n", (DOWN,)),
+        m("review3-mesh-protocol-1", "cluster/frames.py: the mesh protocol stays at 1 with "
+          "SHARE_ON and ':src', so an older build links and silently drops handed-on shares",
+          "cluster/frames.py", "VERSION = 2\n", "VERSION = 1\n", (PROTO,)),
     )
