@@ -11,6 +11,8 @@ RG = "tests/cluster/test_routegap_bounds.py"
 RG_LATE = RG + "::test_routes_arriving_past_the_window_get_nothing_and_the_state_is_released"
 RG_FULL = RG + "::test_a_full_link_stops_the_read"
 RG_CAP = RG + "::test_the_read_stops_at_scan_max_records"
+FLAP = ("tests/cluster/test_owner_back_reads.py::"
+        "test_a_link_flap_with_many_positions_has_no_read_refused_and_misses_nothing")
 PROTO = "tests/cluster/test_link_protocol.py::test_a_peer_of_mesh_protocol_1_is_refused"
 DOWN = ("tests/cluster/test_idempotence_unit.py::"
         "test_an_owner_down_longer_than_the_lookback_still_finds_what_it_stored")
@@ -41,4 +43,8 @@ def review3_mutations(mutation: Any) -> tuple[Any, ...]:
         m("review3-mesh-protocol-1", "cluster/frames.py: the mesh protocol stays at 1 with "
           "SHARE_ON and ':src', so an older build links and silently drops handed-on shares",
           "cluster/frames.py", "VERSION = 2\n", "VERSION = 1\n", (PROTO,)),
+        m("review3-catchup-unpaced", "broker/catchup.py: every catch-up read of an owner's "
+          "logs goes out at once after a link comes back; the owner refuses past 64 as busy",
+          "broker/catchup.py", "_FETCHES_PER_OWNER = 32\n", "_FETCHES_PER_OWNER = 1 << 30\n",
+          (FLAP,)),
     )
