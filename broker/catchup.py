@@ -55,6 +55,13 @@ log = logging.getLogger("broker.catchup")
 _CHUNK = 256  # records read per device per step
 _STEP = 5_000  # records examined per session per loop turn before yielding to other work
 _RETRY_S = 1.0  # a failed read of another router's log is tried again after this
+# Reads of one owner's logs out at once. A link to an owner coming back makes every session with
+# a position there read back (broker/positions.py owner_back), one read per (session, device),
+# all in the same turn; the owner answers at most 64 reads waiting on its link
+# (cluster/mesh.py) and refuses the rest as busy, retried a second later all together again:
+# rounds of refusals while those sessions wait (review3). The rest wait here, in order, and
+# go out as answers come back (Kafka's max.in.flight.requests.per.connection, per owner).
+_FETCHES_PER_OWNER = 32
 CLOCK_SKEW_US = 1_000_000  # tolerated between routers' clocks (match_record)
 
 
@@ -102,6 +109,10 @@ class LogCatchUp:
         self.lagging: set[Session] = set()  # sessions with at least one cursor behind
         self._scheduled: set[Session] = set()
         self._limit_logged = 0.0
+        # owner -> reads out, and the ones waiting for a slot (bounded by the sessions'
+        # cursors, each waiting at most once: it is marked reading)
+        self._fetching: dict[str, int] = {}
+        self._waiting: dict[str, deque[tuple[Session, str, LagCursor, Callable]]] = {}
 
     # -- the router's hooks --------------------------------------------------------------
     def divert(self, session: Session, msg: Message, qos: int) -> bool:
@@ -230,14 +241,43 @@ class LogCatchUp:
         if c.reading or c.retrying:
             return
         c.reading = True
+        if self._fetching.get(owner, 0) >= _FETCHES_PER_OWNER:
+            self._waiting.setdefault(owner, deque()).append((session, device, c, fetch))
+            return
+        self._send_fetch(session, device, c, owner, fetch)
+
+    def _send_fetch(self, session: Session, device: str, c: LagCursor, owner: str,
+                    fetch: Callable) -> None:
+        self._fetching[owner] = self._fetching.get(owner, 0) + 1
         asked = c.next
         fetch(owner, device, asked, _CHUNK,
               lambda result: self._fetched(session, device, c, owner, result, asked))
+
+    def _fetch_done(self, owner: str) -> None:
+        """A read of ``owner``'s logs was answered (or failed): its slot goes to the next
+        waiting cursor still behind (one whose session ended or moved on is let go)."""
+        out = self._fetching.get(owner, 1) - 1
+        waiting = self._waiting.get(owner)
+        while waiting and out < _FETCHES_PER_OWNER:
+            session, device, c, fetch = waiting.popleft()
+            if session.lag.get(device) is not c or c.live:
+                c.reading = False
+                continue
+            self._fetching[owner] = out
+            self._send_fetch(session, device, c, owner, fetch)
+            out = self._fetching.get(owner, 0)  # (an answer that came at once freed it)
+        if not waiting:
+            self._waiting.pop(owner, None)
+        if out > 0:
+            self._fetching[owner] = out
+        else:
+            self._fetching.pop(owner, None)
 
     def _fetched(self, session: Session, device: str, c: LagCursor, owner: str,
                  result: Any, asked: int = -1) -> None:
         """A read of another router's log answered (see ``broker/replay.py`` for the seam: the
         same holds here, the owner routing live what it stores after its answer)."""
+        self._fetch_done(owner)
         c.reading = False
         if session.lag.get(device) is not c or c.live:
             return  # the session ended, or moved on

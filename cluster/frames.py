@@ -47,7 +47,10 @@ from dataclasses import dataclass
 from broker.protocol.packets import PacketType
 from broker.protocol.properties import decode_properties, encode_properties
 
-VERSION = 1
+# The mesh protocol. 2: SHARE_ON entries and the ':src' record header (a build of 1 acks a
+# SHARE_ON and applies nothing, and shows ':src' to MQTT 5 subscribers): peers of different
+# versions refuse each other at the handshake (cluster/handshake.py), naming both.
+VERSION = 2
 MAX_FRAME = 64 * 1024 * 1024  # a frame claiming more is a broken or hostile peer
 
 # frame types

@@ -14,9 +14,10 @@ tail on restart; meshmq does the same with less state:
 * when this router adopts a publisher incarnation it has not heard from since it started (its
   own restart, or the peer's), the first ``link_window`` seqs it receives may be resends of
   APPENDs the old incarnation stored. For each, the device's recent tail (records written within
-  ``RESEND_LOOKBACK_S`` before this process started, and since; at most ``RESEND_SCAN_MAX``) is
-  read once and the ``:src`` values of that publisher incarnation indexed: a match is answered
-  "stored at offset N" instead of appended again. After the window, no read at all.
+  ``RESEND_LOOKBACK_S`` before the previous run's last write to it, and since: however long this
+  router was down; at most ``RESEND_SCAN_MAX``) is read once and the ``:src`` values of that
+  publisher incarnation indexed: a match is answered "stored at offset N" instead of appended
+  again. After the window, no read at all.
 
 What it cannot see, and then stores again (at least once, as before): a record retention already
 removed, one older than the lookback, one beyond the scan cap, or a tail that cannot be read
@@ -37,7 +38,8 @@ from broker.lograte import RateLimitedLog
 
 log = logging.getLogger("cluster.idempotence")
 
-#: How far before this process started a resent APPEND's first store may lie: the publisher's
+#: How far before the previous run's last write to a device a resent APPEND's first store may
+#: lie (measured from there, not from this start, so downtime does not count): the publisher's
 #: router keeps an unanswered APPEND queued past ``cluster.append_timeout`` (it refuses the
 #: client, but the owner may still store it), so generously more than that.
 RESEND_LOOKBACK_S = 60.0
@@ -104,6 +106,18 @@ class ResendCheck:
             index = self._found[device] = self._scan(store, device)
         return index.get(_SRC.pack(self._inc, seq))
 
+    def _last_before_start(self, store: Any, device: str, start: int) -> int:
+        """When the previous run last wrote to ``device`` (this start if unknown): the
+        lookback is measured back from there, not from our start, so the time this router was
+        down (a reboot, a crash noticed after minutes) does not push what that run stored out
+        of the lookback (review3: it then stored every resent APPEND a second time)."""
+        first_new = store.offset_for_timestamp(device, self.started_us)
+        if first_new > start:
+            recs = store.read(device, first_new - 1, 1)
+            if recs and recs[0].offset < first_new:
+                return min(self.started_us, recs[0].timestamp_us)
+        return self.started_us
+
     def _scan(self, store: Any, device: str) -> dict[bytes, int]:
         """``:src`` values of this publisher incarnation in the device's recent tail."""
         self.scanned += 1
@@ -113,7 +127,8 @@ class ResendCheck:
             start, end = store.log_range(device)
             if start >= end:
                 return index
-            since = self.started_us - int(RESEND_LOOKBACK_S * 1e6)
+            back = int(RESEND_LOOKBACK_S * 1e6)
+            since = self._last_before_start(store, device, start) - back
             off = max(start, store.offset_for_timestamp(device, since), end - RESEND_SCAN_MAX)
             capped = off == end - RESEND_SCAN_MAX and off > start
             while off < end:

@@ -21,6 +21,17 @@ Once every peer's routes have arrived this costs nothing: ``pending`` becomes No
 ``Mesh.forward`` checks just that. Memory: at most ``mqtt.max_lagging_devices`` devices per peer
 (a device name and an offset each); past it a device is not remembered, logged (its messages
 are then left to the peer's read back from positions).
+
+Bounded in time and work, because the send is one synchronous read on the event loop (it must
+be: a live DELIVER to that peer slipping in between would break per-device order). A peer that
+stays away (down for hours while this router restarted and took writes) would otherwise have
+every record stored since this start read at once when it comes back, stalling every client
+and link of this router, and queued onto a link that drops past
+``cluster.link_max_queued_bytes`` anyway (review3). So: a peer whose routes have not arrived
+``GAP_MAX_S`` after this router started is not waited for (the gap this covers is the seconds
+of a restart; a peer away longer was itself down or cut off, and its sessions read back from
+their positions, ``broker/positions.py``); the read stops at ``GAP_SCAN_MAX`` records, and at
+the first DELIVER the link refuses as full. Each is logged with what is left to the positions.
 """
 
 from __future__ import annotations
@@ -38,20 +49,43 @@ from commitlog.store import OffsetOutOfRangeError
 log = logging.getLogger("cluster.routegap")
 
 _CHUNK = 1000  # records read per step
+#: A peer's routes arriving later than this after our start get nothing sent (see above).
+GAP_MAX_S = 60.0
+#: Records read for one peer when its routes arrive: bounds the event loop's stall.
+GAP_SCAN_MAX = 100_000
 
 
 class UnroutedPeers:
     """Per peer whose routes are not known yet: device -> first offset routed meanwhile."""
 
-    def __init__(self, peers: list[str], store: Any, max_devices: int) -> None:
+    def __init__(self, peers: list[str], store: Any, max_devices: int,
+                 clock: Callable[[], float] = time.monotonic,
+                 scan_max: int = GAP_SCAN_MAX) -> None:
         self.pending: dict[str, dict[str, int]] | None = (
             {peer: {} for peer in peers} if peers and store is not None else None)
         self._store = store
         self._max = max_devices
         self._warned: set[str] = set()
+        self._clock = clock
+        self._deadline = clock() + GAP_MAX_S
+        self._scan_max = scan_max
+
+    def _past_deadline(self) -> bool:
+        """``GAP_MAX_S`` since our start: stop waiting for the peers still unheard of."""
+        if self._clock() <= self._deadline:
+            return False
+        peers = sorted(self.pending or ())
+        self.pending = None
+        log.warning("routes of router(s) %s did not arrive within %g s of this router's start: "
+                    "what was routed here before is not sent to them; their sessions read it "
+                    "back from their log positions (a device new to a session there is not)",
+                    ", ".join(peers), GAP_MAX_S, extra={"peers": peers})
+        return True
 
     def routed(self, device: str, offset: int) -> None:
         """A logged message was routed here while some peers' routes are unknown."""
+        if self._past_deadline():
+            return
         for peer, devices in self.pending.items():  # type: ignore[union-attr]
             if device in devices:
                 continue
@@ -68,8 +102,9 @@ class UnroutedPeers:
     def routes_known(self, peer: str, send: Callable[[Any], bool]) -> int:
         """``peer``'s full route set arrived (its first since this router started): ``send``
         each stored record routed before it (``send`` filters by the peer's routes and says
-        whether it sent one). Returns how many were sent."""
-        if self.pending is None:
+        whether it sent one: True, False not for that peer, None the link is full). Returns
+        how many were sent."""
+        if self.pending is None or self._past_deadline():
             return 0
         devices = self.pending.pop(peer, None)
         if not self.pending:
@@ -78,32 +113,49 @@ class UnroutedPeers:
             return 0
         store = self._store
         sent = 0
+        budget = self._scan_max
+        stopped = ""
         for device, offset in devices.items():
-            while True:
+            while not stopped:
                 try:
-                    records = store.read(device, offset, _CHUNK)
+                    records = store.read(device, offset, min(_CHUNK, budget))
                 except OffsetOutOfRangeError:
                     break  # retention removed it meanwhile: nothing left to send
                 if not records:
                     break
                 for rec in records:
                     offset = rec.offset + 1
-                    if send(rec):
+                    ok = send(rec)
+                    if ok is None:
+                        stopped = "its link is full (cluster.link_max_queued_bytes)"
+                        break
+                    if ok:
                         sent += 1
-        if sent:
+                budget -= len(records)
+                if budget <= 0 and not stopped:
+                    stopped = f"{self._scan_max} records were read"
+            if stopped:
+                break
+        if stopped:
+            log.warning("router %s's routes arrived: sending it what was stored here before "
+                        "then stopped after %d messages, as %s; its sessions read the rest back "
+                        "from their log positions", peer, sent, stopped,
+                        extra={"peer": peer, "devices": len(devices)})
+        elif sent:
             log.info("router %s's routes arrived: %d messages stored here before then sent to it",
                      peer, sent, extra={"peer": peer, "devices": len(devices)})
         return sent
 
 
-def redeliver(routes: Any, encode: Callable, link: Any, rec: Any) -> bool:
+def redeliver(routes: Any, encode: Callable, link: Any, rec: Any) -> bool | None:
     """A stored record routed before ``link``'s peer's routes were known: a DELIVER to that
     peer if one of its routes matches now, encoded (``encode``: ``Mesh._encode``) as
-    ``Mesh.forward`` would have sent it."""
+    ``Mesh.forward`` would have sent it. True: sent; False: not for that peer; None: the link
+    is full (it counted and logged the drop; nothing more should be tried)."""
     if rec.topic.startswith("$") or link.peer not in routes.peers_for(rec.topic):
         return False
     msg = record_message(rec, Message)
     if msg.expiry_at is not None and msg.expired(time.monotonic()):
         return False
     head, body = encode(msg, frames.DELIVER, msg.device)
-    return link.enqueue(frames.DELIVER, msg.qos, head, body)
+    return True if link.enqueue(frames.DELIVER, msg.qos, head, body) else None

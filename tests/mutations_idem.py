@@ -49,9 +49,9 @@ def idem_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/idempotence.py", "        if seq >= first + self.window:\n",
           "        if False:\n", (OWN_INC,)),
         m("idem-no-lookback", "cluster/idempotence.py: the whole device log is read back, "
-          "not the records of the lookback before this start",
+          "not the records of the lookback before the previous run's last write",
           "cluster/idempotence.py",
-          "            since = self.started_us - int(RESEND_LOOKBACK_S * 1e6)\n",
+          "            since = self._last_before_start(store, device, start) - back\n",
           "            since = 0\n", (LOOKBACK,)),
         m("idem-source-in-spark", "spark_connector/arrow.py: Spark's headers column shows "
           "the internal ':src' header",

@@ -69,8 +69,9 @@ def outcomes_mutations(mutation: Any) -> tuple[Any, ...]:
           "            pass\n", (GONE,)),
         m("outcomes-unsent-said-unknown", "cluster/link.py: a publish that never left is "
           "refused as 'outcome unknown' though it is known not stored",
-          "cluster/link.py", "done(AppendTimeout(self.peer, timeout, out.seq <= sent_upto), -1)",
-          "done(AppendTimeout(self.peer, timeout, True), -1)", (GONE,)),
+          "cluster/link.py",
+          "_tell(done, AppendTimeout(self.peer, timeout, out.seq <= sent_upto), -1)",
+          "_tell(done, AppendTimeout(self.peer, timeout, True), -1)", (GONE,)),
         m("outcomes-reason-string-anonymous", "broker/router.py: a publish its owner did not "
           "store gets the local disk's reason string, not the owner's name",
           "broker/router.py", "            why = {Prop.REASON_STRING: str(err) if remote else",

@@ -5,7 +5,8 @@ of a resent APPEND in its log, and what it must not find (issue 28, the chaos su
 * an APPEND of the publisher incarnation it adopted, within the first window: found at its offset;
 * the same seq of a *restarted* publisher (another incarnation, seqs starting again): not found;
 * a seq past the resend window (never resent: at most link_window were unanswered): no read;
-* a record older than the lookback before this process started: not looked for;
+* a record older than the lookback before the previous run's last write: not looked for (and
+  the time the owner was down does not count against it);
 * a corrupt record in the tail: the store reads around it, the others are found, no error.
 """
 
@@ -57,9 +58,14 @@ def test_records_older_than_the_lookback_are_not_looked_for(tmp_path: Path) -> N
     now = time.time_ns() // 1000
     _store(tmp_path / "log", range(1, 4), now - int((RESEND_LOOKBACK_S + 60) * 1e6))
     with LogStore.open(str(tmp_path / "log")) as st:
+        # the previous run's last write (the lookback is measured back from it: review3)
+        st.append(DEV, now - 1_000_000, f"devices/{DEV}/t", 1,
+                  [(H_SOURCE, source_value(PUB, 4))], b"m4")
+        st.flush_sync_commit()
         check = ResendCheck(window=8, started_us=now)
         check.adopt(PUB)
         assert check.stored_at(st, DEV, 1, PUB) is None
+        assert check.stored_at(st, DEV, 4, PUB) == 4
 
 
 def test_a_corrupt_record_in_the_tail_is_read_around(tmp_path: Path) -> None:
@@ -81,3 +87,23 @@ def test_a_corrupt_record_in_the_tail_is_read_around(tmp_path: Path) -> None:
         check.adopt(PUB)
         assert check.stored_at(st, DEV, 3, PUB) is None  # lost: stored again by the resend
         assert [check.stored_at(st, DEV, s, PUB) for s in (1, 2, 4, 5)] == [1, 2, 4, 5]
+
+
+def test_an_owner_down_longer_than_the_lookback_still_finds_what_it_stored(
+        tmp_path: Path) -> None:
+    """review3: the lookback was measured back from this process's start, so an owner that
+    stayed down longer than it (a reboot, a crash noticed after minutes) stored every resent
+    APPEND a second time. Measured back from the last record its previous run wrote, the
+    downtime does not count; a local publish made since this start does not move it."""
+    now = time.time_ns() // 1000
+    down = int((RESEND_LOOKBACK_S + 120) * 1e6)  # the previous run died this long ago
+    _store(tmp_path / "log", range(1, 6), now - down)
+    with LogStore.open(str(tmp_path / "log")) as st:
+        st.append(DEV, now + 1000, f"devices/{DEV}/t", 1, None, b"local, since our start")
+        st.flush_sync_commit()
+        check = ResendCheck(window=8, started_us=now)
+        check.adopt(PUB)
+        assert check.stored_at(st, DEV, 4, PUB) == 4, (
+            "a resend of an APPEND stored just before a long downtime was not found (it is "
+            "stored twice)")
+        assert check.stored_at(st, DEV, 1, PUB) == 1

@@ -7,6 +7,8 @@ on real links.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -190,3 +192,16 @@ def test_resolve_frames_round_trip_a_refusal_and_an_offset() -> None:
         assert ftype == frames.RESOLVED and frames.decode_resolved(body) == (9, offset, why)
     with pytest.raises(frames.FrameError):
         frames.decode_resolved(b"\x00" * 5)
+
+
+def test_a_peer_of_mesh_protocol_1_is_refused() -> None:
+    """review3: SHARE_ON (a share handed on) and the ':src' record header came in with the
+    mesh protocol still at 1. A build of protocol 1 acknowledges a SHARE_ON it does not know
+    and applies nothing (the share is lost, uncounted), and passes ':src' to its MQTT 5
+    subscribers as a user property when it reads a newer owner's log: such a peer must be
+    refused at the handshake, naming the versions, not linked."""
+    d, a = _pair()
+    d.me = dataclasses.replace(d.me, version=1)  # a router built before SHARE_ON and ':src'
+    with pytest.raises(HandshakeRefused) as err:
+        _run(d, a)
+    assert "speaks mesh protocol 1" in err.value.why
