@@ -54,14 +54,21 @@ def test_appends_stored_before_the_owner_was_killed_are_stored_once(
     topic = f"devices/{device}/t"
     pub = raw(n0, version=5)
     pub.connect(unique("idempub"), properties=ACK_OFFSETS)
+    pub.send(R.publish(topic, b"ok0", qos=1, packet_id=1, version=5))  # before the watcher
+    assert pub.expect(R.PUBACK, timeout=30).reason_code == 0
+    # the watcher's routes are proven by a sentinel on *another* device: delivered nothing of
+    # `device`, it holds no position there (broker/positions.py), so nothing but the owner
+    # routing what it found can bring it the found records
+    sentinel = mesh.device_owned_by(1, unique("idemsent"))
     watcher = raw(n0, version=5)
     watcher.connect(unique("idemwatch"))
-    watcher.send(R.subscribe(1, [(f"devices/{device}/#", 1)], version=5))
+    watcher.send(R.subscribe(1, [(f"devices/{device}/#", 1), (f"devices/{sentinel}/#", 1)],
+                             version=5))
     watcher.expect(R.SUBACK, timeout=30)
     mesh.wait_routes(filters_at=0)
-    pub.send(R.publish(topic, b"ok0", qos=1, packet_id=1, version=5))
+    pub.send(R.publish(f"devices/{sentinel}/t", b"sentinel", qos=1, packet_id=2, version=5))
     assert pub.expect(R.PUBACK, timeout=30).reason_code == 0
-    assert watcher.expect(R.PUBLISH, timeout=30).payload == b"ok0"
+    assert watcher.expect(R.PUBLISH, timeout=30).payload == b"sentinel"
     proxy.blackhole(back_only=True)
     sent = [f"m{i}".encode() for i in range(N)]
     for i, payload in enumerate(sent):
