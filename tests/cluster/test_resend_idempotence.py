@@ -85,7 +85,15 @@ def test_appends_stored_before_the_owner_was_killed_are_stored_once(
         acks[p.packet_id] = p
     assert {pid: p.reason_code for pid, p in acks.items()} == dict.fromkeys(
         range(10, 10 + N), 0)
-    assert mesh.router_pid(1) != owner
+
+    def restarted() -> bool:
+        # (the acks can come before the supervisor has marked the new router up: wait for it)
+        try:
+            return mesh.router_pid(1) != owner
+        except AssertionError:
+            return False
+
+    wait_for(restarted, 60, message="node 1's router restarted by its supervisor")
     records = fetch_all(n1, device)
     stored = [bytes(r.payload) for r in records]
     twice = {m.decode(): n for m, n in Counter(stored).items() if n > 1}
