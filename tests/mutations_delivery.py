@@ -16,6 +16,8 @@ MOVE = f"{POS}::test_a_session_moved_while_its_old_router_s_link_lost_everything
 NEW = f"{POS}::test_a_restarted_owner_sends_a_device_new_to_the_peer_once_it_knows_its_routes"
 BOUND = ("tests/broker/test_log_positions.py::"
          "test_a_session_s_positions_are_bounded_by_max_lagging_devices")
+INFLIGHT = ("tests/cluster/test_remote_lag.py::"
+            "test_messages_in_flight_from_the_owners_log_survive_a_restart_of_a_non_owner")
 BACKWARD = ("tests/broker/test_log_positions.py::"
             "test_a_retained_message_sent_on_subscribe_does_not_move_a_position_back")
 
@@ -58,4 +60,9 @@ def delivery_mutations(mutation: Any) -> tuple[Any, ...]:
           "restart)", "broker/router.py",
           "            elif msg.offset >= at:  # never back: a retained message sent on SUBSCRIBE "
           "is old\n", "            else:\n", (BACKWARD,)),
+        m("delivery-remote-inflight-by-reference", "broker/sessionstore.py _msg_ref: a message "
+          "read from another router's log is checkpointed as a reference into this router's "
+          "log, which does not hold it (lost at restart)", "broker/sessionstore.py",
+          "    if msg.device is not None and not msg.remote and not copy:\n",
+          "    if msg.device is not None and not copy:\n", (INFLIGHT,)),
     )
