@@ -1,0 +1,123 @@
+"""The cluster metadata Raft replicates: a deterministic state machine, sans-I/O.
+
+What it holds (issue 24): for every device log its **leader, in-sync replicas (ISR), leader
+epoch** and an incarnation id; the **session registry** (client id -> router, session epoch).
+Membership is the configured node list for now (static voters, as Kafka's KRaft controller
+quorum is), so it is not here yet.
+
+Every command is a compare-and-set on an epoch, the way Kafka's controller answers
+AlterPartition (it carries the leader epoch and partition epoch it was computed from; a stale
+one is refused with the current state). Why: a Raft proposal can end with an *unknown
+outcome* (pysyncobj's LEADER_CHANGED, DISCARDED, UNKNOWN_OUTCOME after a leader died); the
+caller then proposes the same command again, and a compare-and-set makes the retry harmless:
+it either applies once or answers "already so" with the record as it is now. So every command
+returns the record it leaves behind, and the caller judges by that, never by "it returned".
+
+Determinism: ``apply`` reads nothing but its arguments and the state (no clock, no random, no
+set iteration order), because every node applies the same log and must reach the same state.
+The incarnation id of a log is the number of the command that created it (every node
+applies the same commands in the same order, so every node gives it the same number).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+LogRecord = dict[str, Any]  # {"leader", "isr", "replicas", "epoch", "isr_version", "incarnation"}
+
+
+class MetadataState:
+    """The replicated maps, and the one function that changes them."""
+
+    def __init__(self) -> None:
+        self.logs: dict[str, LogRecord] = {}
+        self.sessions: dict[str, dict[str, Any]] = {}  # client id -> {"router", "epoch"}
+        self.index = 0  # commands applied (a watcher's position in the change stream)
+
+    # -- the state machine ----------------------------------------------------------------
+    def apply(self, cmd: list) -> tuple[bool, Any, tuple | None]:
+        """Apply one command: (applied, the record as it now is, the change for watchers or
+        None when nothing changed). A malformed command changes nothing and says why."""
+        self.index += 1
+        handler = _HANDLERS.get(cmd[0]) if cmd else None
+        if handler is None:
+            return False, f"unknown command {cmd[:1]!r}", None
+        try:
+            return handler(self, self.index, *cmd[1:])
+        except (TypeError, KeyError, ValueError) as err:
+            return False, f"malformed command {cmd[0]!r}: {err}", None
+
+    def _create_log(self, index: int, device: str, leader: str,
+                    replicas: list[str]) -> tuple[bool, Any, tuple | None]:
+        """A log's first publish places it: leader where the device is (affinity), replicas on
+        other nodes. Placed once: a second create (a retry, or a race from another router)
+        gets the record that won, so offsets are never restarted elsewhere."""
+        rec = self.logs.get(device)
+        if rec is not None:
+            return False, rec, None
+        if leader not in replicas:
+            return False, f"leader {leader!r} is not among the replicas {replicas!r}", None
+        rec = {"leader": leader, "isr": list(replicas), "replicas": list(replicas),
+               "epoch": 0, "isr_version": 0, "incarnation": index}
+        self.logs[device] = rec
+        return True, rec, ("log", device, rec)
+
+    def _elect(self, index: int, device: str, expected_epoch: int,
+               leader: str) -> tuple[bool, Any, tuple | None]:
+        """Leadership moves to an ISR member only (no unclean election), and every move bumps
+        the epoch (Kafka's leader epoch: the fence for appends and fetches)."""
+        rec = self.logs.get(device)
+        if rec is None:
+            return False, f"no log for device {device!r}", None
+        if rec["epoch"] != expected_epoch or leader not in rec["isr"]:
+            return False, rec, None
+        rec = dict(rec, leader=leader, epoch=rec["epoch"] + 1)
+        self.logs[device] = rec
+        return True, rec, ("log", device, rec)
+
+    def _set_isr(self, index: int, device: str, leader_epoch: int, isr_version: int,
+                 isr: list[str]) -> tuple[bool, Any, tuple | None]:
+        """The leader shrinks or expands its ISR (Kafka's AlterPartition): refused unless it
+        is computed from the current leader epoch and ISR version, and the leader stays in."""
+        rec = self.logs.get(device)
+        if rec is None:
+            return False, f"no log for device {device!r}", None
+        if rec["epoch"] != leader_epoch or rec["isr_version"] != isr_version \
+                or rec["leader"] not in isr or not set(isr) <= set(rec["replicas"]):
+            return False, rec, None
+        rec = dict(rec, isr=list(isr), isr_version=isr_version + 1)
+        self.logs[device] = rec
+        return True, rec, ("log", device, rec)
+
+    def _claim_session(self, index: int, client_id: str,
+                       router: str) -> tuple[bool, Any, tuple | None]:
+        """The registry decides who holds a client id: each claim takes the next session
+        epoch, and the router holding an older one closes its connection (0x8E)."""
+        old = self.sessions.get(client_id)
+        rec = {"router": router, "epoch": (old["epoch"] + 1) if old else 1}
+        self.sessions[client_id] = rec
+        return True, rec, ("session", client_id, rec)
+
+    def _release_session(self, index: int, client_id: str, router: str,
+                         epoch: int) -> tuple[bool, Any, tuple | None]:
+        """A session ended at ``router``: removed only if that claim is still the newest."""
+        old = self.sessions.get(client_id)
+        if old is None or old["router"] != router or old["epoch"] != epoch:
+            return False, old, None
+        del self.sessions[client_id]
+        return True, None, ("session", client_id, None)
+
+    # -- reading ----------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The whole state for a new watcher (JSON-ready)."""
+        return {"index": self.index, "logs": self.logs, "sessions": self.sessions}
+
+
+_HANDLERS = {
+    "create_log": MetadataState._create_log,
+    "elect": MetadataState._elect,
+    "set_isr": MetadataState._set_isr,
+    "claim_session": MetadataState._claim_session,
+    "release_session": MetadataState._release_session,
+}
+COMMANDS = tuple(_HANDLERS)

@@ -1,0 +1,33 @@
+"""Planted bugs in the metadata process (issue 24's Raft part), caught by
+``tests/cluster/test_metadata_raft.py`` against three real voter processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+RAFT = "tests/cluster/test_metadata_raft.py"
+CAS = f"{RAFT}::test_a_committed_change_reaches_every_voter_and_a_stale_epoch_is_refused"
+KILL = f"{RAFT}::test_kill_9_of_the_raft_leader_loses_nothing_committed"
+
+
+def metadata_mutations(mutation: Any) -> tuple[Any, ...]:
+    m = mutation
+    return (
+        m("metadata-elect-ignores-epoch", "cluster/metastate.py _elect: a stale epoch still "
+          "moves the leader (two leaders for one log in one epoch)", "cluster/metastate.py",
+          '        if rec["epoch"] != expected_epoch or leader not in rec["isr"]:\n',
+          '        if leader not in rec["isr"]:\n', (CAS,)),
+        m("metadata-create-twice", "cluster/metastate.py _create_log: a second create "
+          "re-places an existing log (its offsets restart elsewhere)", "cluster/metastate.py",
+          "        if rec is not None:\n            return False, rec, None\n        if leader "
+          "not in replicas:\n",
+          "        if leader not in replicas:\n", (CAS,)),
+        m("metadata-no-fsync", "cluster/metaserver.py sync_journal: the journal is never "
+          "fsynced (a power cut loses committed metadata)", "cluster/metaserver.py",
+          "        if not self.dirty:\n            return\n",
+          "        if True:\n            return\n", (CAS,)),
+        m("metadata-changes-not-watched", "cluster/metaserver.py apply_batch: committed "
+          "changes applied but never streamed to watchers", "cluster/metaserver.py",
+          "            if changes:  # records copied",
+          "            if False:  # records copied", (CAS,)),
+    )
