@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 RAFT = "tests/cluster/test_metadata_raft.py"
+UNIT = "tests/cluster/test_metastate_unit.py"
 CAS = f"{RAFT}::test_a_committed_change_reaches_every_voter_and_a_stale_epoch_is_refused"
 KILL = f"{RAFT}::test_kill_9_of_the_raft_leader_loses_nothing_committed"
 
@@ -13,6 +14,11 @@ KILL = f"{RAFT}::test_kill_9_of_the_raft_leader_loses_nothing_committed"
 def metadata_mutations(mutation: Any) -> tuple[Any, ...]:
     m = mutation
     return (
+        m("metadata-isr-drops-leader", "cluster/metastate.py _set_isr: an ISR without its "
+          "leader is accepted (the leader acks writes no ISR member holds)",
+          "cluster/metastate.py",
+          '                or rec["leader"] not in isr or not set(isr) <= set(rec["replicas"]):\n',
+          '                or not set(isr) <= set(rec["replicas"]):\n', (UNIT,)),
         m("metadata-elect-ignores-epoch", "cluster/metastate.py _elect: a stale epoch still "
           "moves the leader (two leaders for one log in one epoch)", "cluster/metastate.py",
           '        if rec["epoch"] != expected_epoch or leader not in rec["isr"]:\n',
