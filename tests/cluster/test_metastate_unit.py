@@ -15,7 +15,7 @@ ROUTERS = ["a/0", "b/0", "c/0"]
 DEVICES = ["d1", "d2"]
 _router = st.sampled_from(ROUTERS)
 _device = st.sampled_from(DEVICES)
-_epoch = st.integers(0, 4)
+_epoch = st.sampled_from([0, 0, 1, 2])  # small: a matching epoch is common
 _cmd = st.one_of(
     st.tuples(st.just("create_log"), _device, _router,
               st.lists(_router, min_size=1, max_size=3, unique=True)),
@@ -27,7 +27,7 @@ _cmd = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.lists(st.tuples(_cmd, st.booleans()), max_size=40))
 def test_invariants_hold_under_any_sequence_with_retries(steps) -> None:
     s = MetadataState()
