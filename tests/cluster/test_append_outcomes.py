@@ -309,14 +309,7 @@ def test_stored_writes_whose_owner_was_killed_before_answering_are_acked_and_kep
     assert {pid: p.reason_code for pid, p in acks.items()} == dict.fromkeys(
         range(10, 10 + N), 0)
 
-    def restarted() -> bool:
-        # (the acks can come before the supervisor has marked the new router up: wait for it)
-        try:
-            return mesh.router_pid(1) != owner
-        except AssertionError:
-            return False
-
-    wait_for(restarted, 60, message="node 1's router restarted by its supervisor")
+    mesh.wait_router_restarted(1, owner, timeout=60)
     stored = [bytes(r.payload) for r in fetch_all(n1, device)]
     missing = [m for m in [b"ok0"] + [f"m{i}".encode() for i in range(N)] if m not in stored]
     assert not missing, f"acknowledged and not in the log: {missing}; log: {stored}"

@@ -202,14 +202,7 @@ def test_a_publish_at_a_non_owner_is_acked_only_once_the_owner_stored_it(
         os.kill(owner, signal.SIGKILL)  # works on a stopped process; the supervisor restarts it
         wait_for(lambda: info.mid in pub.pubacks, 30, message="the PUBACK after the restart")
 
-        def restarted() -> bool:
-            # (the PUBACK can come before the supervisor has marked the new router up)
-            try:
-                return mesh.router_pid(1) != owner
-            except AssertionError:
-                return False
-
-        wait_for(restarted, 60, message="node 1's router restarted by its supervisor")
+        mesh.wait_router_restarted(1, owner, timeout=60)
         assert pub.puback_code(info) == 0
         reader = clients.connected(n1, protocol=V5)
         reader.subscribe(f"devices/{device}/#", 1,

@@ -184,13 +184,7 @@ def test_catch_up_from_an_owner_killed_mid_read_resumes_after_its_restart(
     old = pair.router_pid(1)
     os.kill(old, signal.SIGKILL)
 
-    def restarted() -> bool:
-        try:
-            return pair.router_pid(1) != old
-        except AssertionError:  # not up yet
-            return False
-
-    wait_for(restarted, 30, message="node 1's router restarted by its supervisor")
+    pair.wait_router_restarted(1, old, timeout=30)
     pair.wait_links_up()
     got.extend(m.payload.decode() for m in again.expect_messages(_BURST - len(got), timeout=60))
     assert got == [f"b{i}" for i in range(_BURST)]

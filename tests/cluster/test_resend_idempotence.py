@@ -86,14 +86,7 @@ def test_appends_stored_before_the_owner_was_killed_are_stored_once(
     assert {pid: p.reason_code for pid, p in acks.items()} == dict.fromkeys(
         range(10, 10 + N), 0)
 
-    def restarted() -> bool:
-        # (the acks can come before the supervisor has marked the new router up: wait for it)
-        try:
-            return mesh.router_pid(1) != owner
-        except AssertionError:
-            return False
-
-    wait_for(restarted, 60, message="node 1's router restarted by its supervisor")
+    mesh.wait_router_restarted(1, owner, timeout=60)
     records = fetch_all(n1, device)
     stored = [bytes(r.payload) for r in records]
     twice = {m.decode(): n for m, n in Counter(stored).items() if n > 1}
@@ -140,13 +133,7 @@ def _restart_router(mesh: Cluster, i: int) -> None:
     old = mesh.router_pid(i)
     os.kill(old, signal.SIGKILL)
 
-    def restarted() -> bool:
-        try:
-            return mesh.router_pid(i) != old
-        except AssertionError:  # not up yet
-            return False
-
-    wait_for(restarted, 60, message=f"node {i}'s router restarted")
+    mesh.wait_router_restarted(i, old, timeout=60)
     mesh.wait_links_up(timeout=60)
 
 

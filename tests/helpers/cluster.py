@@ -158,6 +158,24 @@ class Cluster:
                 return router["pid"]
         raise AssertionError(f"router {r} of n{i} is not up")
 
+    def wait_router_restarted(self, i: int, old_pid: int, r: int = 0,
+                              timeout: float = 60.0) -> int:
+        """Router r of node i is up again under a new PID (its supervisor restarted it after
+        ``old_pid`` died); its PID. Acks or links can come back a few ms before the supervisor
+        marks the new router up, so a test that reads the PID at once can see "not up"."""
+        new: list[int] = []
+
+        def restarted() -> bool:
+            try:
+                pid = self.router_pid(i, r)
+            except AssertionError:  # not up yet
+                return False
+            new[:] = [pid]
+            return pid != old_pid
+
+        wait_for(restarted, timeout, message=f"router {r} of n{i} restarted by its supervisor")
+        return new[0]
+
     def owner(self, device: str) -> str:
         """The owner router of a device log, as node 0's admin API reports it."""
         return self.status(0, device)["owner"]["router"]
