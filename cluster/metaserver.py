@@ -176,6 +176,7 @@ class MetadataServer:
         except FileNotFoundError:
             pass
         self.server = await asyncio.start_unix_server(self._client, path=self.socket_path)
+        os.chmod(self.socket_path, 0o600)  # proposals change placement: this user only
 
     def _changed_threadsafe(self, changes: list, index: int) -> None:
         self.loop.call_soon_threadsafe(self._changed, changes, index)
@@ -239,7 +240,10 @@ class MetadataServer:
         leader = st.get("leader")
         return {"self": str(st.get("self")), "leader": None if leader is None else str(leader),
                 "term": st.get("raft_term"), "commit_index": st.get("commit_idx"),
-                "last_applied": st.get("last_applied"), "state": st.get("state"),
+                "last_applied": st.get("last_applied"),
+                "state": {0: "follower", 1: "candidate", 2: "leader"}.get(st.get("state"),
+                                                                          str(st.get("state"))),
+                "has_quorum": bool(st.get("has_quorum")),
                 "fsyncs": self.node.fsyncs, "index": self.node.state.index}
 
     def close(self) -> None:
@@ -262,12 +266,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer", action="append", default=[], help="HOST:PORT of another voter")
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--socket", required=True, help="the Unix socket routers connect to")
-    ap.add_argument("--secret-file", help="file holding the cluster secret (encrypts Raft)")
+    ap.add_argument("--secret-file", help="file holding the cluster secret (encrypts Raft); "
+                    "else the environment variable MESHMQ_META_SECRET, if set")
+    ap.add_argument("--parent-pid", type=int, default=0,
+                    help="exit when this process (the node supervisor) is gone")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     os.makedirs(args.data_dir, exist_ok=True)
-    secret = None
+    secret = os.environ.pop("MESHMQ_META_SECRET", None) or None
     if args.secret_file:
         with open(args.secret_file) as f:
             secret = f.read().strip() or None
@@ -277,6 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if args.parent_pid:
+        # a supervisor killed with -9 leaves no one to stop us: go too (as its routers do)
+        def orphaned() -> None:
+            if os.getppid() != args.parent_pid:
+                log.warning("node supervisor %d is gone: metadata process exiting",
+                            args.parent_pid)
+                stop.set()
+            else:
+                loop.call_later(1.0, orphaned)
+        loop.call_soon(orphaned)
     try:
         loop.run_until_complete(server.start())
         log.info("metadata process ready self=%s peers=%s socket=%s", args.self_addr,

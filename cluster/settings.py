@@ -22,6 +22,7 @@ class NodeAddress:
     id: str
     host: str
     port: int  # router r of this node accepts mesh links on port + r
+    raft_port: int = 0  # its metadata process's Raft port (cluster.placement = "raft"); 0: none
 
 
 def router_id(node_id: str, index: int) -> str:
@@ -67,12 +68,20 @@ class ClusterSettings:
     # the whole outage. 5 s: well under the ack timeouts clients give up at (10-30 s), so the
     # client hears "not stored, retry" instead of guessing; well over an fsync stall.
     append_timeout: float = 5.0
+    # "static": the rendezvous hash places device logs (no metadata process); "raft": every
+    # node runs a metadata process (cluster/metaserver.py) and the nodes form a Raft group
+    # (issue 24; routers do not read it yet: docs/replication.md).
+    placement: str = "static"
     extra: dict = field(default_factory=dict, compare=False)
 
     def router_ids(self) -> list[str]:
         """Every configured router of the cluster, in router order."""
         return sorted((router_id(n.id, r) for n in self.nodes for r in range(self.routers)),
                       key=router_sort_key)
+
+    def raft_voters(self) -> list[str]:
+        """Every node's Raft address ("host:port"), in node order (all nodes vote)."""
+        return [f"{n.host}:{n.raft_port}" for n in self.nodes]
 
     def node(self, node_id: str) -> NodeAddress:
         for n in self.nodes:

@@ -26,6 +26,7 @@ from cluster.settings import router_id
 from cluster.supervisor import Supervisor
 from meshmq.config import NodeConfig
 from meshmq.dirlock import DataDirInUse, DataDirLock
+from meshmq.metadata_proc import MetadataProcess
 from meshmq.node_admin import NodeAdmin
 from meshmq.portcheck import listener_conflicts
 from meshmq.preflight import StartupError, check_startup
@@ -88,7 +89,9 @@ async def _supervise(config: NodeConfig, config_path: str | None,
     supervisor = Supervisor(cluster.routers,
                             lambda r: router_argv(config_path, r, extra_args),
                             lambda r: announce_path(config, r), rids)
-    admin = NodeAdmin(config, supervisor)
+    # the node's Raft voter, before the routers (issue 24: they will ask it where logs live)
+    metadata = MetadataProcess(cluster, config.data_dir) if cluster.placement == "raft" else None
+    admin = NodeAdmin(config, supervisor, metadata)
     try:
         await admin.start()
     except OSError as err:
@@ -111,6 +114,8 @@ async def _supervise(config: NodeConfig, config_path: str | None,
         loop.add_signal_handler(sig, on_stop, sig)
     loop.add_signal_handler(signal.SIGHUP, on_hup)
     try:
+        if metadata is not None:
+            await metadata.start()
         await supervisor.start()
         if await supervisor.wait_up():
             log.info("meshmq node ready", extra={
@@ -118,6 +123,8 @@ async def _supervise(config: NodeConfig, config_path: str | None,
                 "routers": {c.router_id: c.pid for c in supervisor.children}})
         code = await supervisor.wait()
     finally:
+        if metadata is not None:
+            await metadata.stop()
         await admin.stop()
         dirlock.release()
     log.info("meshmq node stopped", extra={"exit": code})

@@ -161,6 +161,21 @@ def render_status(doc: dict[str, Any], out: TextIO, now: float | None = None) ->
         print(note, file=out)
     if down or notes:
         healthy = False
+    meta = doc.get("metadata")
+    if isinstance(meta, dict):
+        # the node's Raft voter (cluster.placement = "raft"): who leads the group, and whether
+        # this voter can say at all (an operator's first question when placement stalls)
+        if meta.get("error"):
+            print(f"metadata (raft {meta.get('raft')}): {meta['error']}", file=out)
+            healthy = False
+        else:
+            leader = meta.get("leader")
+            print(f"metadata: raft leader {leader or 'none (election in progress?)'}  term "
+                  f"{meta.get('term')}  commit index {meta.get('commit_index')}  this voter "
+                  f"{meta.get('raft')} ({meta.get('state')})  restarts {meta.get('restarts')}",
+                  file=out)
+            if not leader:
+                healthy = False
     owner = doc.get("owner")
     if isinstance(owner, dict):
         where = "this node" if owner.get("local") else \

@@ -451,7 +451,10 @@ _RULES_KEY = "rules"
 _RULE_KEYS = ("filter", "log")
 # [[cluster.nodes]] likewise (_parse_nodes): a list of addresses does not fit one variable.
 _NODES_KEY = "nodes"
-_NODE_KEYS = ("id", "host", "port")
+_NODE_KEYS = ("id", "host", "port", "raft_port")
+_NODE_REQUIRED = ("id", "host", "port")
+PLACEMENTS = ("static", "raft")
+MAX_RAFT_VOTERS = 5  # Raft groups of more voters commit slower and gain nothing (etcd, KRaft)
 _ARRAY_KEYS: dict[tuple[str, ...], list[str]] = {(COMMITLOG_SECTION,): [_RULES_KEY],
                                                  (CLUSTER_SECTION,): [_NODES_KEY]}
 
@@ -515,6 +518,10 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "reconnect_max": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.reconnect_max),
         "link_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.link_timeout),
         "append_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.append_timeout),
+        "placement": (_Choice(PLACEMENTS), _CLUSTER_DEFAULTS.placement),
+        # Raft port of this node's metadata process when [[cluster.nodes]] is absent (0: the
+        # first port after the routers' mesh ports).
+        "raft_port": (_Int(0, _U16), 0),
     },
 }
 # Tables that only hold other tables ([listener] holds [listener.tcp] ...).
@@ -670,7 +677,7 @@ def _parse_nodes(value: object, path: str) -> tuple[NodeAddress, ...]:
             if key not in _NODE_KEYS:
                 raise ConfigError(f"{here}.{key}", "unknown key; allowed: " + ", ".join(_NODE_KEYS)
                                   + _suggest(key, _NODE_KEYS), path)
-        for key in _NODE_KEYS:
+        for key in _NODE_REQUIRED:
             if key not in item:
                 raise ConfigError(f"{here}.{key}", "required (every node needs id, host and "
                                                    "port)", path)
@@ -703,7 +710,12 @@ def _parse_nodes(value: object, path: str) -> tuple[NodeAddress, ...]:
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= _U16:
             raise ConfigError(f"{here}.port", f"expected an integer between 1 and {_U16}, got "
                                               f"{_show(port)}", path)
-        out.append(NodeAddress(node_id, host, port))
+        raft_port = item.get("raft_port", 0)
+        if isinstance(raft_port, bool) or not isinstance(raft_port, int) \
+                or not 0 <= raft_port <= _U16:
+            raise ConfigError(f"{here}.raft_port", f"expected an integer between 1 and {_U16} "
+                                                   f"(0: none), got {_show(raft_port)}", path)
+        out.append(NodeAddress(node_id, host, port, raft_port))
     if not out:
         raise ConfigError(base, "empty: list every node of the cluster, this one included "
                                 "(or leave [[cluster.nodes]] out for one node on loopback)", path)
@@ -753,14 +765,17 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
     routers = get("routers")
     assert isinstance(node_id, str) and isinstance(routers, int)
     if nodes is None:
-        nodes = (NodeAddress(node_id, "127.0.0.1", int(get("port"))),)
+        base = int(get("port"))
+        nodes = (NodeAddress(node_id, "127.0.0.1", base, int(get("raft_port")) or
+                             (base + routers if get("placement") == "raft" else 0)),)
         port_keys = ["cluster.port"]
         port_src: list[str | None] = [src("port")]
     else:
-        if src("port") is not None:
-            raise ConfigError("cluster.port", "only for one node without [[cluster.nodes]]; "
-                              "with a nodes list, each node's mesh port is its entry's port",
-                              src("port"))
+        for key in ("port", "raft_port"):
+            if src(key) is not None:
+                raise ConfigError(f"cluster.{key}", "only for one node without [[cluster.nodes]]"
+                                  f"; with a nodes list, each node's {key} is in its entry",
+                                  src(key))
         port_keys = [f"cluster.nodes[{i}].port" for i in range(len(nodes))]
         port_src = [path] * len(nodes)
     ids = [n.id for n in nodes]
@@ -786,6 +801,8 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
                                   f"routers = {routers} apart)", port_src[j])
     own_index = ids.index(node_id)
     own = nodes[own_index]
+    if get("placement") == "raft":
+        _check_raft_ports(nodes, routers, port_keys, port_src, path)
     for key in (("listener", "tcp", "bind"), ("listener", "tls", "bind"),
                 ("listener", "ws", "bind"), ("admin", "bind")):
         text = values[key]
@@ -812,7 +829,32 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         link_window=get("link_window"), link_max_queued_bytes=get("link_max_queued_bytes"),
         reconnect_min=float(get("reconnect_min")), reconnect_max=float(get("reconnect_max")),
         link_timeout=float(get("link_timeout")),
-        append_timeout=float(get("append_timeout")))
+        append_timeout=float(get("append_timeout")), placement=str(get("placement")))
+
+
+def _check_raft_ports(nodes: tuple[NodeAddress, ...], routers: int, port_keys: list[str],
+                      port_src: list[str | None], path: str | None) -> None:
+    """cluster.placement = "raft": every node has a Raft port, clear of every mesh range on
+    its host, and the group has at most MAX_RAFT_VOTERS voters (non-voting members are not
+    built yet: docs/replication.md)."""
+    if len(nodes) > MAX_RAFT_VOTERS:
+        raise ConfigError("cluster.placement", f'"raft" takes at most {MAX_RAFT_VOTERS} nodes '
+                          f"for now (every node votes; the cluster lists {len(nodes)}): use "
+                          '"static" or fewer nodes', path)
+    for i, n in enumerate(nodes):
+        key = port_keys[i].replace(".port", ".raft_port")
+        if not n.raft_port:
+            raise ConfigError(key, 'required with cluster.placement = "raft" (the port of '
+                              "the node's metadata process, which the other nodes dial)",
+                              port_src[i])
+        for m in nodes:
+            if _same_host(m.host, n.host) and m.port <= n.raft_port <= m.port + routers - 1:
+                raise ConfigError(key, f"node {_show(n.id)}'s Raft port {n.raft_port} is one "
+                                  f"of node {_show(m.id)}'s mesh ports {m.port}-"
+                                  f"{m.port + routers - 1} on host {m.host}", port_src[i])
+            if m is not n and _same_host(m.host, n.host) and m.raft_port == n.raft_port:
+                raise ConfigError(key, f"node {_show(n.id)}'s Raft port {n.raft_port} is also "
+                                  f"node {_show(m.id)}'s on host {m.host}", port_src[i])
 
 
 def _cluster_secret(secret: str, secret_file: str,

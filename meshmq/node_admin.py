@@ -57,6 +57,7 @@ from cluster.supervisor import Supervisor
 from meshmq.admin import METRICS_CONTENT_TYPE, bound_port
 from meshmq.admin_auth import AdminAuth
 from meshmq.config import NodeConfig, parse_bind
+from meshmq.metadata_proc import MetadataProcess
 
 __all__ = ["NodeAdmin", "merge_metrics"]
 
@@ -125,11 +126,13 @@ def merge_metrics(scrapes: dict[str, str | None], restarts: dict[str, int]) -> l
 class NodeAdmin:
     """The node's admin HTTP server in front of the supervisor's routers."""
 
-    def __init__(self, config: NodeConfig, supervisor: Supervisor) -> None:
+    def __init__(self, config: NodeConfig, supervisor: Supervisor,
+                 metadata: MetadataProcess | None = None) -> None:
         assert config.cluster is not None
         self.config = config
         self.cluster: ClusterSettings = config.cluster
         self.supervisor = supervisor
+        self.metadata = metadata  # the node's Raft voter (cluster.placement = "raft")
         self.ownership = Ownership(self.cluster.router_ids())
         self.host, self._port = parse_bind(config.admin_bind)
         self._ssl: ssl.SSLContext | None = None
@@ -297,8 +300,10 @@ class NodeAdmin:
         doc: dict[str, Any] = {
             "cluster": c.name, "node": c.node_id, "routers_per_node": c.routers,
             "nodes": [{"id": n.id, "host": n.host, "port": n.port} for n in c.nodes],
-            "router_ids": c.router_ids(), "routers": routers,
+            "router_ids": c.router_ids(), "routers": routers, "placement": c.placement,
         }
+        if self.metadata is not None:
+            doc["metadata"] = await self.metadata.status()
         device = request.query.get("device")
         if device is not None:
             owner = self.ownership.owner_of(device)

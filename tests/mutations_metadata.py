@@ -7,6 +7,7 @@ from typing import Any
 
 RAFT = "tests/cluster/test_metadata_raft.py"
 UNIT = "tests/cluster/test_metastate_unit.py"
+NODE = "tests/cluster/test_metadata_node.py"
 CAS = f"{RAFT}::test_a_committed_change_reaches_every_voter_and_a_stale_epoch_is_refused"
 KILL = f"{RAFT}::test_kill_9_of_the_raft_leader_loses_nothing_committed"
 
@@ -14,6 +15,19 @@ KILL = f"{RAFT}::test_kill_9_of_the_raft_leader_loses_nothing_committed"
 def metadata_mutations(mutation: Any) -> tuple[Any, ...]:
     m = mutation
     return (
+        m("metadata-not-restarted", "meshmq/metadata_proc.py _watch: a dead metadata process "
+          "is logged and left dead (the node's voter stays missing)", "meshmq/metadata_proc.py",
+          "            self.restarts += 1\n", "            return\n",
+          (f"{NODE}::test_a_killed_metadata_process_is_restarted_and_the_group_has_a_leader",)),
+        m("metadata-left-running-on-stop", "meshmq/cluster_node.py: SIGTERM drains the routers "
+          "but leaves the metadata process running", "meshmq/cluster_node.py",
+          "        if metadata is not None:\n            await metadata.stop()\n", "",
+          (f"{NODE}::test_stopping_a_node_stops_its_metadata_process",)),
+        m("metadata-orphaned", "cluster/metaserver.py: a voter whose supervisor was killed -9 "
+          "keeps running (a restarted node finds its Raft port taken)",
+          "cluster/metaserver.py", "            if os.getppid() != args.parent_pid:\n",
+          "            if False:\n",
+          (f"{NODE}::test_stopping_a_node_stops_its_metadata_process",)),
         m("metadata-isr-drops-leader", "cluster/metastate.py _set_isr: an ISR without its "
           "leader is accepted (the leader acks writes no ISR member holds)",
           "cluster/metastate.py",

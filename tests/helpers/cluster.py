@@ -44,18 +44,23 @@ class Cluster:
 
     def __init__(self, base: Path, n: int = 3, routers: int = 1, name: str = "testmesh",
                  overrides: dict[str, Any] | None = None,
-                 per_node: dict[int, dict[str, Any]] | None = None) -> None:
+                 per_node: dict[int, dict[str, Any]] | None = None, raft: bool = False) -> None:
+        """``raft``: cluster.placement = "raft", each node with a free Raft port."""
         self.routers = routers
         self.mesh_ports = [free_port_range(routers) for _ in range(n)]
+        self.raft_ports = [free_port() for _ in range(n)] if raft else []
         self.nodes: list[BrokerProc] = []
         for i in range(n):
             entries = []
             for j in range(n):
                 entries.append({"id": f"n{j}", "host": "127.0.0.1", "port": self.mesh_ports[j]})
+                if raft:
+                    entries[-1]["raft_port"] = self.raft_ports[j]
             config = {
                 "node": {"id": f"n{i}"},
                 "cluster": {"name": name, "routers": routers, "secret": SECRET,
-                            "reconnect_max": 0.5, "link_timeout": 3.0, "nodes": entries},
+                            "reconnect_max": 0.5, "link_timeout": 3.0, "nodes": entries,
+                            **({"placement": "raft"} if raft else {})},
                 "log": {"level": "info"},
                 # Every topic is logged by default (a first-level topic group); tests name
                 # unlogged topics u/... so a test about the link does not depend on which

@@ -101,6 +101,16 @@ def _secret_file(tmp_path: Path) -> Path:
     return path
 
 
+def _raft_nodes(nodes: str) -> str:
+    """Every entry without a raft_port gets one (7999), clear of its mesh ports."""
+    out = []
+    for entry in nodes.split("[[cluster.nodes]]"):
+        if entry.strip() and "raft_port" not in entry:
+            entry = entry.rstrip("\n") + "\nraft_port = 7999\n"
+        out.append(entry)
+    return "[[cluster.nodes]]".join(out)
+
+
 # (case id, config text, environment, key that the one line must name, words it must say)
 CASES = [
     ("duplicate-id", _config(nodes=THREE_NODES.replace('"n2"', '"n1"')), {},
@@ -150,6 +160,19 @@ CASES = [
      "cluster.append_timeout", "a number > 0"),
     ("append-timeout-env", _config(), {"MESHMQ_CLUSTER__APPEND_TIMEOUT": "-5"},
      "cluster.append_timeout", "(from MESHMQ_CLUSTER__APPEND_TIMEOUT)"),
+    ("placement-unknown", _config(cluster='placement = "paxos"'), {}, "cluster.placement",
+     "static"),
+    ("raft-without-raft-port", _config(cluster='placement = "raft"'), {},
+     "cluster.nodes[0].raft_port", "required"),
+    ("raft-port-in-mesh-range",
+     _config(cluster='placement = "raft"\nrouters = 2', nodes=_raft_nodes(
+         THREE_NODES.replace("port = 7883\n", "port = 7883\nraft_port = 7884\n", 1))), {},
+     "cluster.nodes[0].raft_port", "mesh ports"),
+    ("raft-too-many-voters", _config(cluster='placement = "raft"', nodes=_raft_nodes(
+        THREE_NODES + THREE_NODES.replace('"n', '"m').replace("10.0.0.", "10.0.1."))), {},
+     "cluster.placement", "at most 5"),
+    ("raft-port-with-nodes-list", _config(cluster="raft_port = 9000"), {}, "cluster.raft_port",
+     "only for one node"),
 ]
 
 
