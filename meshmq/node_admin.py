@@ -123,6 +123,31 @@ def merge_metrics(scrapes: dict[str, str | None], restarts: dict[str, int]) -> l
     return [up, restart_family, *families.values()]
 
 
+def metadata_metrics(status: dict[str, Any]) -> list[Metric]:
+    """The node's Raft voter as an operator graphs it: up, leader or not, quorum, term,
+    commit index (a term that keeps rising is an unstable group; a commit index that stops
+    while publishes need placement is a stalled one), restarts."""
+    ok = not status.get("error")
+    out = []
+    for name, doc, kind, value in (
+            ("meshmq_metadata_up", "1 if this node's metadata process (Raft voter) answered "
+             "just now.", "gauge", 1.0 if ok else 0.0),
+            ("meshmq_metadata_restarts", "Times the node restarted its metadata process.",
+             "counter", float(status.get("restarts") or 0)),
+            ("meshmq_raft_is_leader", "1 if this node's voter leads the Raft group.", "gauge",
+             1.0 if ok and status.get("state") == "leader" else 0.0),
+            ("meshmq_raft_has_quorum", "1 if this node's voter sees a Raft majority.", "gauge",
+             1.0 if ok and status.get("has_quorum") else 0.0),
+            ("meshmq_raft_term", "The Raft term this node's voter is in.", "gauge",
+             float(status.get("term") or 0)),
+            ("meshmq_raft_commit_index", "The Raft commit index this node's voter knows.",
+             "gauge", float(status.get("commit_index") or 0))):
+        fam = Metric(name, doc, kind)
+        fam.add_sample(name + ("_total" if kind == "counter" else ""), {}, value)
+        out.append(fam)
+    return out
+
+
 class NodeAdmin:
     """The node's admin HTTP server in front of the supervisor's routers."""
 
@@ -234,8 +259,11 @@ class NodeAdmin:
             ok = result is not None and result[0] == 200
             scrapes[child.router_id] = result[1].decode("utf-8", "replace") if ok else None
             restarts[child.router_id] = child.restarts
+        families = merge_metrics(scrapes, restarts)
+        if self.metadata is not None:
+            families += metadata_metrics(await self.metadata.status())
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Families(merge_metrics(scrapes, restarts)))  # type: ignore[arg-type]
+        registry.register(_Families(families))  # type: ignore[arg-type]
         if "application/openmetrics-text" in request.headers.get("Accept", ""):
             return web.Response(body=openmetrics.generate_latest(registry),
                                 headers={"Content-Type": openmetrics.CONTENT_TYPE_LATEST})

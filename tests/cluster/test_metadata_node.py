@@ -60,6 +60,10 @@ def test_the_nodes_elect_one_raft_leader_and_the_cli_shows_it(trio: Cluster) -> 
                           f"127.0.0.1:{trio.nodes[1].admin_port}"],
                          capture_output=True, text=True, timeout=60)
     assert f"metadata: raft leader {leader}" in out.stdout, out.stdout + out.stderr
+    leaders = sum(trio.nodes[i].metric("meshmq_raft_is_leader") for i in range(3))
+    assert leaders == 1
+    assert all(trio.nodes[i].metric("meshmq_metadata_up") == 1 for i in range(3))
+    assert trio.nodes[0].metric("meshmq_raft_term") >= 1
 
 
 def test_a_killed_metadata_process_is_restarted_and_the_group_has_a_leader(
