@@ -1483,13 +1483,16 @@ class LogStore:
         self.commit(token)
         return token
 
-    def rollback(self) -> None:
+    def rollback(self, cause: BaseException | None = None) -> None:
         """Discard everything not committed (pending appends and flushed, unsynced bytes)
         after a write/fsync failure, and truncate the file back to the durable end.
+        High-water-mark waiters of the discarded records get ``cause`` (the failed write's
+        error, so they see the same ENOSPC or EIO as the committer's callbacks), or a
+        LogWriteError when none is given.
 
         Appends work again afterwards if the truncation succeeded; otherwise the store
         stays failed (every append raises) until it is reopened, where recovery cleans up."""
-        self._rollback_replica_state()
+        self._rollback_replica_state(cause)
         pos = self._committed_pos
         for dev in self._pend_devs:
             dev.pend = None
@@ -2680,13 +2683,14 @@ class LogStore:
         parts.append(_encode_records(kb, recs[i:]))
         return b"".join(parts), nxt
 
-    def _rollback_replica_state(self) -> None:
+    def _rollback_replica_state(self, cause: BaseException | None) -> None:
         """Part of :meth:`rollback`: forget follower appends and epoch entries that were
         not committed, and fail commit waiters whose records are being discarded."""
         committed = self._committed_pos
         for dev in self._pend_devs:
             dev.raw = None
-        exc = LogWriteError(errno.EIO, "the write holding these records failed; rolled back")
+        exc = cause if cause is not None else LogWriteError(
+            errno.EIO, "the write holding these records failed; rolled back")
         for dev in self._devices.values():
             if dev.epochs and not 0 <= dev.epochs[-1][3] < committed:
                 dev.epochs = [e for e in dev.epochs if 0 <= e[3] < committed] or None
