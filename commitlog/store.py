@@ -370,7 +370,8 @@ class DeviceLog:
     @property
     def high_watermark(self) -> int:
         """The visible end: first offset not yet committed; readers (read, fetch, catch-up,
-        replay, the fetch API, Spark through it, inspect) see ``[start, high_watermark)``.
+        replay, the fetch API, Spark and ``meshmq log`` through it) see
+        ``[start, high_watermark)``.
         The one place that says what "committed" means: durable here on a single node
         (Kafka's Partition.highWatermark with one replica), the replicated mark once a
         replication layer sets it. Only read paths use it; append and commit do not."""
