@@ -68,7 +68,7 @@ CLOCK_SKEW_US = 1_000_000  # tolerated between routers' clocks (match_record)
 class LagCursor:
     """Where one session is in one device log while it is behind (or just caught up)."""
 
-    __slots__ = ("next", "live", "buffer", "reading", "retrying", "hw")
+    __slots__ = ("next", "live", "buffer", "reading", "retrying", "high_watermark")
 
     def __init__(self, next_offset: int) -> None:
         self.next = next_offset
@@ -77,7 +77,7 @@ class LagCursor:
         self.buffer: deque[Record] | None = None  # fetched, not yet delivered
         self.reading = False  # a fetch is out: its answer pumps the session again
         self.retrying = False  # a fetch failed: tried again after _RETRY_S
-        self.hw = -1  # the owner's committed end at the last answer (for the lag gauge)
+        self.high_watermark = -1  # the owner's, at the last answer (for the lag gauge)
 
 
 # (session, msg, granted qos, retain flag, subscription ids, position) -> None
@@ -282,7 +282,7 @@ class LogCatchUp:
         if session.lag.get(device) is not c or c.live:
             return  # the session ended, or moved on
         if result.status == "ok":
-            c.hw = result.hw
+            c.high_watermark = result.high_watermark
             if result.records and result.records[0].offset > c.next and asked != c.next:
                 pass  # read from past where the cursor now is (it moved back): read again
             # (from where it asked, a later first record means the owner skipped offsets lost
@@ -294,7 +294,7 @@ class LogCatchUp:
                 if not session.lag_behind:
                     self._all_caught_up(session)
         elif result.status == "out_of_range":
-            self._skip(session, device, c, result.start, result.hw)
+            self._skip(session, device, c, result.start, result.high_watermark)
         else:
             self._failed_log("reading %r from its owner router %s failed (retried in %.0f s):"
                              " %s", device, owner, _RETRY_S, result.why,
@@ -332,8 +332,8 @@ class LogCatchUp:
         out = {}
         for device, c in session.lag.items():
             if not c.live:
-                if c.hw >= 0:
-                    out[device] = max(0, c.hw - c.next)
+                if c.high_watermark >= 0:
+                    out[device] = max(0, c.high_watermark - c.next)
                     continue
                 start, end = self.store.log_range(device)
                 out[device] = max(0, end - max(c.next, start))

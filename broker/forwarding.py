@@ -50,7 +50,7 @@ class FetchResult(NamedTuple):
     status: str  # "ok", "out_of_range" (retention removed it), or "failed" (``why``)
     records: list[Record]
     start: int  # the owner's log start
-    hw: int  # the owner's high-water mark (committed end)
+    high_watermark: int  # the owner's high-water mark (its visible end)
     next_offset: int  # where to read next: past the records, or past a quarantined gap
     why: str
 

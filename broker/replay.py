@@ -229,7 +229,7 @@ class RemoteReplays:
                     _skip_lost(router, session, cursor, result.next_offset)
                 cursor.live = True
         elif result.status == "out_of_range":
-            start, hw = result.start, result.hw
+            start, hw = result.start, result.high_watermark
             to = start if cursor.next < start else hw
             log.warning("replay cursor outside the owner's log; skipping ahead",
                         extra={"client_id": session.client_id, "device": cursor.device,

@@ -25,7 +25,7 @@
 static PyTypeObject *RecordType = NULL; /* commitlog.record.Record, set by setup() */
 static PyObject *EmptyTuple = NULL;
 static PyObject *One = NULL;
-static PyObject *s_since_idx, *s_total, *s_max_ts, *s_next, *s_hwm, *s_seg_base,
+static PyObject *s_since_idx, *s_total, *s_max_ts, *s_next, *s_durable_end, *s_seg_base,
     *s_apos_base, *s_apos, *s_frombytes, *s_kb, *s_pend, *s_cache, *s_cache_bytes, *s__broken,
     *s__devices, *s__pend_devs, *s__pend_n, *s__pend_bound, *s__cache_on, *s__cache_total;
 
@@ -669,7 +669,7 @@ static int dev_store(DevState *d, int changed)
     if (changed) {
         if (set_ll(d->dev, s_since_idx, d->since) || set_ll(d->dev, s_total, d->total) ||
             set_ll(d->dev, s_max_ts, d->max_ts) || set_ll(d->dev, s_next, d->next) ||
-            set_ll(d->dev, s_hwm, d->next))
+            set_ll(d->dev, s_durable_end, d->next))
             rc = -1;
         if (rc == 0 && d->np) {
             PyObject *bytes = PyBytes_FromStringAndSize((const char *)d->pbuf,
@@ -1607,7 +1607,7 @@ PyMODINIT_FUNC PyInit__speedups(void)
     INTERN(s_total, "total");
     INTERN(s_max_ts, "max_ts");
     INTERN(s_next, "next");
-    INTERN(s_hwm, "hwm");
+    INTERN(s_durable_end, "durable_end");
     INTERN(s_seg_base, "seg_base");
     INTERN(s_apos_base, "apos_base");
     INTERN(s_apos, "apos");

@@ -11,14 +11,21 @@ Layout (little-endian)::
     0    4     magic         b"MQF1"
     4    4     record_count  u32
     8    8     log_start     i64   first offset still retained (-1: not given)
-    16   8     high_water    i64   committed end offset at response time (-1: not given)
+    16   8     high_watermark i64  the high-water mark at response time: the first offset
+                                   not yet committed (-1: not given)
     24   ...   record_count records in the record framing of commitlog.record
 
 The response reuses the store's record framing byte for byte, so the server sends stored
 bytes without re-encoding them (``LogStore.read_raw``), and every record keeps its CRC end
 to end.
-``log_start`` and ``high_water`` let a reader detect data loss to retention
+``log_start`` and ``high_watermark`` let a reader detect data loss to retention
 (requested offset < log_start) and compute lag without a second request.
+
+Names (issue 26, Kafka's, as in ``commitlog/store.py``): ``high_watermark`` was called
+``high_water`` and a section's ``durable_end`` ``log_end`` (it never counted appends not
+yet durable, which the log end does). The old attribute names stay as deprecated aliases
+of the decoded tuples for one release (``FetchMeta.high_water``,
+``DeviceFetch.high_water``, ``DeviceFetch.log_end``); the bytes on the wire are unchanged.
 """
 
 from __future__ import annotations
@@ -52,23 +59,28 @@ class FetchMeta(NamedTuple):
 
     record_count: int
     log_start: int
-    high_water: int
+    high_watermark: int
+
+    @property
+    def high_water(self) -> int:
+        """Deprecated alias of ``high_watermark`` (removed in the next release)."""
+        return self.high_watermark
 
 
 def encode_fetch_response(
-    records: Sequence[Record], log_start: int = -1, high_water: int = -1
+    records: Sequence[Record], log_start: int = -1, high_watermark: int = -1
 ) -> bytes:
     """Encode records (any keys) into one response body."""
-    return FETCH_HEADER.pack(FETCH_MAGIC, len(records), log_start, high_water) + encode_batch(
+    return FETCH_HEADER.pack(FETCH_MAGIC, len(records), log_start, high_watermark) + encode_batch(
         list(records)
     )
 
 
 def encode_fetch_raw(records: Sequence[bytes], record_count: int, log_start: int = -1,
-                     high_water: int = -1) -> bytes:
+                     high_watermark: int = -1) -> bytes:
     """A response body around records already in the record framing, given as chunks
     (``LogStore.read_raw``: stored bytes, sent without decoding and encoding them again)."""
-    return b"".join([FETCH_HEADER.pack(FETCH_MAGIC, record_count, log_start, high_water),
+    return b"".join([FETCH_HEADER.pack(FETCH_MAGIC, record_count, log_start, high_watermark),
                      *records])
 
 
@@ -288,14 +300,14 @@ def _string_buffers(values: list[str]) -> tuple[bytes, bytes]:
 #                2   2  status         u16   STATUS_* below
 #                4   8  offset         i64   the offset asked for (after resolving defaults)
 #                12  8  log_start      i64   first offset still retained
-#                20  8  high_water     i64   end of what readers may see (committed)
-#                28  8  log_end        i64   end of what is stored here (>= high_water)
+#                20  8  high_watermark i64   end of what readers may see (committed)
+#                28  8  durable_end    i64   end of what is stored here (>= high_watermark)
 #                36  8  next_offset    i64   what to ask for next
 #                44  4  record_count   u32
 #                48  4  records_bytes  u32
 #                52  .. key (UTF-8), then records_bytes of records in the record framing
 #
-# ``status`` tells "no data yet" (OK with 0 records: offset == high_water) from "retention
+# ``status`` tells "no data yet" (OK with 0 records: offset == high_watermark) from "retention
 # deleted what you asked for" (BELOW_START: restart from log_start, data lost for this
 # reader) and from an offset past the high-water mark (ABOVE_END: truncated by a leader
 # change, or from the future) or a device the node does not know (UNKNOWN_DEVICE).
@@ -323,27 +335,39 @@ class DeviceFetch(NamedTuple):
     status: int
     offset: int
     log_start: int
-    high_water: int
-    log_end: int
+    high_watermark: int
+    durable_end: int
     next_offset: int
     record_count: int
     records: memoryview  # the records, in the record framing (decode with decode_batch)
 
+    @property
+    def high_water(self) -> int:
+        """Deprecated alias of ``high_watermark`` (removed in the next release)."""
+        return self.high_watermark
 
-def encode_section(device: str, status: int, offset: int, log_start: int, high_water: int,
-                   log_end: int, next_offset: int, record_count: int,
+    @property
+    def log_end(self) -> int:
+        """Deprecated alias of ``durable_end`` (removed in the next release): the value
+        was always the durable end, not the log end (which counts unflushed appends)."""
+        return self.durable_end
+
+
+def encode_section(device: str, status: int, offset: int, log_start: int, high_watermark: int,
+                   durable_end: int, next_offset: int, record_count: int,
                    records: bytes = b"") -> bytes:
     """One device's section (header, key, records)."""
-    return section_head(device, status, offset, log_start, high_water, log_end, next_offset,
+    return section_head(device, status, offset, log_start, high_watermark, durable_end, next_offset,
                         record_count, len(records)) + records
 
 
-def section_head(device: str, status: int, offset: int, log_start: int, high_water: int,
-                 log_end: int, next_offset: int, record_count: int, records_bytes: int) -> bytes:
+def section_head(device: str, status: int, offset: int, log_start: int, high_watermark: int,
+                 durable_end: int, next_offset: int, record_count: int,
+                 records_bytes: int) -> bytes:
     """A section's header and key, for a writer that sends the records' bytes after it
     without concatenating them first (``encode_multi_fetch_parts``)."""
     kb = device.encode()
-    return SECTION.pack(len(kb), status, offset, log_start, high_water, log_end,
+    return SECTION.pack(len(kb), status, offset, log_start, high_watermark, durable_end,
                         next_offset, record_count, records_bytes) + kb
 
 
@@ -363,7 +387,7 @@ def encode_multi_fetch_parts(sections: Sequence[Sequence[bytes]]) -> bytes:
 
 
 def _sections(mv: memoryview) -> list[tuple]:
-    """(key, status, offset, start, hw, end, next, count, rec_start, rec_end) per section."""
+    """(key, status, offset, start, hw, durable, next, count, rec_start, rec_end) per section."""
     if len(mv) < MULTI_HEADER.size:
         raise CorruptRecordError("many-device fetch response shorter than its header", 0)
     magic, count = MULTI_HEADER.unpack_from(mv, 0)

@@ -11,7 +11,10 @@ once everything appended before the call is durable and visible to readers. If a
 or fsync fails (ENOSPC, EIO) nothing pending is marked durable: every waiting callback
 gets ``cb(exc)`` (the broker refuses those publishes: MQTT 5 reason 0x80/0x97), the store
 truncates back to its last durable byte, and appending resumes once the disk accepts
-writes again. A publish is never acknowledged unless it is stored.
+writes again. A publish is never acknowledged unless it is stored. The per-device form,
+``when_high_watermark(key, offset, cb)``, fires when the device's high-water mark passes
+the record (the durable end on one node; the replicated mark with replication) and gets
+the same error when the write fails.
 
 Failure handling (issue 11, item 1). Three rules, each from a way this went wrong before:
 
@@ -165,6 +168,37 @@ class GroupCommitter:
         elif self._interval_ms is None:
             self._maybe_sync()
 
+    def when_high_watermark(self, key: str, offset: int,
+                            callback: DurableCallback) -> tuple[str, int, int] | None:
+        """Call ``callback(None)`` once the high-water mark of ``key`` passes ``offset``
+        (the record appended at ``offset`` is committed and readers see it), or
+        ``callback(exc)`` if that record is not stored: its write or fsync failed (``exc``
+        is that error: ENOSPC, EIO) or a leader change truncated it. Never a success for
+        what was not stored.
+
+        The per-device acknowledgement (Kafka's DelayedProduce, completed when the
+        partition's high watermark passes the produce's last offset): on one node the
+        high-water mark is the durable end, so it fires exactly when :meth:`when_durable`
+        would; with replication the replica manager moves the mark
+        (``LogStore.set_high_watermark``) and these fire then. Batched like the durable
+        callbacks: the store wakes a device's waiters once per commit (one fsync batch),
+        one bisect over that device's sorted waiters, not one check per message
+        (``commitlog/waiters.py``, the same registry the fetch API's long polls use).
+
+        Register right after the append, in the same tick (as the broker does): a record
+        no longer in the log (``offset >= log_end``: rolled back before this call) fails
+        at once rather than waiting for whatever is appended at that offset next. Runs
+        ``callback`` now if the mark already passed; returns a handle for
+        ``store.cancel_high_watermark_wait`` otherwise."""
+        store = self.store
+        if offset >= store.log_end(key):
+            exc = self._refused or LogWriteError(
+                errno.EIO, f"record {offset} of {key!r} is not in the log (its write failed "
+                           "and was rolled back, or it was never appended)")
+            self._loop.call_soon(self._call, callback, exc)
+            return None
+        return store.when_high_watermark(key, offset + 1, callback)
+
     def wait_durable(self) -> asyncio.Future[None]:
         """A future resolved when everything appended so far is durable (raises on failure).
         For tests, tools and shutdown; the broker's hot path uses when_durable."""
@@ -295,7 +329,7 @@ class GroupCommitter:
         if st.pending() or self._waiting or self._unflushed or \
                 st.flushed_position > st.committed_position:
             self._refused = exc
-        st.rollback()
+        st.rollback(exc)
         waiting = list(self._waiting)
         unflushed = self._unflushed
         self._waiting.clear()

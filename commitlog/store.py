@@ -13,6 +13,24 @@ to disk, a per-segment device position index (where each device's records are, s
 read preads and decodes only that device's records; ``.pidx`` files for sealed segments),
 plus a per-device tail cache of the newest records. See README.md.
 
+Names (Kafka's: ``Log.logEndOffset``, ``Partition.highWatermark``), per device log, with
+``log_start <= high_watermark <= durable_end <= log_end``:
+
+* ``log_start`` (``DeviceLog.start``): the first offset retention kept.
+* ``log_end`` (:meth:`LogStore.log_end`, ``DeviceLog.next``): the next offset to be
+  assigned; counts appends not yet durable.
+* ``durable_end`` (:meth:`LogStore.durable_end`): one past the last record durable on this
+  node; followers fetch up to it (:meth:`LogStore.read_replica`).
+* ``high_watermark`` (:meth:`LogStore.high_watermark`, ``DeviceLog.high_watermark``): the
+  first offset not yet committed, the **visible end**: every reader (read, read_raw,
+  iter_records, offset_for_timestamp, the broker's replay and catch-up, the fetch API and
+  the Spark source through it, ``meshmq log``) sees ``[log_start, high_watermark)`` and
+  nothing above. Today committed means durable here (``DeviceLog.replicated_hw == -1``);
+  with replication it is what the replica manager sets (:meth:`LogStore.set_high_watermark`).
+  :meth:`LogStore.when_high_watermark` calls back when it passes an offset.
+
+See docs/architecture.md ("The commit log's ends") for how these move.
+
 Threading: everything runs on one thread (the event loop) except :meth:`sync`, which may
 run concurrently on ONE other thread (the group committer's fsync worker). The state the
 two share (flushed position, the writer fd and retired fds) is guarded by ``_lock``.
@@ -293,20 +311,22 @@ class DeviceLog:
     find the device's first surviving record exactly)."""
 
     __slots__ = (
-        "key", "kb", "next", "hwm", "start",
+        "key", "kb", "next", "durable_end", "start",
         "idx_off", "idx_pos", "idx_ts", "idx_cum",
         "total", "since_idx", "seg_base", "max_ts",
         "c_total", "c_since", "c_seg", "c_max",
         "cache", "cache_start", "cache_bytes", "markers", "last_topic", "last_kt",
         "pend", "n_ctl", "apos", "apos_base", "gaps",
-        "hw", "epochs", "raw", "mk",
+        "replicated_hw", "epochs", "raw", "mk",
     )
 
     def __init__(self, key: str, first_offset: int = 0) -> None:
         self.key = key
         self.kb = key.encode()
-        self.next = first_offset  # next offset to assign (includes pending appends)
-        self.hwm = first_offset  # committed end: readers see [start, hwm)
+        # The names are Kafka's (docs/architecture.md, "The commit log's ends"):
+        # start <= high_watermark <= durable_end <= next (the log end).
+        self.next = first_offset  # the log end: next offset to assign (includes pending)
+        self.durable_end = first_offset  # one past the last record durable on this node
         self.start = first_offset  # first retained offset
         self.idx_off = array("q")
         self.idx_pos = array("q")
@@ -336,16 +356,27 @@ class DeviceLog:
         # Positions of this device's records in the active segment (see PIDX_*), or None.
         self.apos: array | None = None
         self.apos_base = -1
-        # Replication (see "Two ends per device log" in README.md): ``hwm`` above is the
-        # *log end* (durable here); ``hw`` is the high-water mark readers see when a
-        # replication layer sets it (-1: follows the log end, the single-node case).
-        self.hw = -1
+        # Replication (see "Two ends per device log" in README.md): the high-water mark a
+        # replication layer set (committed cluster-wide), or -1: the high-water mark is
+        # the durable end (the single-node rule). Read it through ``high_watermark``.
+        self.replicated_hw = -1
         self.epochs: list[_ep.EpochEntry] | None = None  # leader epoch table (epochs.py)
         self.raw: list[tuple] | None = None  # follower appends awaiting flush (bytes, meta)
         self.mk: tuple[list[int], list[int]] | None = None  # markers' boundaries, suffix min
         # Offset ranges [lo, hi) lost to a quarantined corrupt record (see quarantine.py):
         # readers skip them; None for almost every device.
         self.gaps: list[tuple[int, int]] | None = None
+
+    @property
+    def high_watermark(self) -> int:
+        """The visible end: first offset not yet committed; readers (read, fetch, catch-up,
+        replay, the fetch API, Spark and ``meshmq log`` through it) see
+        ``[start, high_watermark)``.
+        The one place that says what "committed" means: durable here on a single node
+        (Kafka's Partition.highWatermark with one replica), the replicated mark once a
+        replication layer sets it. Only read paths use it; append and commit do not."""
+        hw = self.replicated_hw
+        return self.durable_end if hw < 0 else hw
 
     def in_gap(self, lo: int, hi: int) -> bool:
         """True if every offset in [lo, hi) was lost to quarantined corruption."""
@@ -734,7 +765,7 @@ class LogStore:
             key = data[p : p + kl].decode()
             p += kl
             dev = DeviceLog(key, start)
-            dev.next = dev.hwm = nxt
+            dev.next = dev.durable_end = nxt
             dev.total = dev.c_total = total
             dev.since_idx = dev.c_since = since
             dev.seg_base = dev.c_seg = segb
@@ -753,7 +784,7 @@ class LogStore:
                 apos_devs.append(dev)
                 p += 8 * npos
             if version == 3:
-                dev.hw = hw if 0 <= hw <= nxt else -1
+                dev.replicated_hw = hw if 0 <= hw <= nxt else -1
                 self._ckpt_hw.add(key)
             if nep:
                 dev.epochs = [CKPT_EPOCH.unpack_from(data, p + CKPT_EPOCH.size * i)
@@ -888,7 +919,7 @@ class LogStore:
                         dev.max_ts = ts
                     if ts > smax:
                         smax = ts
-                    dev.next = dev.hwm = off + 1
+                    dev.next = dev.durable_end = off + 1
                     if track:
                         if dev.apos_base != segb:
                             dev.apos = array("q")
@@ -929,13 +960,13 @@ class LogStore:
         for dev in self._devices.values():
             dev.c_total, dev.c_since, dev.c_seg, dev.c_max = (
                 dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
-            if dev.hw > dev.hwm:  # a checkpointed high-water mark above a torn tail
-                dev.hw = dev.hwm
+            if dev.replicated_hw > dev.durable_end:  # a checkpointed mark above a torn tail
+                dev.replicated_hw = dev.durable_end
             elif dev.epochs and dev.key not in self._ckpt_hw:
                 # A replicated log (it has leader epochs) whose high-water mark no
                 # checkpoint recorded: nothing is known committed; show nothing until the
                 # leader says (Kafka starts a replica without its HW checkpoint at 0).
-                dev.hw = dev.start
+                dev.replicated_hw = dev.start
         self._ckpt_hw = set()
 
     @staticmethod
@@ -984,7 +1015,7 @@ class LogStore:
             dev = self._devices.get(key)
             if dev is not None and off == dev.next:
                 self._new_gaps.setdefault(key, []).append((off, off + 1))
-                dev.next = dev.hwm = off + 1
+                dev.next = dev.durable_end = off + 1
         self._gap_hints = []
         stored = _q.load_gaps(self.directory)
         if self._new_gaps:
@@ -1392,9 +1423,9 @@ class LogStore:
         while infl and infl[0][0] <= token:
             _end, infos = infl.popleft()
             for dev, nxt, total, since, segb, mx in infos:
-                if waiting and dev.hw < 0 and dev.key in waiting:
+                if waiting and dev.replicated_hw < 0 and dev.key in waiting:
                     woke.append(dev)
-                dev.hwm = nxt
+                dev.durable_end = nxt
                 dev.c_total = total
                 dev.c_since = since
                 dev.c_seg = segb
@@ -1453,13 +1484,16 @@ class LogStore:
         self.commit(token)
         return token
 
-    def rollback(self) -> None:
+    def rollback(self, cause: BaseException | None = None) -> None:
         """Discard everything not committed (pending appends and flushed, unsynced bytes)
         after a write/fsync failure, and truncate the file back to the durable end.
+        High-water-mark waiters of the discarded records get ``cause`` (the failed write's
+        error, so they see the same ENOSPC or EIO as the committer's callbacks), or a
+        LogWriteError when none is given.
 
         Appends work again afterwards if the truncation succeeded; otherwise the store
         stays failed (every append raises) until it is reopened, where recovery cleans up."""
-        self._rollback_replica_state()
+        self._rollback_replica_state(cause)
         pos = self._committed_pos
         for dev in self._pend_devs:
             dev.pend = None
@@ -1469,11 +1503,11 @@ class LogStore:
         self._pend_bound = 0
         self._inflight.clear()
         for dev in self._devices.values():
-            if dev.next != dev.hwm or dev.total != dev.c_total:
-                dev.next = dev.hwm
+            if dev.next != dev.durable_end or dev.total != dev.c_total:
+                dev.next = dev.durable_end
                 dev.total, dev.since_idx, dev.seg_base, dev.max_ts = (
                     dev.c_total, dev.c_since, dev.c_seg, dev.c_max)
-                dev.trim_index_from(dev.hwm)
+                dev.trim_index_from(dev.durable_end)
                 self._trim_cache_back(dev)
         try:
             reactivated = False
@@ -1554,10 +1588,10 @@ class LogStore:
                 self._apos_devs.append(dev)
 
     def _trim_cache_back(self, dev: DeviceLog) -> None:
-        keep = dev.hwm - dev.cache_start
+        keep = dev.durable_end - dev.cache_start
         if keep < 0:
             self._drop_cache(dev)
-            dev.cache_start = dev.hwm
+            dev.cache_start = dev.durable_end
             return
         if keep < len(dev.cache):
             klen = len(dev.kb)
@@ -1582,18 +1616,21 @@ class LogStore:
         return [k for k in self._devices if k.startswith(INTERNAL_PREFIX)]
 
     def log_range(self, key: str) -> tuple[int, int]:
-        """(first retained offset, high-water mark); (0, 0) for an unknown key."""
+        """(log start, high-water mark): the range readers may read; (0, 0) for an unknown
+        key. The end is :meth:`high_watermark`, the visible end."""
         dev = self._devices.get(key)
         if dev is None:
             return (0, 0)
-        return (dev.start, dev.hwm if dev.hw < 0 else dev.hw)
+        return (dev.start, dev.high_watermark)
 
     def high_watermark(self, key: str) -> int:
-        """Committed end offset: readers see offsets below it. The durable end (the log
-        end) on a single node; the replicated high-water mark once a replication layer
-        sets it with :meth:`set_high_watermark`."""
+        """The visible end (Kafka's high watermark): the first offset not yet committed;
+        every reader sees offsets below it and only those. The durable end on a single
+        node; the replicated high-water mark once a replication layer sets it with
+        :meth:`set_high_watermark`. Readers use this (or :meth:`log_range`), never
+        :meth:`log_end` or :meth:`durable_end`."""
         dev = self._devices.get(key)
-        return 0 if dev is None else (dev.hwm if dev.hw < 0 else dev.hw)
+        return 0 if dev is None else dev.high_watermark
 
     def past_gap(self, key: str, offset: int) -> int:
         """``offset``, or the end of the quarantined gap it falls in (see quarantine.py): where
@@ -1615,7 +1652,8 @@ class LogStore:
         return [(max(a, lo), min(b, hi)) for a, b in dev.gaps if a < hi and b > lo]
 
     def log_end(self, key: str) -> int:
-        """Next offset to be assigned (includes appends not yet durable)."""
+        """The log end (Kafka's log end offset): the next offset to be assigned, so it
+        counts appends not yet durable. Never a reader's bound: see :meth:`high_watermark`."""
         dev = self._devices.get(key)
         return 0 if dev is None else dev.next
 
@@ -1632,16 +1670,16 @@ class LogStore:
             if offset == 0:
                 return []
             raise OffsetOutOfRangeError(key, offset, 0, 0)
-        return self._read(dev, offset, dev.hwm if dev.hw < 0 else dev.hw, max_records,
+        return self._read(dev, offset, dev.high_watermark, max_records,
                           max_bytes)
 
-    def _read(self, dev: DeviceLog, offset: int, hwm: int, max_records: int,
+    def _read(self, dev: DeviceLog, offset: int, end: int, max_records: int,
               max_bytes: int) -> list[Record]:
-        """``read`` below ``hwm`` (the high-water mark, or the log end for followers)."""
+        """``read`` below ``end`` (the high-water mark; the durable end for followers)."""
         key = dev.key
-        if offset < dev.start or offset > hwm:
-            raise OffsetOutOfRangeError(key, offset, dev.start, hwm)
-        upto = min(hwm, offset + max_records)
+        if offset < dev.start or offset > end:
+            raise OffsetOutOfRangeError(key, offset, dev.start, end)
+        upto = min(end, offset + max_records)
         if upto <= offset:
             return []
         cs = dev.cache_start
@@ -1707,15 +1745,15 @@ class LogStore:
             if offset == 0:
                 return [], 0, 0
             raise OffsetOutOfRangeError(key, offset, 0, 0)
-        hwm = dev.hwm if dev.hw < 0 else dev.hw
-        if offset < dev.start or offset > hwm:
-            raise OffsetOutOfRangeError(key, offset, dev.start, hwm)
-        upto = min(hwm, offset + max_records)
+        end = dev.high_watermark
+        if offset < dev.start or offset > end:
+            raise OffsetOutOfRangeError(key, offset, dev.start, end)
+        upto = min(end, offset + max_records)
         if upto <= offset:
             return [], 0, offset
         got = self._raw_disk(dev, offset, upto, max_bytes)
         if got is None:
-            recs = self._read(dev, offset, hwm, max_records, max_bytes)
+            recs = self._read(dev, offset, end, max_records, max_bytes)
             return ([_encode_records(dev.kb, recs)] if recs else [], len(recs),
                     recs[-1][0] + 1 if recs else offset)
         self.stats.tail_cache_misses += 1  # served from the files (see above)
@@ -1918,7 +1956,7 @@ class LogStore:
         i = bisect.bisect_right(dev.idx_off, want) - 1
         if i < 0:
             return False
-        hwm = dev.hwm if dev.hw < 0 else dev.hw
+        hw = dev.high_watermark
         start = dev.idx_pos[i]
         limit = self._committed_pos
         stale = dev.is_stale if dev.markers else None
@@ -1968,7 +2006,7 @@ class LogStore:
         new_bad = [(a, b) for a, b, _o in bad if self._bad.get(a) != b]
         for a, b in new_bad:
             self._bad[a] = b
-        lost_hi = found if found >= 0 else hwm
+        lost_hi = found if found >= 0 else hw
         after = bad[mine:]
         # Offsets missing without a bad byte before them are not corruption: never a gap.
         lost = (want, lost_hi) if lost_hi > want and after else None
@@ -2270,12 +2308,12 @@ class LogStore:
         dev = self._devices.get(key)
         if dev is None:
             return 0
-        hwm = dev.hwm if dev.hw < 0 else dev.hw
-        n = bisect.bisect_left(dev.idx_off, hwm)
+        hw = dev.high_watermark
+        n = bisect.bisect_left(dev.idx_off, hw)
         i = bisect.bisect_left(dev.idx_ts, timestamp_us, 0, n) - 1
         off = dev.idx_off[i] if i >= 0 else dev.start
         off = max(off, dev.start)
-        while off < hwm:
+        while off < hw:
             recs = self.read(key, off, 512, 1 << 22)
             if not recs:
                 break
@@ -2283,7 +2321,7 @@ class LogStore:
                 if r[1] >= timestamp_us:
                     return r[0]
             off = recs[-1][0] + 1
-        return hwm
+        return hw
 
     def iter_records(self, key: str, offset: int | None = None) -> Iterator[Record]:
         """All committed records of ``key`` from ``offset`` (default: start)."""
@@ -2291,7 +2329,7 @@ class LogStore:
         if dev is None:
             return
         off = dev.start if offset is None else offset
-        while off < (dev.hwm if dev.hw < 0 else dev.hw):
+        while off < dev.high_watermark:
             recs = self.read(key, off, 4096, 1 << 24)
             if not recs:
                 return
@@ -2309,13 +2347,13 @@ class LogStore:
             if offset == 0:
                 return
             raise OffsetOutOfRangeError(key, offset, 0, 0)
-        if dev.next != dev.hwm:
+        if dev.next != dev.durable_end:
             raise LogStoreError(f"{key!r} has uncommitted appends; commit before truncating")
-        if not dev.start <= offset <= dev.hwm:
-            raise OffsetOutOfRangeError(key, offset, dev.start, dev.hwm)
-        if offset == dev.hwm:
+        if not dev.start <= offset <= dev.durable_end:
+            raise OffsetOutOfRangeError(key, offset, dev.start, dev.durable_end)
+        if offset == dev.durable_end:
             return
-        old_end = dev.hwm
+        old_end = dev.durable_end
         self._truncate_state(dev, offset, self._flushed_pos)
         self._fail_waiters(dev, offset, old_end, LogTruncatedError(key, offset))
         dev.c_total, dev.c_since, dev.c_seg, dev.c_max = (
@@ -2326,7 +2364,7 @@ class LogStore:
         if pend is None:
             pend = dev.pend = []
             self._pend_devs.append(dev)
-        # No appends of this key can be pending (next == hwm), so control records are
+        # No appends of this key can be pending (next == durable_end), so control records are
         # always the first ``n_ctl`` pending records of the device.
         pend.append(_new_record(Record, (offset, ts, key, "", 0, (), b"")))
         dev.n_ctl += 1
@@ -2343,9 +2381,9 @@ class LogStore:
         dev.markers.append((boundary, offset))
         dev.mk = None
         _ep.truncate_from(dev.epochs, offset)
-        if dev.hw > offset:
-            dev.hw = offset
-        dev.next = dev.hwm = offset
+        if dev.replicated_hw > offset:
+            dev.replicated_hw = offset
+        dev.next = dev.durable_end = offset
         dev.since_idx = 0
         dev.seg_base = -1  # the next record gets an index entry past the marker
         if dev.start > offset:
@@ -2357,27 +2395,28 @@ class LogStore:
     # commit waiters. Kafka's replica manager is the precedent for each (KIP-101/279).
 
     def durable_end(self, key: str) -> int:
-        """The *log end*: one past the last record durable on this node. Followers fetch
-        up to it; readers stop at :meth:`high_watermark`, which is never above it.
-        (:meth:`log_end` also counts appends not yet durable.)"""
+        """One past the last record durable on this node (``high_watermark <= durable_end
+        <= log_end``). Followers fetch up to it; readers stop at :meth:`high_watermark`,
+        which is never above it; :meth:`log_end` also counts appends not yet durable."""
         dev = self._devices.get(key)
-        return 0 if dev is None else dev.hwm
+        return 0 if dev is None else dev.durable_end
 
     def set_high_watermark(self, key: str, hw: int | None) -> None:
         """Set the replicated high-water mark of ``key`` (committed cluster-wide: readers
         see offsets below it); ``None`` returns the device to the single-node rule (the
-        high-water mark is the log end). Must not exceed the log end here (a follower
-        takes ``min(leader's hw, its log end)``, as Kafka does). Wakes the device's
-        commit waiters it satisfies. Kept in the checkpoint; after a crash it may come
-        back lower (it is re-learned from the leader), never higher than the log end."""
+        high-water mark is the durable end). Must not exceed the durable end here (a
+        follower takes ``min(leader's hw, its durable end)``, as Kafka does). Wakes the
+        device's commit waiters it satisfies. Kept in the checkpoint; after a crash it may
+        come back lower (re-learned from the leader), never above the durable end."""
         dev = self._devices.get(key)
         if dev is None:
             if not hw:
                 return
-            raise ValueError(f"high-water mark {hw} of {key!r} beyond its log end 0")
-        if hw is not None and not 0 <= hw <= dev.hwm:
-            raise ValueError(f"high-water mark {hw} of {key!r} outside [0, log end {dev.hwm}]")
-        dev.hw = -1 if hw is None else hw
+            raise ValueError(f"high-water mark {hw} of {key!r} beyond its durable end 0")
+        if hw is not None and not 0 <= hw <= dev.durable_end:
+            raise ValueError(f"high-water mark {hw} of {key!r} outside "
+                             f"[0, durable end {dev.durable_end}]")
+        dev.replicated_hw = -1 if hw is None else hw
         if self._waiters.count:
             self._wake([dev])
 
@@ -2410,7 +2449,7 @@ class LogStore:
         by_key = self._waiters.by_key
         for dev in devs:
             if dev.key in by_key:
-                call_all(self._waiters.take_ready(dev.key, dev.hwm if dev.hw < 0 else dev.hw),
+                call_all(self._waiters.take_ready(dev.key, dev.high_watermark),
                          None)
 
     def _fail_waiters(self, dev: DeviceLog, end: int, old_end: int, exc: BaseException) -> None:
@@ -2431,12 +2470,12 @@ class LogStore:
         """Kafka's OffsetsForLeaderEpoch for one device log, answered by the leader to a
         returning replica whose latest epoch is ``epoch``: ``(E', end)`` with E' the
         largest epoch <= ``epoch`` here and ``end`` where it ended (the start of the next
-        epoch, or the log end). The replica truncates to ``min(end, its log end)`` (and
-        repeats with E' if E' < its epoch: KIP-279). ``(-1, -1)``: no such epoch."""
+        epoch, or the durable end). The replica truncates to ``min(end, its durable end)``
+        (and repeats with E' if E' < its epoch: KIP-279). ``(-1, -1)``: no such epoch."""
         dev = self._devices.get(key)
         if dev is None:
             return (_ep.UNDEFINED, _ep.UNDEFINED)
-        return _ep.end_offset_for(dev.epochs, epoch, dev.hwm)
+        return _ep.end_offset_for(dev.epochs, epoch, dev.durable_end)
 
     def start_epoch(self, key: str, epoch: int, timestamp_us: int | None = None) -> bool:
         """A leader takes over ``key``'s log at ``epoch``: write an epoch-start record at
@@ -2449,7 +2488,7 @@ class LogStore:
         dev = self._devices.get(key)
         if dev is None:
             dev = self._devices[key] = DeviceLog(key)
-        if dev.next != dev.hwm or dev.raw is not None:
+        if dev.next != dev.durable_end or dev.raw is not None:
             raise LogStoreError(f"{key!r} has uncommitted appends; commit before an epoch")
         if epoch == _ep.latest_epoch(dev.epochs) or not _ep.check_new_epoch(
                 dev.epochs, epoch, dev.next):
@@ -2613,19 +2652,19 @@ class LogStore:
     def read_replica(self, key: str, offset: int, max_records: int = 1000,
                      max_bytes: int = 1 << 20, last_epoch: int = -1) -> tuple[bytes, int]:
         """The follower-fetch read path: records of ``key`` from ``offset`` up to the
-        **log end** (durable here, possibly above the high-water mark), with the
+        **durable end** (durable here, possibly above the high-water mark), with the
         epoch-start records of that range in place, as ``(bytes, next_offset)`` in the
         record framing, ready for :meth:`append_follower` on a replica. ``last_epoch`` is
         the follower's latest epoch (Kafka's LastFetchedEpoch): epoch starts it already
         has are left out, so a caught-up follower gets an empty answer. Served from the
         tail cache while it holds the range, else from disk (same path as :meth:`read`).
-        Raises OffsetOutOfRangeError outside ``[start, log end]``."""
+        Raises OffsetOutOfRangeError outside ``[start, durable end]``."""
         dev = self._devices.get(key)
         if dev is None:
             if offset == 0:
                 return b"", 0
             raise OffsetOutOfRangeError(key, offset, 0, 0)
-        end = dev.hwm
+        end = dev.durable_end
         recs = self._read(dev, offset, end, max_records, max_bytes)
         nxt = recs[-1][0] + 1 if recs else offset
         committed = self._committed_pos
@@ -2645,18 +2684,19 @@ class LogStore:
         parts.append(_encode_records(kb, recs[i:]))
         return b"".join(parts), nxt
 
-    def _rollback_replica_state(self) -> None:
+    def _rollback_replica_state(self, cause: BaseException | None) -> None:
         """Part of :meth:`rollback`: forget follower appends and epoch entries that were
         not committed, and fail commit waiters whose records are being discarded."""
         committed = self._committed_pos
         for dev in self._pend_devs:
             dev.raw = None
-        exc = LogWriteError(errno.EIO, "the write holding these records failed; rolled back")
+        exc = cause if cause is not None else LogWriteError(
+            errno.EIO, "the write holding these records failed; rolled back")
         for dev in self._devices.values():
             if dev.epochs and not 0 <= dev.epochs[-1][3] < committed:
                 dev.epochs = [e for e in dev.epochs if 0 <= e[3] < committed] or None
-            if dev.next != dev.hwm:
-                self._fail_waiters(dev, dev.hwm, dev.next, exc)
+            if dev.next != dev.durable_end:
+                self._fail_waiters(dev, dev.durable_end, dev.next, exc)
 
     # ------------------------------------------------------------------ retention
 
@@ -2674,7 +2714,7 @@ class LogStore:
                 if not dev.idx_cum or dev.c_total - dev.idx_cum[0] <= limit \
                         or dev.key.startswith(INTERNAL_PREFIX):
                     continue
-                ncommitted = bisect.bisect_left(dev.idx_off, dev.hwm)
+                ncommitted = bisect.bisect_left(dev.idx_off, dev.durable_end)
                 j = bisect.bisect_left(dev.idx_cum, dev.c_total - limit, 0, ncommitted)
                 j = min(j, ncommitted - 1)
                 if j > 0:
@@ -2721,7 +2761,7 @@ class LogStore:
                     self._set_start(dev, dev.idx_off[j], j)
                 else:
                     dev.drop_index_before(j)
-                    self._set_start(dev, dev.hwm, 0)
+                    self._set_start(dev, dev.durable_end, 0)
 
     def advance_start(self, key: str, offset: int) -> None:
         """Forget the records of ``key`` below ``offset`` (Kafka's DeleteRecords): reads
@@ -2731,7 +2771,7 @@ class LogStore:
         dev = self._devices.get(key)
         if dev is None:
             return
-        offset = min(offset, dev.hwm)
+        offset = min(offset, dev.durable_end)
         if offset <= dev.start:
             return
         # keep the index entry at or before ``offset``: reads from it start there
@@ -2780,14 +2820,14 @@ class LogStore:
         parts.append(struct.pack("<I", len(self._devices)))
         pack = CKPT_DEV3.pack
         for dev in self._devices.values():
-            n = bisect.bisect_left(dev.idx_off, dev.hwm)
+            n = bisect.bisect_left(dev.idx_off, dev.durable_end)
             marks = dev.markers or ()
             ap = dev.apos if abase >= 0 and dev.apos_base == abase else None
             npos = bisect.bisect_left(ap, acut) if ap else 0
             eps = [e for e in dev.epochs if 0 <= e[3] < pos] if dev.epochs else ()
-            parts.append(pack(len(dev.kb), dev.start, dev.hwm, dev.c_total, dev.c_since,
-                              dev.c_seg, dev.c_max, min(dev.hw, dev.hwm), n, len(marks), npos,
-                              len(eps)))
+            parts.append(pack(len(dev.kb), dev.start, dev.durable_end, dev.c_total, dev.c_since,
+                              dev.c_seg, dev.c_max, min(dev.replicated_hw, dev.durable_end), n,
+                              len(marks), npos, len(eps)))
             parts.append(dev.kb)
             if n == len(dev.idx_off):
                 parts += (dev.idx_off.tobytes(), dev.idx_pos.tobytes(), dev.idx_ts.tobytes(),

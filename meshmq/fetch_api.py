@@ -10,17 +10,27 @@ HTTP contract (all under the admin bind, default ``http://127.0.0.1:9883``)
 --------------------------------------------------------------------------
 
 Only **committed** records are visible anywhere in this API: a record appended but not yet
-durable (fsynced and committed) is neither served nor counted in ``end``. ``end`` is the
-high-water mark: one past the last committed offset. A device that has no committed record yet
-is unknown (404), exactly as if it had never published.
+durable (fsynced and committed) is neither served nor counted in ``high_watermark``, the
+high-water mark: the first offset not yet committed (``LogStore.high_watermark``, the visible
+end every reader stops at). A device that has no committed record yet is unknown (404),
+exactly as if it had never published.
+
+**Names** (issue 26; Kafka's, as in ``commitlog/store.py``): ``log_start`` and
+``high_watermark`` in JSON, ``X-Meshmq-Log-Start`` and ``X-Meshmq-High-Watermark`` in headers,
+``high_watermark`` and ``durable_end`` in fetch sections. **Deprecated, kept for one release**
+(same values; readers move to the new names): JSON ``start`` and ``end``, headers
+``X-Meshmq-Start`` and ``X-Meshmq-End``, and the decoded attributes ``high_water`` and
+``log_end`` (``commitlog/fetch.py``).
 
 ``GET /api/v1/logs?after=D&limit=N``
-    200 ``application/json``: ``{"logs": [{"device": "d1", "start": 0, "end": 42}, ...],
-    "next_after": "d1000"}``, one **page** sorted by device: the devices after ``D`` (exclusive;
-    default: from the first), at most ``N`` of them (1 to 10000, default 1000). ``next_after`` is
-    the ``after`` of the next page, absent on the last page (100k devices must not be one JSON
-    blob; a page costs O(N), the sorted key list is cached until a device is added). ``start``
-    is the first offset still retained (retention moves it). 400 naming the parameter if bad.
+    200 ``application/json``: ``{"logs": [{"device": "d1", "log_start": 0, "high_watermark":
+    42, "start": 0, "end": 42}, ...], "next_after": "d1000"}``, one **page** sorted by device:
+    the devices after ``D`` (exclusive; default: from the first), at most ``N`` of them (1 to
+    10000, default 1000). ``next_after`` is the ``after`` of the next page, absent on the last
+    page (100k devices must not be one JSON blob; a page costs O(N), the sorted key list is
+    cached until a device is added). ``log_start`` is the first offset still retained
+    (retention moves it). ``start`` and ``end`` are the deprecated names of ``log_start`` and
+    ``high_watermark``. 400 naming the parameter if bad.
 
     In a cluster the page covers **every router's** logs: the router asks every other router
     for the same page over the mesh and merges them (``merge_pages``; each device from its
@@ -30,17 +40,18 @@ is unknown (404), exactly as if it had never published.
     ``X-Meshmq-Relayed`` lists only the logs of the router it reaches (what a peer asks for).
 
 ``GET /api/v1/logs/{device}``
-    200 ``{"device": "d1", "start": 0, "end": 42}``;
+    200 ``{"device": "d1", "log_start": 0, "high_watermark": 42, "start": 0, "end": 42}``;
     404 ``{"error": "unknown device 'd1'"}``.
 
 ``GET /api/v1/logs/{device}/records?offset=N&max_records=M&max_bytes=B``
     200 ``application/octet-stream``: a fetch response (``commitlog.fetch``: 24-byte header with
-    record count, log start and high water, then the records) holding the device's committed
+    record count, log start and high-water mark, then the records) holding the device's committed
     records from ``N`` on, at most ``M`` records and at most ``B`` bytes of records, except that
     the first record is always returned even if it alone is larger than ``B`` (so a reader can
     always make progress). Headers:
 
-    * ``X-Meshmq-Start``: first retained offset; ``X-Meshmq-End``: high-water mark;
+    * ``X-Meshmq-Log-Start``: first retained offset; ``X-Meshmq-High-Watermark``: the
+      high-water mark (deprecated names, same values: ``X-Meshmq-Start``, ``X-Meshmq-End``);
     * ``X-Meshmq-Next-Offset``: the offset to ask for next (last returned + 1, or ``N`` when
       nothing was returned, or past offsets lost to corruption); ``X-Meshmq-Record-Count``:
       records in the body;
@@ -53,10 +64,12 @@ is unknown (404), exactly as if it had never published.
 
     Parameters (all optional, decimal integers):
 
-    * ``offset``: first offset wanted; default = ``start``. ``offset == end`` is valid and
+    * ``offset``: first offset wanted; default = ``log_start``. ``offset == high_watermark``
+      is valid and
       returns 200 with zero records (the 24-byte header only): a follower polls this way.
     * ``timestamp_us``: instead of ``offset``, start at the first record whose timestamp
-      (µs since the epoch) is ``>=`` it; ``end`` if there is none. Not together with ``offset``.
+      (µs since the epoch) is ``>=`` it; ``high_watermark`` if there is none. Not together
+      with ``offset``.
     * ``max_records``: 1 to 100000, default 1000.
     * ``max_bytes``: 1 to 67108864 (64 MiB), default 1048576 (1 MiB).
 
@@ -66,9 +79,10 @@ is unknown (404), exactly as if it had never published.
       integer, negative, outside its range, repeated, unknown, or ``offset`` together with
       ``timestamp_us``; ``parameter`` names it.
     * 404 ``{"error": "unknown device 'd1'"}``.
-    * 416 ``{"error": ..., "parameter": "offset", "offset": N, "start": S, "end": E}``: ``N``
-      is below ``start`` (deleted by retention: data loss for this reader, restart from
-      ``start``) or above ``end`` (the log was truncated, or the offset is from the future).
+    * 416 ``{"error": ..., "parameter": "offset", "offset": N, "log_start": S,
+      "high_watermark": E, "start": S, "end": E}``: ``N`` is below ``log_start`` (deleted by
+      retention: data loss for this reader, restart from ``log_start``) or above
+      ``high_watermark`` (the log was truncated, or the offset is from the future).
     * 500 ``{"error": ...}``: a stored record failed its CRC (see ``meshmq log inspect``).
 
 ``POST /api/v1/fetch`` (many devices in one request, for Spark and other bulk readers)
@@ -89,8 +103,10 @@ is unknown (404), exactly as if it had never published.
     magic ``MQFM``): per device in request order a section header with a ``status``
     (0 ok, 1 offset below the log start: deleted by retention, 2 offset above the
     high-water mark: truncated or from the future, 3 unknown device), the offset asked,
-    ``log_start``, ``high_water``, ``log_end``, ``next_offset``, the record count and the
-    records in the record framing (committed records only, as everywhere here). Devices
+    ``log_start``, ``high_watermark``, ``durable_end`` (one past the last record durable on
+    the device's router, >= ``high_watermark``; formerly ``log_end``), ``next_offset``, the
+    record count and the records in the record framing (committed records only, as
+    everywhere here). Devices
     are served in request order until ``max_bytes`` is used (the first record of the first
     device with data is always served, so a reader always progresses); later devices get
     ``ok`` with no records and ``next_offset`` = the offset asked: rotate the order to be
@@ -249,6 +265,14 @@ def _committed_range(store: LogStore, device: str) -> tuple[int, int] | None:
     return start, end
 
 
+def _log_entry(device: str, log_start: int, high_watermark: int) -> dict[str, object]:
+    """A device's range as the listing and the info endpoint give it: the names of the
+    store, and the deprecated ``start``/``end`` (same values) for one release, so Spark jobs
+    and scripts written against them keep working while they move."""
+    return {"device": device, "log_start": log_start, "high_watermark": high_watermark,
+            "start": log_start, "end": high_watermark}
+
+
 def _unknown(device: str) -> _HttpError:
     return _HttpError(404, f"unknown device {device!r}")
 
@@ -277,7 +301,7 @@ def _local_page(request: web.Request, store: LogStore, after: str | None, limit:
             continue  # listed only to readers who may read it
         rng = _committed_range(store, device)
         if rng is not None:
-            logs.append({"device": device, "start": rng[0], "end": rng[1]})
+            logs.append(_log_entry(device, rng[0], rng[1]))
     if i < len(keys):  # more pages follow (absent on the last page)
         return logs, str(logs[-1]["device"]) if logs else keys[i - 1]
     return logs, None
@@ -321,7 +345,7 @@ async def _log_info(request: web.Request) -> web.Response:
     rng = _committed_range(store, device)
     if rng is None:
         return _json(404, _unknown(device).body)
-    return _json(200, {"device": device, "start": rng[0], "end": rng[1]})
+    return _json(200, _log_entry(device, rng[0], rng[1]))
 
 
 async def _records(request: web.Request) -> web.Response:
@@ -376,8 +400,10 @@ async def _serve_records(store: LogStore, device: str,
         next_offset = store.past_gap(device, offset)
     body = encode_fetch_raw(data, count, start, end)
     headers = {
-        "X-Meshmq-Start": str(start),
-        "X-Meshmq-End": str(end),
+        "X-Meshmq-Log-Start": str(start),
+        "X-Meshmq-High-Watermark": str(end),
+        "X-Meshmq-Start": str(start),  # deprecated name, one release
+        "X-Meshmq-End": str(end),  # deprecated name, one release
         "X-Meshmq-Next-Offset": str(next_offset),
         "X-Meshmq-Record-Count": str(count),
         "Cache-Control": "no-store",
@@ -394,7 +420,8 @@ async def _serve_records(store: LogStore, device: str,
 def _out_of_range(device: str, offset: int, start: int, end: int) -> _HttpError:
     why = ("deleted by retention" if offset < start else "beyond the committed end")
     return _HttpError(416, f"offset {offset} of {device!r} is outside [{start}, {end}] ({why})",
-                      parameter="offset", offset=offset, start=start, end=end)
+                      parameter="offset", offset=offset, log_start=start,
+                      high_watermark=end, start=start, end=end)
 
 
 async def _read_raw_sliced(store: LogStore, device: str, offset: int, max_records: int,
@@ -604,18 +631,18 @@ async def _read_many(store: LogStore, devices: list[tuple[str, int | None]], max
         if i and i % FETCH_SLICE_DEVICES == 0:
             await asyncio.sleep(0)  # many devices: let MQTT clients run in between
         rng = _committed_range(store, device)
-        end_here = store.durable_end(device)
+        durable = store.durable_end(device)
         if rng is None:
             off = asked or 0
             out.append(([_fetch.section_head(device, _fetch.STATUS_UNKNOWN_DEVICE, off, 0, 0,
-                                             end_here, off, 0, 0)],
+                                             durable, off, 0, 0)],
                         _fetch.STATUS_UNKNOWN_DEVICE, off))
             continue
         start, hw = rng
         off = start if asked is None else asked
         if off < start or off > hw:
             status = _fetch.STATUS_BELOW_START if off < start else _fetch.STATUS_ABOVE_END
-            out.append(([_fetch.section_head(device, status, off, start, hw, end_here, off, 0,
+            out.append(([_fetch.section_head(device, status, off, start, hw, durable, off, 0,
                                              0)], status, off))
             found = True
             continue
@@ -624,7 +651,7 @@ async def _read_many(store: LogStore, devices: list[tuple[str, int | None]], max
         budget = min(per_dev, max_bytes - used)
         if off < hw and (budget > 0 or not found):
             # Capped at ``hw`` as read above: slices yield, and records committed meanwhile
-            # must not appear past the high_water this section reports.
+            # must not appear past the high_watermark this section reports.
             want = min(max_records, hw - off) if budget > 0 else 1
             chunks, count, nxt, size = await _read_raw_sliced(store, device, off, want,
                                                               max(budget, 1))
@@ -632,7 +659,7 @@ async def _read_many(store: LogStore, devices: list[tuple[str, int | None]], max
             chunks, count, nxt, size = [], 0, off, 0  # (one record over the budget came)
         used += size
         found = found or bool(count)
-        out.append(([_fetch.section_head(device, _fetch.STATUS_OK, off, start, hw, end_here,
+        out.append(([_fetch.section_head(device, _fetch.STATUS_OK, off, start, hw, durable,
                                          nxt, count, size), *chunks], _fetch.STATUS_OK, off))
     return out, found
 
@@ -823,8 +850,8 @@ class _Section(NamedTuple):
     status: int
     offset: int
     log_start: int
-    high_water: int
-    log_end: int
+    high_watermark: int
+    durable_end: int
     next_offset: int
     count: int
     records: list[bytes | memoryview]  # the records' bytes, in the record framing
@@ -928,7 +955,7 @@ async def _read_peer(view: ClusterView, router: str, devices: list[tuple[str, in
     if [s.device for s in got] != [d for d, _ in devices]:
         raise _HttpError(502, f"router {router}: its sections do not match the devices asked",
                          router=router)
-    return [_Section(s.device, s.status, s.offset, s.log_start, s.high_water, s.log_end,
+    return [_Section(s.device, s.status, s.offset, s.log_start, s.high_watermark, s.durable_end,
                      s.next_offset, s.record_count, [s.records], len(s.records)) for s in got]
 
 
@@ -992,7 +1019,7 @@ def _merge_sections(sections: list[_Section], max_bytes: int) -> bytes:
             s = _cut(s, max_bytes - used)
         used += s.size
         out.append([_fetch.section_head(s.device, s.status, s.offset, s.log_start,
-                                        s.high_water, s.log_end, s.next_offset, s.count,
+                                        s.high_watermark, s.durable_end, s.next_offset, s.count,
                                         s.size), *s.records])
     return _fetch.encode_multi_fetch_parts(out)  # type: ignore[arg-type]
 

@@ -10,8 +10,11 @@ Response (``application/json``), sessions sorted by total lag, largest first::
 
     {"sessions_lagging": 2, "lag_messages": 5120,
      "sessions": [{"client_id": "sub-1", "connected": true, "lag_messages": 5000,
-                   "devices": [{"device": "d1", "next_offset": 120, "end": 5120,
-                                "lag_messages": 5000}, ...]}, ...]}
+                   "devices": [{"device": "d1", "next_offset": 120, "high_watermark": 5120,
+                                "end": 5120, "lag_messages": 5000}, ...]}, ...]}
+
+``high_watermark`` is the device log's high-water mark on this router (issue 26's names);
+``end`` is its deprecated alias, kept for one release.
 
 ``?limit=N`` (1 to 1000, default 20) caps the sessions listed; ``?devices=M`` (1 to 1000,
 default 20) caps the devices listed per session (the largest lags first).
@@ -60,7 +63,8 @@ def register_lag_routes(app: web.Application, catchup: LogCatchUp) -> None:
                 "connected": session.conn is not None,
                 "lag_messages": total,
                 "devices": [{"device": d, "next_offset": session.lag[d].next,
-                             "end": store.log_range(d)[1], "lag_messages": n}
+                             "high_watermark": (hw := store.high_watermark(d)),
+                             "end": hw, "lag_messages": n}  # end: deprecated alias
                             for d, n in devices],
             })
         return web.json_response({"sessions_lagging": len(rows),

@@ -237,8 +237,8 @@ def _list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         for entry in logs:
             print(json.dumps(entry), file=out)
         return code
-    rows = [(str(e["device"]), str(e["start"]), str(e["end"])) for e in logs]
-    head = ("DEVICE", "START", "END")
+    rows = [(str(e["device"]), *map(str, _range_of(e))) for e in logs]
+    head = ("DEVICE", "LOG_START", "HIGH_WATERMARK")
     w0 = max([len(head[0])] + [len(r[0]) for r in rows])
     w1 = max([len(head[1])] + [len(r[1]) for r in rows])
     w2 = max([len(head[2])] + [len(r[2]) for r in rows])
@@ -248,6 +248,13 @@ def _list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 # ------------------------------------------------------------------------------ tail
+
+
+def _range_of(entry: dict) -> tuple[int, int]:
+    """``(log_start, high_watermark)`` of a fetch API answer; a node of the previous release
+    names them ``start`` and ``end`` (deprecated there, kept one release)."""
+    return (int(entry["log_start"] if "log_start" in entry else entry.get("start", 0)),
+            int(entry["high_watermark"] if "high_watermark" in entry else entry.get("end", 0)))
 
 
 def format_payload(payload: bytes) -> tuple[str, str]:
@@ -308,7 +315,7 @@ def _tail(args: argparse.Namespace, out: TextIO, err: TextIO,
         elif status != 200:
             raise LogCliError(str(info.get("error", f"HTTP {status}")))
         else:
-            offset = int(info["start"] if start_at == "earliest" else info["end"])
+            offset = _range_of(info)[0 if start_at == "earliest" else 1]
     while True:
         status, headers, body = http.get(path + "/records",
                                          {"offset": offset, "max_records": FETCH_MAX_RECORDS})
@@ -323,21 +330,22 @@ def _tail(args: argparse.Namespace, out: TextIO, err: TextIO,
                       "lost to a corrupt record (quarantined; see the node's ERROR log)",
                       file=err)
             offset = int(headers.get("X-Meshmq-Next-Offset", offset + len(records)))
-            end = int(headers.get("X-Meshmq-End", offset))
+            end = int(headers.get("X-Meshmq-High-Watermark",
+                                  headers.get("X-Meshmq-End", offset)))
             if records and offset < end:
                 continue  # more is already there: no pause
         elif status == 416:
             info = _json_or_empty(body)
-            start, end = int(info.get("start", 0)), int(info.get("end", 0))
+            start, end = _range_of(info)
             if offset < start:
                 print(f"meshmq log tail: offsets {offset}..{start - 1} of {args.device!r} were "
                       f"deleted by retention; continuing at {start}", file=err)
                 offset = start
             elif not args.follow:
-                raise LogCliError(f"offset {offset} is beyond the end ({end}) of "
+                raise LogCliError(f"offset {offset} is beyond the high-water mark ({end}) of "
                                   f"{args.device!r}")
             else:
-                print(f"meshmq log tail: offset {offset} is beyond the end ({end}) of "
+                print(f"meshmq log tail: offset {offset} is beyond the high-water mark ({end}) of "
                       f"{args.device!r} (log truncated?); continuing at {end}", file=err)
                 offset = end
             continue

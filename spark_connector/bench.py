@@ -84,7 +84,8 @@ def start_node(workdir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
 def committed(admin: str, prefix: str) -> int:
     with urllib.request.urlopen(f"http://{admin}/api/v1/logs", timeout=30) as r:
         logs = json.loads(r.read())["logs"]
-    return sum(e["end"] - e["start"] for e in logs if e["device"].startswith(prefix))
+    return sum(e["high_watermark"] - e["log_start"] for e in logs
+               if e["device"].startswith(prefix))
 
 
 def load(mqtt: str, admin: str, prefix: str, records: int, devices: int, payload: int) -> float:

@@ -4,9 +4,12 @@ Everything the source asks a node goes through ``LogClient`` (list the logs, fet
 offsets, find an offset by time). Records are read with the many-device fetch
 (``POST /api/v1/fetch``, ``fetch_many``): one request serves every device range of a Spark
 partition, up to a byte budget, and each device's section says where its log stands
-(``log_start``, ``high_water``, ``log_end``). Only records below the high-water mark are ever
-in a section (the server's rule; ``high_water`` is what ``list_logs`` reports as ``end`` and
+(``log_start``, ``high_watermark``, ``durable_end``). Only records below the high-water mark
+are ever in a section (the server's rule; ``high_watermark`` is what ``list_logs`` reports and
 what the driver plans with), so a reader never sees a record a replica could still lose.
+Names are the store's (issue 26); the server's deprecated ones (JSON ``start``/``end``,
+headers ``X-Meshmq-Start``/``X-Meshmq-End``) are read when the new ones are absent, so this
+connector also reads a server of the previous release.
 The per-device ``GET .../records`` is kept for ``offset_for_timestamp`` (startingTimestamp).
 
 Why plain ``http.client`` and not a library: the connector runs inside every Spark Python worker
@@ -116,7 +119,7 @@ class LogClient:
                     f"GET {LOGS_PATH}: the listing lacks the logs of routers that did not "
                     f"answer: {page['unreachable']}")
             for e in page["logs"]:
-                out[e["device"]] = LogRange(int(e["start"]), int(e["end"]))
+                out[e["device"]] = LogRange(*_range_of(e))
             after = page.get("next_after")
             if after is None:
                 return out
@@ -167,13 +170,15 @@ class LogClient:
         if status == 200:
             return FetchResult(body, int(headers["x-meshmq-record-count"]),
                                int(headers["x-meshmq-next-offset"]),
-                               int(headers["x-meshmq-start"]), int(headers["x-meshmq-end"]))
+                               int(headers.get("x-meshmq-log-start", headers["x-meshmq-start"])),
+                               int(headers.get("x-meshmq-high-watermark",
+                                               headers["x-meshmq-end"])))
         info = _json_or_text(body)
         if status == 404:
             raise UnknownDevice(f"device {device!r} has no log on the server")
         if status == 416 and isinstance(info, dict):
             raise OffsetOutOfRange(str(info.get("error")), int(info["offset"]),
-                                   int(info["start"]), int(info["end"]))
+                                   *_range_of(info))
         raise ValueError(f"fetch of {device!r} answered HTTP {status}: {info!r}")
 
     def _get(self, path: str) -> tuple[int, dict[str, str], bytes]:
@@ -225,3 +230,10 @@ def _json_or_text(body: bytes) -> object:
         return json.loads(body)
     except ValueError:
         return body[:200]
+
+
+def _range_of(entry: dict) -> tuple[int, int]:
+    """``(log_start, high_watermark)`` of a listing entry or a 416 body; a server of the
+    previous release names them ``start`` and ``end`` (deprecated there, one release)."""
+    return (int(entry["log_start"] if "log_start" in entry else entry["start"]),
+            int(entry["high_watermark"] if "high_watermark" in entry else entry["end"]))

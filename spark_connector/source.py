@@ -195,7 +195,7 @@ def _section_batch(opts: SourceOptions, sec: DeviceFetch, todo: dict[str, list],
         return None
     if sec.status == STATUS_ABOVE_END:
         raise RuntimeError(
-            f"meshmq: device {device!r} ends at {sec.high_water} on the server, but the "
+            f"meshmq: device {device!r} ends at {sec.high_watermark} on the server, but the "
             f"query's offsets reach {hi}: the log was truncated or this server is behind "
             "the one that planned the batch")
     if sec.status == STATUS_UNKNOWN_DEVICE:
@@ -208,10 +208,10 @@ def _section_batch(opts: SourceOptions, sec: DeviceFetch, todo: dict[str, list],
     if sec.status != STATUS_OK:
         raise RuntimeError(f"meshmq: unknown fetch status {sec.status} for {device!r}")
     if sec.record_count == 0:
-        if sec.high_water <= off:
+        if sec.high_watermark <= off:
             raise RuntimeError(f"meshmq: no record at offset {off} of {device!r} although "
                                f"its end was {hi} when planned (server high-water mark now "
-                               f"{sec.high_water}): truncated log or a lagging server")
+                               f"{sec.high_watermark}): truncated log or a lagging server")
         if sec.next_offset > off:  # records lost to quarantined corruption: past the gap
             _corrupt_loss(opts, device, off, min(sec.next_offset, hi))
             _advance(todo, device, sec.next_offset)

@@ -81,9 +81,9 @@ def test_list_logs(fbroker):
     assert resp.content_type == "application/json", resp.headers
     doc = resp.json()
     assert sorted(doc["logs"], key=lambda e: e["device"]) == [
-        {"device": "f1", "start": 0, "end": N1},
-        {"device": "f2", "start": 0, "end": N2},
-        {"device": "sensors", "start": 0, "end": 3},
+        {"device": "f1", "log_start": 0, "high_watermark": N1, "start": 0, "end": N1},
+        {"device": "f2", "log_start": 0, "high_watermark": N2, "start": 0, "end": N2},
+        {"device": "sensors", "log_start": 0, "high_watermark": 3, "start": 0, "end": 3},
     ], doc
 
 
@@ -124,7 +124,7 @@ def test_records_default_returns_the_whole_small_log(fbroker):
     assert (resp.headers["x-meshmq-start"], resp.headers["x-meshmq-end"],
             resp.headers["x-meshmq-next-offset"]) == ("0", str(N1), str(N1))
     meta = decode_fetch_meta(resp.body)
-    assert (meta.record_count, meta.log_start, meta.high_water) == (N1, 0, N1)
+    assert (meta.record_count, meta.log_start, meta.high_watermark) == (N1, 0, N1)
     ts = [r.timestamp_us for r in recs]
     assert ts == sorted(ts), "timestamps of one device log never go back"
 

@@ -126,7 +126,7 @@ def test_one_many_device_fetch_at_node_0_reads_every_owner(mesh: Cluster,
     assert status == 200, body[:300]
     sections = decode_multi_fetch(body)
     assert [s.device for s in sections] == published  # request order, each once
-    assert all(s.status == STATUS_OK and s.high_water == RECORDS for s in sections), sections
+    assert all(s.status == STATUS_OK and s.high_watermark == RECORDS for s in sections), sections
     records = decode_multi_records(body)
     for device in published:
         assert [r.offset for r in records[device]] == list(range(RECORDS))
@@ -155,7 +155,7 @@ def test_paging_under_a_small_budget_reads_every_record_once_in_order(
         assert count > 0, "no progress"
         assert size <= budget or count == 1, (size, count)
         records = decode_multi_records(body)
-        cuts += sum(1 for s in sections if s.record_count and s.next_offset < s.high_water
+        cuts += sum(1 for s in sections if s.record_count and s.next_offset < s.high_watermark
                     and s.device != sections[0].device)
         for s in sections:
             assert s.status == STATUS_OK

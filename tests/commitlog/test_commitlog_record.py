@@ -55,8 +55,9 @@ def test_truncated_batch_is_detected():
 
 def test_fetch_round_trip_and_meta():
     recs = sample()
-    body = encode_fetch_response(recs, log_start=3, high_water=42)
+    body = encode_fetch_response(recs, log_start=3, high_watermark=42)
     assert decode_fetch_meta(body) == (len(recs), 3, 42)
+    assert decode_fetch_meta(body).high_water == 42  # the deprecated alias, for one release
     assert decode_fetch_response(body) == recs
     assert decode_fetch_response(encode_fetch_response([])) == []
 

@@ -270,7 +270,7 @@ def store_files(path):
 
 def memory_state(st_):
     """What append changes: counters, pending records, tail caches."""
-    devs = {k: (d.next, d.hwm, d.pend, d.n_ctl, d.cache, d.cache_start, d.cache_bytes)
+    devs = {k: (d.next, d.durable_end, d.pend, d.n_ctl, d.cache, d.cache_start, d.cache_bytes)
             for k, d in st_._devices.items()}
     return (st_._pend_n, st_._pend_bound, st_._cache_total,
             [d.key for d in st_._pend_devs], devs)
@@ -454,7 +454,7 @@ def device_state(st_):
     for k in sorted(st_.keys()):
         d = st_._devices[k]
         recs = [tuple(r) for r in st_.iter_records(k)]
-        out[k] = (d.start, d.hwm, d.next, d.idx_off.tolist(), d.idx_pos.tolist(),
+        out[k] = (d.start, d.durable_end, d.next, d.idx_off.tolist(), d.idx_pos.tolist(),
                   d.idx_ts.tolist(), d.idx_cum.tolist(), d.total, d.since_idx, d.seg_base,
                   d.max_ts, None if d.apos is None else d.apos.tolist(), d.apos_base,
                   d.markers, recs)

@@ -314,7 +314,7 @@ def test_tail_cache_keeps_the_newest_records_within_its_cap(tmp_path):
             # nothing kept that fit: one record more would have gone over the cap
             assert dev.cache_start == 0 or dev.cache_bytes + store_mod._cache_size(
                 st.read("dev", dev.cache_start - 1, 1)[0], klen) > cap
-            assert [r.offset for r in dev.cache] == list(range(dev.cache_start, dev.hwm))
+            assert [r.offset for r in dev.cache] == list(range(dev.cache_start, dev.durable_end))
             assert st._cache_total == dev.cache_bytes
 
 

@@ -67,6 +67,13 @@ def fill(store: LogStore, device: str, n: int, ts0: int = 1000, step: int = 1000
                      None, payload or f"{device}-{off}".encode())
 
 
+def entry(device: str, log_start: int, high_watermark: int) -> dict[str, object]:
+    """A device as the listing and the info endpoint give it (new names and the deprecated
+    ``start``/``end``, kept one release)."""
+    return {"device": device, "log_start": log_start, "high_watermark": high_watermark,
+            "start": log_start, "end": high_watermark}
+
+
 def offsets(records: list[Record]) -> list[int]:
     return [r.offset for r in records]
 
@@ -82,11 +89,12 @@ def test_list_info_and_records(tmp_path: Path):
     async def scenario(base: str, metrics: MetricsRegistry) -> None:
         status, data = await ajson(base + "/api/v1/logs")
         assert status == 200
-        assert data == {"logs": [{"device": "d1", "start": 0, "end": 10},
-                                 {"device": "d2", "start": 0, "end": 3}]}
+        assert data == {"logs": [entry("d1", 0, 10), entry("d2", 0, 3)]}
+        # the names are the store's; start/end are their deprecated aliases (one release)
+        assert data["logs"][0] == {"device": "d1", "log_start": 0, "high_watermark": 10,
+                                   "start": 0, "end": 10}
 
-        assert await ajson(base + "/api/v1/logs/d2") == (
-            200, {"device": "d2", "start": 0, "end": 3})
+        assert await ajson(base + "/api/v1/logs/d2") == (200, entry("d2", 0, 3))
         assert await ajson(base + "/api/v1/logs/nope") == (
             404, {"error": "unknown device 'nope'"})
         assert await ajson(base + "/api/v1/logs/d3") == (404, {"error": "unknown device 'd3'"})
@@ -97,15 +105,16 @@ def test_list_info_and_records(tmp_path: Path):
         status, headers, body = await aget(base + "/api/v1/logs/d1/records")
         assert status == 200
         assert headers["Content-Type"] == "application/octet-stream"
-        assert (headers["X-Meshmq-Start"], headers["X-Meshmq-End"],
+        assert (headers["X-Meshmq-Log-Start"], headers["X-Meshmq-High-Watermark"],
                 headers["X-Meshmq-Next-Offset"], headers["X-Meshmq-Record-Count"]) == (
             "0", "10", "10", "10")
+        assert (headers["X-Meshmq-Start"], headers["X-Meshmq-End"]) == ("0", "10")  # deprecated
         recs = decode_fetch_response(body)
         assert offsets(recs) == list(range(10))
         assert recs[3][:5] == (3, 4000, "d1", "devices/d1/t", 5) and recs[3].payload == b"d1-3"
         assert not recs[3].headers
         meta = decode_fetch_meta(body)
-        assert (meta.record_count, meta.log_start, meta.high_water) == (10, 0, 10)
+        assert (meta.record_count, meta.log_start, meta.high_watermark) == (10, 0, 10)
 
         # a range, and following X-Meshmq-Next-Offset
         seen: list[int] = []
@@ -132,14 +141,14 @@ def test_list_info_and_records(tmp_path: Path):
         assert decode_fetch_response(body) == []
         store.flush()  # written but not fsynced/committed: still invisible
         status, data = await ajson(base + "/api/v1/logs/d1/records?offset=11")
-        assert status == 416 and (data["start"], data["end"]) == (0, 10)
+        assert status == 416 and (data["log_start"], data["high_watermark"]) == (0, 10)
+        assert (data["start"], data["end"]) == (0, 10)  # deprecated aliases
         # ... until committed
         store.commit(store.sync())
         status, headers, body = await aget(base + "/api/v1/logs/d1/records?offset=10")
         assert offsets(decode_fetch_response(body)) == [10, 11]
-        assert headers["X-Meshmq-End"] == "12"
-        assert (await ajson(base + "/api/v1/logs/d3"))[1] == {
-            "device": "d3", "start": 0, "end": 2}
+        assert headers["X-Meshmq-High-Watermark"] == headers["X-Meshmq-End"] == "12"
+        assert (await ajson(base + "/api/v1/logs/d3"))[1] == entry("d3", 0, 2)
 
         # out of range above the end
         status, data = await ajson(base + "/api/v1/logs/d1/records?offset=13")
@@ -287,7 +296,7 @@ def test_disk_reads_across_slices_and_retention(tmp_path: Path):
         assert status == 200 and decode_fetch_response(body)[0].offset == start
         assert headers["X-Meshmq-Start"] == str(start)
         _, data = await ajson(base + "/api/v1/logs")
-        assert {"device": "d1", "start": start, "end": end} in data["logs"]
+        assert entry("d1", start, end) in data["logs"]
         _, _, body = await aget(base + "/metrics")
         deleted = store.stats.retention_segments_deleted
         assert f"meshmq_log_retention_deleted_segments_total {float(deleted)}" in body.decode()

@@ -97,11 +97,12 @@ def test_thousand_devices_in_one_request_with_reasons(tmp_path: Path):
         for i, p in enumerate(parts[:1000]):
             n = 3 + i % 5
             if i == 5:
-                assert (p.status, p.high_water, p.record_count) == (STATUS_ABOVE_END, n, 0)
+                assert (p.status, p.high_watermark, p.record_count) == (STATUS_ABOVE_END, n, 0)
                 continue
             hw = 2 if i == 1 else n
-            assert p.status == STATUS_OK and p.log_start == 0 and p.high_water == hw
-            assert p.log_end == (4 if i == 1 else n) and p.next_offset == hw
+            assert p.status == STATUS_OK and p.log_start == 0 and p.high_watermark == hw
+            assert p.durable_end == (4 if i == 1 else n) and p.next_offset == hw
+            assert (p.high_water, p.log_end) == (p.high_watermark, p.durable_end)  # deprecated
             assert [r.offset for r in recs[p.device]] == list(range(1, hw))
             assert recs[p.device][0].payload == f"{p.device}:1".encode()
         assert parts[1000].status == STATUS_UNKNOWN_DEVICE

@@ -176,12 +176,13 @@ def test_list_and_tail(node: NodeThread):
     result = cli("list", "--admin", node.admin)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["DEVICE", "START", "END"]
+    assert lines[0].split() == ["DEVICE", "LOG_START", "HIGH_WATERMARK"]
     assert [ln.split() for ln in lines[1:]] == [["a", "0", "1"], ["sensor-1", "0", "3"]]
 
     result = cli("list", "--admin", node.admin, "--format", "json")
     assert [json.loads(ln) for ln in result.stdout.splitlines()] == [
-        {"device": "a", "start": 0, "end": 1}, {"device": "sensor-1", "start": 0, "end": 3}]
+        {"device": "a", "log_start": 0, "high_watermark": 1, "start": 0, "end": 1},
+        {"device": "sensor-1", "log_start": 0, "high_watermark": 3, "start": 0, "end": 3}]
 
     result = cli("tail", "sensor-1", "--admin", node.admin)
     assert result.returncode == 0, result.stderr
@@ -209,7 +210,7 @@ def test_list_and_tail(node: NodeThread):
     assert result.returncode == 1
     assert result.stderr == "meshmq log tail: unknown device 'nope'\n"
     result = cli("tail", "sensor-1", "--from", "9", "--admin", node.admin)
-    assert result.returncode == 1 and "beyond the end (3)" in result.stderr
+    assert result.returncode == 1 and "beyond the high-water mark (3)" in result.stderr
     result = cli("tail", "sensor-1", "--from", "soon", "--admin", node.admin)
     assert result.returncode == 1 and "--from 'soon'" in result.stderr
 

@@ -22,3 +22,16 @@ def test_list_logs_follows_every_page(start_broker, monkeypatch: pytest.MonkeyPa
         c.close()
     assert sorted(logs) == devices
     assert all((r.start, r.end) == (0, 2) for r in logs.values())
+
+
+def test_ranges_from_a_server_of_the_previous_release() -> None:
+    """A Spark job upgraded before its nodes reads the names the previous release sends
+    (``start``/``end``, deprecated now, kept one release), and the new ones when both are
+    there (the values are the same; the new names win)."""
+    old = {"device": "d1", "start": 3, "end": 42}  # GET /api/v1/logs of the previous release
+    new = {"device": "d1", "log_start": 3, "high_watermark": 42, "start": 3, "end": 42}
+    old_416 = {"error": "...", "parameter": "offset", "offset": 50, "start": 3, "end": 42}
+    assert client_mod._range_of(old) == client_mod._range_of(new) == (3, 42)
+    assert client_mod._range_of(old_416) == (3, 42)
+    assert client_mod._range_of({"log_start": 1, "high_watermark": 2, "start": 9, "end": 9}) \
+        == (1, 2)
