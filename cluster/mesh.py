@@ -24,17 +24,16 @@ import ipaddress
 import logging
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 from broker.devicelogs import resolve_offset
-from broker.forwarding import FetchResult
+from broker.forwarding import FetchResult, OwnerNotStored
 from broker.lograte import RateLimitedLog
 from broker.message import Message
 from cluster import frames
 from cluster.idempotence import source_value
 from cluster.link import Done, LinkConnection, LinkFull, MeshLink
-from cluster.ownership import Ownership
+from cluster.placement import Placement
 from cluster.retainsync import RetainSync
 from cluster.routegap import UnroutedPeers, redeliver
 from cluster.routes import RouteTable
@@ -62,7 +61,7 @@ _FETCH_MAX_BYTES = 1 << 20  # per RECORDS frame: one replay step's worth, far be
 
 class Mesh:
     def __init__(self, settings: ClusterSettings, router_index: int, router: Any, store: Any,
-                 stats: Any) -> None:
+                 stats: Any, placement: Placement | None = None) -> None:
         self.settings = settings
         self.rid = router_id(settings.node_id, router_index)
         self.router = router
@@ -70,8 +69,8 @@ class Mesh:
         self.stats = stats
         self.loop: asyncio.AbstractEventLoop = router.loop
         self.incarnation = os.urandom(16)
-        self.ownership = Ownership(settings.router_ids())
-        self._owner_of = owner_function(settings, router_index, self.ownership)
+        # who leads each device log: the process's one Placement (cluster/placement.py)
+        self.placement = placement or Placement(settings.router_ids(), self.rid)
         self.routes = RouteTable()
         me = router_sort_key(self.rid)
         self.links: dict[str, MeshLink] = {
@@ -266,15 +265,20 @@ class Mesh:
         return self.shares.hand_on(msg, key)
 
     def owner_of(self, device: str) -> str | None:
-        """The router owning a device log, or None when it is this one."""
-        return self._owner_of(device)
+        """The router leading a device log now, or None when it is this one (asked of the
+        placement at every call: a leader moves)."""
+        return self.placement.owner_of(device)
 
     def append_at(self, owner: str, device: str, msg: Message, expiry: int | None,
                   done: Done) -> None:
         """Send a publish to its device log's owner; ``done(error, offset)`` once it is durable
         there (or refused)."""
+        link = self.links.get(owner)
+        if link is None:  # no router leads the log now (placement.NO_LEADER)
+            done(OwnerNotStored(f"no router leads the log of {device!r} now"), -1)
+            return
         head, body = self._encode(msg, frames.APPEND, device, expiry)
-        if not self.links[owner].enqueue(frames.APPEND, msg.qos, head, body, done):
+        if not link.enqueue(frames.APPEND, msg.qos, head, body, done):
             done(LinkFull(f"the link to owner router {owner} is full"), -1)
 
     def appended(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
@@ -406,8 +410,8 @@ class Mesh:
                     body: bytes, timeout: float) -> tuple[int, str, list[tuple[str, str]], bytes]:
         """Run an admin request at ``owner`` (its fetch API has the log); (status, content
         type, headers, body). 503 when the link is down, 504 when no answer came in time."""
-        link = self.links[owner]
-        if link.state != "up" or link.conn is None:
+        link = self.links.get(owner)
+        if link is None or link.state != "up" or link.conn is None:
             return 503, "text/plain", [], f"the owner router {owner} is unreachable".encode()
         self._relay_seq += 1
         req = self._relay_seq
@@ -592,23 +596,6 @@ class Mesh:
             "local_filters": local,
             "peer_routes": len(self.routes),
         }
-
-
-def owner_function(settings: ClusterSettings, router_index: int,
-                   ownership: Ownership | None = None) -> Callable[[str], str | None]:
-    """``device -> owning router id``, None when it is router ``router_index`` of this node.
-    Keys starting with "#" are a router's own state logs (retained messages, sessions:
-    broker/devicelogs.py's RETAIN_ONLY), never another router's."""
-    me = router_id(settings.node_id, router_index)
-    owner_of = (ownership or Ownership(settings.router_ids())).owner_of
-
-    def owner(device: str) -> str | None:
-        if device.startswith("#"):
-            return None
-        rid = owner_of(device)
-        return None if rid == me else rid
-
-    return owner
 
 
 def _is_ip(host: str) -> bool:

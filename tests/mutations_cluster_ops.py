@@ -170,8 +170,8 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           (f"{ADM}::test_readyz_names_the_router_that_does_not_answer",)),
         m("cluster-sup-owner-local", "node admin: device owner's 'local' flag inverted",
           "meshmq/node_admin.py",
-          '                            "local": owner.rpartition("/")[0] == c.node_id}\n',
-          '                            "local": owner.rpartition("/")[0] != c.node_id}\n',
+          '                            and owner.rpartition("/")[0] == c.node_id}\n',
+          '                            and owner.rpartition("/")[0] != c.node_id}\n',
           (f"{SUP}::test_readyz_and_cluster_status",)),
         m("cluster-sup-router-up-renamed", "node admin: meshmq_router_up's family renamed "
           "(the dashboard's cluster panels go blank)", "meshmq/node_admin.py",
