@@ -83,7 +83,9 @@ class Placement:
         never another router's."""
         if device.startswith("#"):
             return None
-        rid = self.leader_of(device).router
+        # leader_of without its tuple: this runs for every logged publish
+        moved = self._moved.get(device)
+        rid = self._hashed(device) if moved is None else moved.router
         if rid is None:
             return NO_LEADER
         return None if rid == self.me else rid
