@@ -20,9 +20,17 @@ def mesh_mutations(mutation: Any) -> tuple[Any, ...]:
     return (
         m("mesh-placement-change-unseen", "cluster/placement.py leader_of: a leader move is "
           "recorded but never answered (the static hash wins for ever)",
-          "cluster/placement.py", "        moved = self._moved.get(device)\n",
-          "        moved = None\n",
+          "cluster/placement.py",
+          "        moved = self._moved.get(device)\n        if moved is not None:\n",
+          "        moved = None\n        if moved is not None:\n",
           (f"{PL}::test_a_leader_change_is_seen_at_once_and_fires_the_event",)),
+        m("mesh-placement-owner-change-unseen", "cluster/placement.py owner_of: the broker's "
+          "owner lookup ignores leader moves (routing, APPEND and cursors go to the old one)",
+          "cluster/placement.py",
+          "        rid = self._hashed(device) if moved is None else moved.router\n",
+          "        rid = self._hashed(device)\n",
+          (f"{PL}::test_a_leader_change_is_seen_at_once_and_fires_the_event",
+           f"{PL}::test_a_replay_cursor_reads_the_leader_at_each_read")),
         m("mesh-cursor-owner-fixed-at-subscribe", "broker/devicelogs.py RemoteReplayCursor: "
           "the owner is read once when the cursor is made and kept (the cache issue 26 removes)",
           "broker/devicelogs.py",
