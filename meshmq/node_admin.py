@@ -53,10 +53,10 @@ from broker.auth import Authenticator
 from broker.logrules import LogRules
 from cluster.placement import Placement
 from cluster.settings import ClusterSettings
-from cluster.supervisor import Supervisor
 from meshmq.admin import METRICS_CONTENT_TYPE, bound_port
 from meshmq.admin_auth import AdminAuth
 from meshmq.config import NodeConfig, parse_bind
+from meshmq.supervisor import Supervisor
 
 __all__ = ["NodeAdmin", "merge_metrics"]
 
