@@ -327,14 +327,14 @@ def _measure_rate(ph: Phase, counter, warmup: float, duration: float, go: bool =
 
 
 def device_owned_by(cl: Cluster, router: str) -> str:
-    from cluster.ownership import Ownership
+    from cluster.placement import Placement
     from cluster.settings import router_sort_key
 
     rids = sorted((f"n{i}/{r}" for i in range(len(cl.nodes)) for r in range(cl.routers)),
                   key=router_sort_key)
-    own = Ownership(rids)
+    placement = Placement(rids)
     return next(f"bench-{k:04d}" for k in range(100_000)
-                if own.owner_of(f"bench-{k:04d}") == router)
+                if placement.leader_of(f"bench-{k:04d}").router == router)
 
 
 def run_mesh(cl: Cluster, mode: Mode) -> dict[str, dict]:

@@ -281,6 +281,12 @@ class LogCatchUp:
         c.reading = False
         if session.lag.get(device) is not c or c.live:
             return  # the session ended, or moved on
+        remote = self._remote() if self._remote is not None else None
+        if remote is not None and remote[0](device) != owner:
+            # the log's leader moved while this read was out: what the former one answered
+            # is not the log's now; read again, from the new leader (as broker/replay.py)
+            self.pump(session)
+            return
         if result.status == "ok":
             c.high_watermark = result.high_watermark
             if result.records and result.records[0].offset > c.next and asked != c.next:

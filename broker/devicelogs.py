@@ -211,18 +211,22 @@ class DeviceLogs:
         if key is None:
             return None, (f"offset replay needs a filter covering one device log "
                           f"(like devices/<id>/#), not {real!r}")
-        owner = self.remote_owner(key) if self.remote_owner is not None else None
-        if owner is not None:  # a cluster: another router holds this log and resolves it
-            return RemoteReplayCursor(key, -1, owner, (spec, reset)), ""
+        owner_of = self.remote_owner
+        if owner_of is not None and owner_of(key) is not None:
+            # a cluster: another router leads this log and resolves it
+            return RemoteReplayCursor(key, -1, owner_of, (spec, reset)), ""
         offset, why = resolve_offset(self.store, key, spec, reset)
-        return (None, why) if offset is None else (ReplayCursor(key, offset), "")
+        if offset is None:
+            return None, why
+        return (ReplayCursor(key, offset) if owner_of is None
+                else RemoteReplayCursor(key, offset, owner_of)), ""
 
     def cursor(self, device: str, next_offset: int) -> ReplayCursor:
         """A replay cursor restored at a known position (a restart, or a session handed over
-        by another router): it reads from the owner when the log is not held here."""
-        owner = self.remote_owner(device) if self.remote_owner is not None else None
-        if owner is not None:
-            return RemoteReplayCursor(device, next_offset, owner)
+        by another router): in a cluster it reads from whichever router leads the log at
+        each read (here or another)."""
+        if self.remote_owner is not None:
+            return RemoteReplayCursor(device, next_offset, self.remote_owner)
         return ReplayCursor(device, next_offset)
 
     def _seal(self) -> None:
@@ -297,22 +301,29 @@ class ReplayCursor:
 
 
 class RemoteReplayCursor(ReplayCursor):
-    """A replay cursor on a log another router owns (a cluster): it reads over the mesh link
+    """A replay cursor in a cluster: each read goes where the log's leader is at that moment
+    (``owner``, asked of the cluster's placement every time, never kept from the subscribe:
+    a leader moves), here from the store or at another router over the mesh link
     (FETCH/RECORDS), a chunk at a time, and hands over to live delivery the same way; live
     messages from the owner carry their device and offset for that seam (cluster/mesh.py).
 
     ``next`` is -1 until the owner resolved the subscription's offset (``pending_spec``)."""
 
-    __slots__ = ("owner", "pending_spec", "buffer", "reading", "retrying")
+    __slots__ = ("owner_of", "pending_spec", "buffer", "reading", "retrying")
 
-    def __init__(self, device: str, next_offset: int, owner: str,
+    def __init__(self, device: str, next_offset: int, owner_of: Callable[[str], str | None],
                  pending_spec: tuple[str, str] | None = None) -> None:
         super().__init__(device, next_offset)
-        self.owner = owner
+        self.owner_of = owner_of  # device -> leading router, None when this one
         self.pending_spec = pending_spec
         self.buffer: deque[Record] = deque()  # fetched, not yet delivered (one FETCH's worth)
         self.reading = False  # a FETCH is out
         self.retrying = False  # a read failed: tried again after a pause (broker/replay.py)
+
+    @property
+    def owner(self) -> str | None:  # type: ignore[override]
+        """The router leading the log now (None: this one)."""
+        return self.owner_of(self.device)
 
     def accept_live(self, msg: Message) -> bool:
         if self.pending_spec is not None and msg.device == self.device:

@@ -205,8 +205,9 @@ class RemoteReplays:
         if cursor.reading or cursor.retrying or cursor.pending_spec is not None:
             return  # an answer, or the failed read's retry, pumps again
         cursor.reading = True
-        self.router.forwarder.fetch(cursor.owner, cursor.device, cursor.next, _REPLAY_CHUNK,
-                                    lambda result: self._fetched(session, cursor, result))
+        owner = cursor.owner
+        self.router.forwarder.fetch(owner, cursor.device, cursor.next, _REPLAY_CHUNK,
+                                    lambda result: self._fetched(session, cursor, result, owner))
 
     def _retry(self, session: Session, cursor: RemoteReplayCursor) -> None:
         cursor.retrying = False
@@ -214,9 +215,15 @@ class RemoteReplays:
         self.router.flush_writes()
 
     def _fetched(self, session: Session, cursor: RemoteReplayCursor,
-                 result: FetchResult) -> None:
+                 result: FetchResult, owner: str | None) -> None:
         router = self.router
         cursor.reading = False
+        if cursor.owner != owner:
+            # the log's leader moved while this read was out: what the former one answered
+            # (its end, its records) is not the log's now; read again, from the new leader
+            router._pump_replays(session)
+            router.flush_writes()
+            return
         if result.status == "ok":
             if result.records:
                 cursor.buffer = deque(r for r in result.records if r.offset >= cursor.next)

@@ -1,9 +1,11 @@
-"""The router mesh: links between routers, route exchange, device-log ownership, the supervisor.
+"""The router mesh: links between routers, route exchange, who leads each device log.
 
 ``mesh.Mesh`` is the forwarder the node wiring hands a router (``meshmq/cluster_wiring.py``):
 ``frames`` and ``handshake`` are the sans-I/O link protocol, ``link.MeshLink`` one peer's link
-across reconnects, ``routes.RouteTable`` the peers' filters, ``ownership.Ownership`` who owns a
-device log (rendezvous hashing until Raft holds leaders), ``supervisor`` the N router processes
-of a node. Raft-held metadata and ISR replication come next; ``frames`` already has the fetch
-frames a follower will use. Nothing here is imported by a single node.
+across reconnects (``connection.LinkConnection`` one TCP connection of it), ``requests`` the
+mesh's request/response table, ``routes.RouteTable`` the peers' filters,
+``placement.Placement`` who leads each device log (rendezvous hashing until Raft holds
+leaders). The supervisor of a node's router processes is ``meshmq/supervisor.py``. Raft-held
+metadata and ISR replication come next; ``frames`` already has the fetch frames a follower will
+use. Nothing here is imported by a single node.
 """

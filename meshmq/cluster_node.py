@@ -3,7 +3,7 @@
 With ``[cluster]`` set, the process an operator starts does not route MQTT itself: it checks
 the configuration and the directories (``preflight``), binds the node's admin endpoint
 (``meshmq.node_admin``), starts ``cluster.routers`` router processes (``meshmq serve -c FILE
---router R``, ``meshmq.router_proc``) through ``cluster.supervisor.Supervisor``, and turns
+--router R``, ``meshmq.router_proc``) through ``meshmq.supervisor.Supervisor``, and turns
 signals into supervisor actions. Exit codes keep the single node's meaning: 0 after a drain, 2
 for what an operator must fix (config, directories, a router exiting 2), 1 for the rest (a port
 taken, a router that could not start).
@@ -23,7 +23,6 @@ import sys
 from collections.abc import Sequence
 
 from cluster.settings import router_id
-from cluster.supervisor import Supervisor
 from meshmq.config import NodeConfig
 from meshmq.dirlock import DataDirInUse, DataDirLock
 from meshmq.metadata_proc import MetadataProcess
@@ -31,6 +30,7 @@ from meshmq.node_admin import NodeAdmin
 from meshmq.portcheck import listener_conflicts
 from meshmq.preflight import StartupError, check_startup
 from meshmq.router_proc import acquire_router_store, announce_path, router_dir
+from meshmq.supervisor import Supervisor
 
 __all__ = ["run_supervisor", "router_argv"]
 

@@ -43,14 +43,17 @@ async def attach_mesh(node: Any) -> Any:
     """Start this router's mesh links; returns the Mesh (``close()``, ``status()``)."""
     from cluster.mesh import Mesh  # not imported by single nodes
 
-    mesh = Mesh(node.config.cluster, node.router_index, node.router, node.store, node.stats)
+    mesh = Mesh(node.config.cluster, node.router_index, node.router, node.store, node.stats,
+                placement_of(node))
     await mesh.start()
 
     async def cluster_status(request: web.Request) -> web.Response:
         status = mesh.status()
         device = request.query.get("device")
         if device:
-            status["owner"] = {"device": device, "router": mesh.ownership.owner_of(device)}
+            leader = mesh.placement.leader_of(device)
+            status["owner"] = {"device": device, "router": leader.router,
+                               "epoch": leader.epoch}
         return web.json_response(status)
 
     node.admin.app.router.add_get("/api/v1/cluster", cluster_status)
@@ -60,12 +63,25 @@ async def attach_mesh(node: Any) -> Any:
     return mesh
 
 
-def owner_lookup(node: Any) -> Any:
-    """The device-log owner function ``Mesh.owner_of`` is, available before the mesh starts
-    (restored sessions need it): the owning router's id, None when it is this router."""
-    from cluster.mesh import owner_function  # not imported by single nodes
+def placement_of(node: Any) -> Any:
+    """The process's one ``cluster.placement.Placement``, made on first use: before the mesh
+    starts, restored sessions already need it (their cursors on logs other routers lead)."""
+    placement = getattr(node, "placement", None)
+    if placement is None:
+        from cluster.placement import Placement  # not imported by single nodes
+        from cluster.settings import router_id
 
-    return owner_function(node.config.cluster, node.router_index)
+        settings = node.config.cluster
+        placement = Placement(settings.router_ids(), router_id(settings.node_id,
+                                                               node.router_index))
+        node.placement = placement
+    return placement
+
+
+def owner_lookup(node: Any) -> Any:
+    """The device-log owner function ``Mesh.owner_of`` is (the placement's ``owner_of``):
+    the leading router's id, None when it is this router."""
+    return placement_of(node).owner_of
 
 
 _DEVICE_PATH = re.compile(r"^/api/v1/logs/([^/]+)(/records)?$")

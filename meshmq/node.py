@@ -43,7 +43,7 @@ class Node:
     def __init__(self, config: NodeConfig, router_index: int = 0) -> None:
         self.config = config
         # Which router of this node this process is (0 for a single node); with [cluster] set,
-        # the supervisor starts one process per index (cluster/supervisor.py).
+        # the supervisor starts one process per index (meshmq/supervisor.py).
         self.router_index = router_index
         self.mesh = None  # cluster.mesh.Mesh when [cluster] is set (meshmq/cluster_wiring.py)
         self.stats = BrokerStats()

@@ -17,7 +17,7 @@ answers for the node, the way EMQX answers for its whole node on one dashboard p
   its own ``/readyz`` with 200; otherwise 503 naming the routers that do not, and why.
 * ``/api/v1/cluster``: the supervisor's view of its routers (PID, state, restarts, last exit)
   joined with each router's mesh status (its own ``/api/v1/cluster``), and, given
-  ``?device=D``, the router that owns device D's log (``cluster.ownership``).
+  ``?device=D``, the router that leads device D's log and its epoch (``cluster.placement``).
   It needs the admin credentials whenever the routers do (``auth.password_file`` or
   ``admin.token_file``, meshmq/admin_auth.py), checked here before any router is asked: part
   of the answer is the supervisor's own, served even when no router answers, so the routers'
@@ -51,13 +51,13 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from broker.auth import Authenticator
 from broker.logrules import LogRules
-from cluster.ownership import Ownership
+from cluster.placement import Placement
 from cluster.settings import ClusterSettings
-from cluster.supervisor import Supervisor
 from meshmq.admin import METRICS_CONTENT_TYPE, bound_port
 from meshmq.admin_auth import AdminAuth
 from meshmq.config import NodeConfig, parse_bind
 from meshmq.metadata_proc import MetadataProcess
+from meshmq.supervisor import Supervisor
 
 __all__ = ["NodeAdmin", "merge_metrics"]
 
@@ -158,7 +158,8 @@ class NodeAdmin:
         self.cluster: ClusterSettings = config.cluster
         self.supervisor = supervisor
         self.metadata = metadata  # the node's Raft voter (cluster.placement = "raft")
-        self.ownership = Ownership(self.cluster.router_ids())
+        # this process's one placement (cluster/placement.py), seen from no router
+        self.placement = Placement(self.cluster.router_ids())
         self.host, self._port = parse_bind(config.admin_bind)
         self._ssl: ssl.SSLContext | None = None
         if config.admin_certfile and config.admin_keyfile:
@@ -334,16 +335,18 @@ class NodeAdmin:
             doc["metadata"] = await self.metadata.status()
         device = request.query.get("device")
         if device is not None:
-            owner = self.ownership.owner_of(device)
-            doc["owner"] = {"device": device, "router": owner,
-                            "local": owner.rpartition("/")[0] == c.node_id}
+            leader = self.placement.leader_of(device)
+            owner = leader.router
+            doc["owner"] = {"device": device, "router": owner, "epoch": leader.epoch,
+                            "local": owner is not None
+                            and owner.rpartition("/")[0] == c.node_id}
         return web.json_response(doc)
 
     def _pick(self, device: str | None) -> int | None:
         """The router to proxy to: a local owner of ``device``, else the next one that is up."""
         children = self.supervisor.children
         if device is not None:
-            node, _, index = self.ownership.owner_of(device).rpartition("/")
+            node, _, index = (self.placement.leader_of(device).router or "").rpartition("/")
             if node == self.cluster.node_id and self.supervisor.admin_port(int(index)):
                 return int(index)
         for _ in range(len(children)):

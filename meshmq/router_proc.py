@@ -1,5 +1,5 @@
 """One router process of a cluster node: ``meshmq serve -c FILE --router R``, started by the
-node's supervisor (``cluster/supervisor.py``, wired in ``meshmq/cluster_node.py``), never by hand.
+node's supervisor (``meshmq/supervisor.py``, wired in ``meshmq/cluster_node.py``), never by hand.
 
 A router is today's ``Node`` with four differences, all made here so ``Node`` stays the single
 node it was:

@@ -134,10 +134,10 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           "        site = web.TCPSite(self._ws_runner, host, port, reuse_address=True)",
           (f"{SUP}::test_tls_and_websocket_ports_are_shared_too",)),
         m("cluster-sup-no-restart", "supervisor: a dead router is not restarted",
-          "cluster/supervisor.py", "            await asyncio.sleep(delay)\n",
+          "meshmq/supervisor.py", "            await asyncio.sleep(delay)\n",
           "            return\n", (f"{SUP}::test_killed_router_is_restarted",)),
         m("cluster-sup-no-sigterm", "supervisor: stop() does not SIGTERM the routers (they "
-          "are SIGKILLed after the timeout, undrained)", "cluster/supervisor.py",
+          "are SIGKILLed after the timeout, undrained)", "meshmq/supervisor.py",
           "        pids = self.forward(signal.SIGTERM)\n", "        pids: list[int] = []\n",
           (f"{SUP}::test_sigterm_drains_and_stops_every_router",)),
         m("cluster-sup-no-sighup", "supervisor: SIGHUP not forwarded",
@@ -149,7 +149,7 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           "        asyncio.get_running_loop().call_soon(self._watch_parent)\n",
           "", (f"{SUP}::test_routers_die_with_a_killed_supervisor",)),
         m("cluster-sup-retry-start-failure", "supervisor: a router that never started is "
-          "restarted forever", "cluster/supervisor.py",
+          "restarted forever", "meshmq/supervisor.py",
           "            if not ever_up or code == 2:\n", "            if code == 2:\n",
           (f"{SUP}::test_router_start_failure_stops_the_node_with_exit_1",)),
         m("cluster-sup-no-router-label", "node admin: merged samples lose the router label",
@@ -169,8 +169,8 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           (f"{ADM}::test_readyz_names_the_router_that_does_not_answer",)),
         m("cluster-sup-owner-local", "node admin: device owner's 'local' flag inverted",
           "meshmq/node_admin.py",
-          '                            "local": owner.rpartition("/")[0] == c.node_id}\n',
-          '                            "local": owner.rpartition("/")[0] != c.node_id}\n',
+          '                            and owner.rpartition("/")[0] == c.node_id}\n',
+          '                            and owner.rpartition("/")[0] != c.node_id}\n',
           (f"{SUP}::test_readyz_and_cluster_status",)),
         m("cluster-sup-router-up-renamed", "node admin: meshmq_router_up's family renamed "
           "(the dashboard's cluster panels go blank)", "meshmq/node_admin.py",

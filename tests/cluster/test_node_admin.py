@@ -14,7 +14,7 @@ import pytest
 from helpers.broker import wait_for
 from helpers.clusternode import ClusterNode, mqtt_connect, mqtt_publish_qos1
 
-from cluster.ownership import Ownership
+from cluster.placement import Placement
 from commitlog.fetch import decode_multi_fetch
 
 pytestmark = pytest.mark.timeout(120)
@@ -71,9 +71,9 @@ def test_log_listing_merges_every_router(node):
 
 
 def test_device_log_is_asked_of_its_local_owner(node):
-    owners = Ownership(["test/0", "test/1"])
+    owners = Placement(["test/0", "test/1"])
     per_router = [_router_logs(node, r) for r in (0, 1)]
-    at_owner = [d for d in DEVICES if d in per_router[int(owners.owner_of(d)[-1])]]
+    at_owner = [d for d in DEVICES if d in per_router[int(owners.leader_of(d).router[-1])]]
     assert at_owner, (per_router, "no device stored at its owner")
     for device in at_owner:
         for _ in range(2):  # twice: a round-robin pick would hit the other router once
@@ -89,10 +89,11 @@ def _admin_port(node: ClusterNode, index: int) -> int:
 
 def test_records_and_bulk_fetch_pass_through_the_proxy(node):
     """Binary bodies come back byte for byte, and a POST's body reaches the router."""
-    owners = Ownership(["test/0", "test/1"])
-    device = next(d for d in DEVICES if d in _router_logs(node, int(owners.owner_of(d)[-1])))
+    owners = Placement(["test/0", "test/1"])
+    device = next(d for d in DEVICES
+                  if d in _router_logs(node, int(owners.leader_of(d).router[-1])))
     path = f"/api/v1/logs/{device}/records?offset=0"
-    direct_port = _admin_port(node, int(owners.owner_of(device)[-1]))
+    direct_port = _admin_port(node, int(owners.leader_of(device).router[-1]))
     def fetch(port: int) -> tuple[bytes, dict[str, str]]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
             assert resp.status == 200

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cluster.ownership import Ownership
+from cluster.placement import Placement
 from cluster.settings import router_sort_key
 from helpers.broker import _HANDED_OUT, BrokerProc, deep_merge, free_port, to_toml, wait_for
 
@@ -189,11 +189,11 @@ class Cluster:
         """A device key whose log router ``router`` of ``node`` owns (the same rendezvous hash
         the routers use; the admin API confirms it)."""
         rids = [f"n{i}/{r}" for i in range(len(self.nodes)) for r in range(self.routers)]
-        ownership = Ownership(sorted(rids, key=router_sort_key))
+        placement = Placement(sorted(rids, key=router_sort_key))
         want = f"n{node}/{router}"
         for k in range(100_000):
             device = f"{prefix}{k}"
-            if ownership.owner_of(device) == want:
+            if placement.leader_of(device).router == want:
                 assert self.owner(device) == want
                 return device
         raise AssertionError("no device found")

@@ -1,0 +1,128 @@
+"""``Placement``: which router leads each device log, and at what epoch. The one answer.
+
+Every caller that needs a device log's owner asks one ``Placement`` per process, at the moment
+it needs the answer: routing a logged publish (APPEND), serving or relaying a read (FETCH,
+RESOLVE, the fetch API's relay), the node admin's ``--device`` answer and proxy, replay and
+catch-up cursors (each read, not once at subscribe), session restore and the bench. The broker
+gets it as the plain callable it already takes (``owner_of``: ``broker/`` never imports
+``cluster/``). Nothing keeps an owner past a change: a caller that must act on one (fail reads
+out to a former leader, move a cursor) subscribes to change events.
+
+``leader_of(device)`` answers ``Leader(router, epoch)``, or ``UNKNOWN`` when no router leads the
+log now (under Raft: an election in progress, every ISR member gone). A caller treats an unknown
+leader as unreachable: a publish is refused as not stored, a read fails and is retried.
+
+Behind it, for now, the static layout: rendezvous (highest-random-weight) hashing over the
+configured routers, epoch 0 for every device. Every router computes the same leader from the same
+config with no coordination, and adding or removing a router moves only the logs whose highest
+weight changes (about 1/N of them), unlike ``hash % N`` (Thaler and Ravishankar's HRW, used for
+the same reason by Kafka's sticky assignors and Ceph's CRUSH "straw" buckets). Issue 24 replaces
+it with the leader, ISR and leader epoch held in Raft: its watch stream calls ``update`` for each
+committed leader move, and the epoch only grows (Kafka's leader epoch: an older one is fenced).
+Until then only tests call ``update``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from functools import lru_cache
+from typing import NamedTuple
+
+log = logging.getLogger("cluster.placement")
+
+
+class Leader(NamedTuple):
+    """The router leading a device log (None: unknown) and its leader epoch."""
+
+    router: str | None
+    epoch: int
+
+
+UNKNOWN = Leader(None, -1)
+# what ``owner_of`` answers for a log with no known leader: a router id no link has, so every
+# mesh call treats it as unreachable (a publish refused as not stored, a read failed and retried)
+NO_LEADER = "(no leader)"
+
+ChangeHandler = Callable[[str, Leader, Leader], None]  # (device, before, after)
+
+
+class StaleEpoch(ValueError):
+    """An update whose epoch is not above the device's current one (fencing)."""
+
+
+class Placement:
+    """Leaders of device logs for one cluster layout, seen from router ``me`` (None: from no
+    router, e.g. the node admin or a bench)."""
+
+    def __init__(self, routers: list[str], me: str | None = None) -> None:
+        if not routers:
+            raise ValueError("no routers configured")
+        self.routers = list(routers)
+        self.me = me
+        self._seeds = [r.encode() + b"\0" for r in self.routers]
+        # the hash is a pure function of (layout, device): caching it keeps nothing stale,
+        # moved leaders are looked up first (``_moved``)
+        self._hashed = lru_cache(maxsize=65_536)(self._rendezvous)
+        self._moved: dict[str, Leader] = {}
+        self._handlers: list[ChangeHandler] = []
+
+    # -- the answer -----------------------------------------------------------------------
+    def leader_of(self, device: str) -> Leader:
+        """The router leading ``device``'s log and its epoch, or ``UNKNOWN``."""
+        moved = self._moved.get(device)
+        if moved is not None:
+            return moved
+        return Leader(self._hashed(device), 0)
+
+    def owner_of(self, device: str) -> str | None:
+        """The leader's router id when it is another router, None when it is ``me`` (the
+        broker's callable; ``NO_LEADER`` when unknown). Keys starting with "#" are a router's
+        own state logs (retained messages, sessions: broker/devicelogs.py's RETAIN_ONLY),
+        never another router's."""
+        if device.startswith("#"):
+            return None
+        # leader_of without its tuple: this runs for every logged publish
+        moved = self._moved.get(device)
+        rid = self._hashed(device) if moved is None else moved.router
+        if rid is None:
+            return NO_LEADER
+        return None if rid == self.me else rid
+
+    # -- changes ----------------------------------------------------------------------------
+    def subscribe(self, handler: ChangeHandler) -> Callable[[], None]:
+        """Call ``handler(device, before, after)`` on every change; returns the unsubscribe."""
+        self._handlers.append(handler)
+        return lambda: self._handlers.remove(handler)
+
+    def update(self, device: str, router: str | None, epoch: int) -> None:
+        """A leader move (or loss: ``router`` None) committed for ``device`` at ``epoch``,
+        which must be above the current one (an older update is fenced: ``StaleEpoch``)."""
+        before = self.leader_of(device)
+        if epoch <= before.epoch:
+            raise StaleEpoch(f"leader epoch {epoch} for {device!r} is not above the current "
+                             f"{before.epoch}")
+        if router is not None and router not in self.routers:
+            raise ValueError(f"router {router!r} is not in this cluster")
+        after = Leader(router, epoch)
+        self._moved[device] = after
+        log.info("device log leader changed", extra={
+            "device": device, "from": before.router, "to": router, "epoch": epoch})
+        for handler in list(self._handlers):
+            try:
+                handler(device, before, after)
+            except Exception:  # noqa: BLE001 - one listener's bug must not hide the change
+                log.exception("a placement change listener failed", extra={"device": device})
+
+    # -- the static layout --------------------------------------------------------------------
+    def _rendezvous(self, device: str) -> str:
+        key = device.encode()
+        best = -1
+        owner = self.routers[0]
+        for rid, seed in zip(self.routers, self._seeds, strict=True):
+            # blake2b is in hashlib (C); router id, NUL, device: 8 bytes of weight is plenty.
+            weight = int.from_bytes(hashlib.blake2b(seed + key, digest_size=8).digest(), "big")
+            if weight > best:
+                best, owner = weight, rid
+        return owner
