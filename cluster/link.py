@@ -1,9 +1,10 @@
 """``MeshLink``: the one link between this router and one peer router, across reconnects.
 
 The link is the logical thing (sequence numbers, the send window, what the peer has not yet
-acknowledged, what we processed of the peer's entries); ``LinkConnection`` is one TCP connection
-carrying it for a while: thin I/O that feeds bytes to the frame reader and the handshake and
-hands whole frames to the link (rumqttd's link/router split).
+acknowledged, what we processed of the peer's entries); ``LinkConnection``
+(``cluster/connection.py``) is one TCP connection carrying it for a while: thin I/O that feeds
+bytes to the frame reader and the handshake and hands whole frames to the link (rumqttd's
+link/router split). The link knows the mesh only through ``LinkHost``, declared here.
 
 Delivery guarantees across a flap (the issue's "a link flap loses nothing and duplicates nothing
 the peer had acknowledged"): every entry gets a per-link sequence number; the peer acknowledges
@@ -32,35 +33,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from broker.forwarding import OwnerNotStored
 from broker.lograte import RateLimitedLog
 from cluster import frames
+from cluster.connection import LinkConnection
 from cluster.frames import entry_head
-from cluster.handshake import (
-    AcceptorHandshake,
-    DialerHandshake,
-    Established,
-    HandshakeRefused,
-)
+from cluster.handshake import Established
 from cluster.idempotence import ResendCheck
 from cluster.outcomes import AppendTimeout, Outcomes
-
-if TYPE_CHECKING:
-    from cluster.mesh import Mesh
+from cluster.routes import RouteTable
+from cluster.settings import ClusterSettings
 
 log = logging.getLogger("cluster.link")
 
 _RETAIN = frames.RETAIN
 _RETAIN_SYNC = frames.RETAIN_SYNC
 _MAX_ENTRIES_FRAME = 1 << 20  # bytes of entries per ENTRIES frame (many frames per write is fine)
-_WRITE_HIGH_WATER = 4 << 20  # transport buffer above which the link stops writing (paused)
-_HANDSHAKE_TIMEOUT = 5.0
+_REQUEST_FRAMES = frozenset((frames.CLAIM, frames.CLAIMED, frames.ADMIN_REQUEST,
+                             frames.ADMIN_RESPONSE, frames.FETCH, frames.RECORDS,
+                             frames.RESOLVE, frames.RESOLVED))
 
 Done = Callable[[BaseException | None, int], None]  # APPEND outcome: (error or None, offset)
 
@@ -73,6 +69,41 @@ def _tell(done: Done, exc: BaseException | None, offset: int) -> None:
         done(exc, offset)
     except Exception:  # noqa: BLE001 - logged; the other outcomes of the batch go on
         log.exception("answering a publisher for its APPEND's outcome failed")
+
+
+class LinkHost(Protocol):
+    """What a link needs of the mesh it is part of (``cluster.mesh.Mesh``), declared here so
+    the link does not import the mesh (the mesh imports the link: one way). The ``on_*``
+    calls hand the frames the link does not handle itself (entries, routes, requests) up."""
+
+    settings: ClusterSettings
+    loop: asyncio.AbstractEventLoop
+    routes: RouteTable
+    connections: set[Any]
+
+    @property
+    def links(self) -> Any: ...  # peer -> MeshLink (an accepted connection finds its link)
+
+    def handshake_args(self) -> tuple: ...
+
+    def refused(self, peer: str | None, why: str) -> None: ...
+
+    def want_flush(self, link: MeshLink) -> None: ...
+
+    def local_routes(self) -> list[tuple[int, str, str | None]]: ...
+
+    def link_up(self, link: MeshLink) -> None: ...
+
+    def link_down(self, link: MeshLink) -> None: ...
+
+    def fail_requests(self, link: MeshLink, why: str) -> None: ...
+
+    def peer_routes(self, link: MeshLink, full: bool,
+                    changes: list[tuple[int, str, str | None]]) -> None: ...
+
+    def on_entries(self, link: MeshLink, entries: list[frames.Entry]) -> None: ...
+
+    def on_request_frame(self, link: MeshLink, ftype: int, body: bytes) -> None: ...
 
 
 class LinkFull(OwnerNotStored):
@@ -144,7 +175,7 @@ class InboundSequence:
 
 
 class MeshLink:
-    def __init__(self, mesh: Mesh, peer: str, dial: bool, address: tuple[str, int]) -> None:
+    def __init__(self, mesh: LinkHost, peer: str, dial: bool, address: tuple[str, int]) -> None:
         self.mesh = mesh
         self.peer = peer
         self.dial = dial
@@ -215,6 +246,10 @@ class MeshLink:
 
     def send_routes(self, changes: list[tuple[int, str, str | None]]) -> None:
         self.routes_dirty.extend(changes)
+        self.mesh.want_flush(self)
+
+    def want_flush(self) -> None:
+        """Write what waits at the mesh's next flush (the connection drained, say)."""
         self.mesh.want_flush(self)
 
     def send_request(self, data: bytes) -> None:
@@ -323,7 +358,7 @@ class MeshLink:
         self.acked_out = 0  # the new connection has not heard our ACK yet
         self.routes_dirty = []
         self.requests = []  # never resent: reads of the old connection fail now, and retry
-        self.mesh.fail_reads(self, f"the link to {self.peer} reconnected")
+        self.mesh.fail_requests(self, f"the link to {self.peer} reconnected")
         conn.write(frames.encode_routes(True, self.mesh.local_routes()))
         log.info("mesh link up", extra={"peer": self.peer, "resend": unacked,
                                         "queued": len(resend) - unacked,
@@ -349,9 +384,9 @@ class MeshLink:
         # full jitter (AWS's backoff study): spreads redials of many links after a restart
         delay = random.uniform(self.mesh.settings.reconnect_min, self._backoff)
         self._backoff = min(self._backoff * 2, self.mesh.settings.reconnect_max)
-        self._redial = self.mesh.loop.call_later(delay, self._dial)
+        self._redial = self.mesh.loop.call_later(delay, self.dial_now)
 
-    def _dial(self) -> None:
+    def dial_now(self) -> None:
         self._redial = None
         if self._closed or self.conn is not None:
             return
@@ -395,12 +430,8 @@ class MeshLink:
                 self.conn.write(frames.encode_ping(frames.PONG, frames.decode_seq(body)))
         elif ftype == frames.PONG:
             self.rtt_ms = (time.monotonic_ns() - frames.decode_seq(body)) / 1e6
-        elif ftype in (frames.CLAIM, frames.CLAIMED):
-            self.mesh.on_claim_frame(self, ftype, body)
-        elif ftype in (frames.ADMIN_REQUEST, frames.ADMIN_RESPONSE):
-            self.mesh.on_admin_frame(self, ftype, body)
-        elif ftype in (frames.FETCH, frames.RECORDS, frames.RESOLVE, frames.RESOLVED):
-            self.mesh.on_fetch_frame(self, ftype, body)
+        elif ftype in _REQUEST_FRAMES:  # claims, admin relays, log reads: the mesh's
+            self.mesh.on_request_frame(self, ftype, body)
         else:
             raise frames.FrameError(f"unexpected frame type {ftype} on an established link")
 
@@ -553,111 +584,3 @@ class MeshLink:
 class RemoteAppendError(OwnerNotStored):
     def __init__(self, owner: str, why: str) -> None:
         super().__init__(f"owner router {owner} did not store it: {why}")
-
-
-class LinkConnection(asyncio.Protocol):
-    """One TCP connection of a link: handshake first, then frames to the link."""
-
-    def __init__(self, mesh: Mesh, link: MeshLink | None) -> None:
-        self.mesh = mesh
-        self.link = link  # known when we dialled; set after the handshake when we accepted
-        self.transport: asyncio.Transport | None = None
-        self.reader = frames.FrameReader()
-        self.paused = False
-        self.remote: str | None = None
-        self.last_recv = time.monotonic()
-        self._closed = False
-        if link is not None:
-            self.hs: DialerHandshake | AcceptorHandshake | None = DialerHandshake(
-                *mesh.handshake_args(), peer=link.peer)
-        else:
-            self.hs = AcceptorHandshake(*mesh.handshake_args())
-        self.peer = link.peer if link is not None else None
-        self.established = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        transport.set_write_buffer_limits(high=_WRITE_HIGH_WATER)  # type: ignore[attr-defined]
-        self.mesh.connections.add(self)
-        # a connection that does not finish the handshake in time (a port scanner, a peer
-        # frozen mid-handshake) is closed: nothing else would ever time it out
-        self._deadline = self.mesh.loop.call_later(_HANDSHAKE_TIMEOUT, self._handshake_late)
-        peername = transport.get_extra_info("peername")
-        self.remote = f"{peername[0]}:{peername[1]}" if peername else None
-        if isinstance(self.hs, DialerHandshake):
-            self.write(self.hs.start())
-
-    def write(self, data: bytes) -> None:
-        if self.transport is not None and not self._closed:
-            self.transport.write(data)
-
-    def pause_writing(self) -> None:
-        self.paused = True
-
-    def resume_writing(self) -> None:
-        self.paused = False
-        if self.link is not None and self.established:
-            self.mesh.want_flush(self.link)
-
-    def data_received(self, data: bytes) -> None:
-        self.last_recv = time.monotonic()
-        try:
-            for ftype, body in self.reader.feed(data):
-                if self._closed:
-                    return
-                if self.established:
-                    self.link.on_frame(ftype, body)  # type: ignore[union-attr]
-                    continue
-                out, est = self.hs.on_frame(ftype, body)  # type: ignore[union-attr]
-                if out:
-                    self.write(out)
-                if est is not None:
-                    self._established(est)
-        except HandshakeRefused as err:
-            self.mesh.refused(self.peer, err.why)
-            if err.tell_peer:
-                self.write(frames.encode_refuse(err.tell_peer))
-            self.close()
-        except frames.FrameError as err:
-            log.error("mesh link protocol error, closing the connection: %s", err,
-                      extra={"peer": self.peer})
-            self.close()
-
-    def _handshake_late(self) -> None:
-        if not self.established and not self._closed:
-            log.warning("mesh handshake not finished in %.0f s: closing the connection",
-                        _HANDSHAKE_TIMEOUT, extra={"peer": self.peer, "remote": self.remote})
-            self.close()
-
-    def _established(self, est: Established) -> None:
-        self._deadline.cancel()
-        self.hs = None
-        self.established = True
-        self.peer = est.peer
-        if self.link is None:
-            self.link = self.mesh.links[est.peer]
-        self.link.established(self, est)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
-        if getattr(self, "_deadline", None) is not None:
-            self._deadline.cancel()
-        self.mesh.connections.discard(self)
-        if self.link is not None and self.established:
-            self.link.lost(self, f"connection closed ({exc or 'EOF'})")
-        elif self.link is not None:
-            self.link.state = "down"
-            self.link.schedule_dial()
-
-    def detach(self) -> None:
-        """Superseded by a newer connection of the same link: its loss means nothing now."""
-        self.established = False
-        self.link = None
-
-    def close(self) -> None:
-        if self.transport is not None and not self._closed:
-            self._closed = True
-            self.transport.close()

@@ -31,9 +31,11 @@ from broker.forwarding import FetchResult, OwnerNotStored
 from broker.lograte import RateLimitedLog
 from broker.message import Message
 from cluster import frames
+from cluster.connection import LinkConnection
 from cluster.idempotence import source_value
-from cluster.link import Done, LinkConnection, LinkFull, MeshLink
+from cluster.link import Done, LinkFull, MeshLink
 from cluster.placement import Placement
+from cluster.requests import Requests
 from cluster.retainsync import RetainSync
 from cluster.routegap import UnroutedPeers, redeliver
 from cluster.routes import RouteTable
@@ -83,14 +85,9 @@ class Mesh:
         self._expire_handle: asyncio.TimerHandle | None = None
         self.server: asyncio.AbstractServer | None = None
         # shared groups across routers; it encodes entries the way every other entry is
-        self.shares = ShareDispatch(self.routes, self.links, self._encode)
-        self._claims: dict[int, list] = {}
-        self._claim_seq = 0
-        self._relays: dict[int, asyncio.Future] = {}
-        self._relay_seq = 0
-        # log reads of devices other routers own: request id -> (link, done, fail, timer)
-        self._reads: dict[int, tuple[MeshLink, Any, Any, asyncio.TimerHandle]] = {}
-        self._read_seq = 0
+        self.shares = ShareDispatch(self.routes, self.links, self.encode)
+        # claims, admin relays and log reads waiting for a peer's answer (cluster/requests.py)
+        self.requests = Requests(self.loop, self._answer)
         # set by the node wiring: runs an admin request against this router's own admin API
         self.admin_executor: Any = None
         self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
@@ -115,7 +112,7 @@ class Mesh:
             self.router.logs.remote_owner = self.owner_of
         for link in self.links.values():
             if link.dial:
-                link._dial()
+                link.dial_now()
         self._ping_handle = self.loop.call_later(self.settings.link_timeout / 3, self._ping)
         self._expire_handle = self.loop.call_later(self._expire_every(), self._expire)
         log.info("mesh listening", extra={"router": self.rid, "mesh": f"{bind}:{port}",
@@ -127,8 +124,7 @@ class Mesh:
         if self._expire_handle is not None:
             self._expire_handle.cancel()
         self._flush()
-        for req in list(self._reads):
-            self._read_failed(req, "this router is shutting down")
+        self.requests.fail_all("this router is shutting down")
         for link in self.links.values():
             link.fail_pending("this router is shutting down")
             link.close()
@@ -209,7 +205,7 @@ class Mesh:
                                             if op == frames.ROUTE_ADD])
             if self.unrouted.pending is not None:
                 self.unrouted.routes_known(
-                    link.peer, lambda rec: redeliver(self.routes, self._encode, link, rec))
+                    link.peer, lambda rec: redeliver(self.routes, self.encode, link, rec))
             return
         for op, flt, group in changes:
             if op == frames.ROUTE_ADD:
@@ -221,7 +217,7 @@ class Mesh:
         # Retained messages the peer may lack (it restarted, or missed changes while apart):
         # it keeps its own where it has one (see RETAIN_SYNC in on_entries).
         for msg in self.router.retained.match("#"):
-            head, body = self._encode(msg, frames.RETAIN_SYNC)
+            head, body = self.encode(msg, frames.RETAIN_SYNC)
             link.enqueue(frames.RETAIN_SYNC, 1, head, body)
         # What the peer stored while unreachable (or routed before it had our routes, just
         # restarted) is read back from its logs from each session's position there
@@ -233,14 +229,22 @@ class Mesh:
         # is delivered when it heals (EMQX learned to treat "down" as "unreachable", not "dead",
         # PR emqx#14248); the full sync on reconnect replaces them.
         self.retain_sync.link_down(link)
-        self.fail_reads(link, f"the link to owner router {link.peer} went down")
+        self.fail_requests(link, f"the link to owner router {link.peer} went down")
 
-    def fail_reads(self, link: MeshLink, why: str) -> None:
-        """Log reads sent on a connection that is gone (down, or replaced by a newer one)
-        fail now, their readers retry: an answer can no longer come for them."""
-        for req, entry in list(self._reads.items()):
-            if entry[0] is link:
-                self._read_failed(req, why)
+    def fail_requests(self, link: MeshLink, why: str) -> None:
+        """Requests sent on a connection that is gone (down, or replaced by a newer one) stop
+        waiting for it: a log read fails now (its reader retries), a relay answers 503, a
+        claim no longer waits for that router. An answer can no longer come for them."""
+        self.requests.link_down(link, why)
+
+    def on_request_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
+        """A request or an answer from a peer (the link hands them up: MeshLink.on_frame)."""
+        if ftype == frames.CLAIM or ftype == frames.CLAIMED:
+            self.on_claim_frame(link, ftype, body)
+        elif ftype == frames.ADMIN_REQUEST or ftype == frames.ADMIN_RESPONSE:
+            self.on_admin_frame(link, ftype, body)
+        else:
+            self.on_fetch_frame(link, ftype, body)
 
     # -- the forwarder (called by the router) -------------------------------------------------
     def forward(self, msg: Message) -> None:
@@ -252,7 +256,7 @@ class Mesh:
             return
         # a logged message carries its log position: a peer's offset subscription needs it for
         # the seam between the history it reads and live delivery (devicelogs.ReplayCursor)
-        head, body = self._encode(msg, frames.DELIVER, msg.device)
+        head, body = self.encode(msg, frames.DELIVER, msg.device)
         for peer in peers:  # a full link counts and logs what it drops (MeshLink.enqueue)
             self.links[peer].enqueue(frames.DELIVER, msg.qos, head, body)
 
@@ -277,7 +281,7 @@ class Mesh:
         if link is None:  # no router leads the log now (placement.NO_LEADER)
             done(OwnerNotStored(f"no router leads the log of {device!r} now"), -1)
             return
-        head, body = self._encode(msg, frames.APPEND, device, expiry)
+        head, body = self.encode(msg, frames.APPEND, device, expiry)
         if not link.enqueue(frames.APPEND, msg.qos, head, body, done):
             done(LinkFull(f"the link to owner router {owner} is full"), -1)
 
@@ -290,11 +294,11 @@ class Mesh:
         """A retained message set or cleared here: every router keeps the same set."""
         if msg.topic.startswith(_LOCAL_SYS):
             return
-        head, body = self._encode(msg, frames.RETAIN)
+        head, body = self.encode(msg, frames.RETAIN)
         for link in self.links.values():
             link.enqueue(frames.RETAIN, 1, head, body)
 
-    def _encode(self, msg: Message, kind: int, device: str | None = None,
+    def encode(self, msg: Message, kind: int, device: str | None = None,
                 expiry: int | None = None, group: tuple[str, str] | None = None
                 ) -> tuple[tuple[int, int], bytes]:
         if expiry is None and msg.expiry_at is not None:
@@ -375,18 +379,12 @@ class Mesh:
         if not links:
             self.loop.call_soon(done, None)
             return
-        self._claim_seq += 1
-        req = self._claim_seq
-        timer = self.loop.call_later(_CLAIM_TIMEOUT, self._claim_done, req)
-        self._claims[req] = [done, {link.peer for link in links}, None, timer]
+        # unanswered in time, or a link down meanwhile: done with what the others handed over
+        req = self.requests.open(links, _CLAIM_TIMEOUT,
+                                 lambda _why, _late: done(req.value), "claim unanswered")
+        req.done = done
         for link in links:
-            link.conn.write(frames.encode_claim(req, client_id, clean))
-
-    def _claim_done(self, req: int) -> None:
-        entry = self._claims.pop(req, None)
-        if entry is not None:
-            entry[3].cancel()
-            entry[0](entry[2])
+            link.conn.write(frames.encode_claim(req.id, client_id, clean))
 
     def on_claim_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
         if ftype == frames.CLAIM:
@@ -395,15 +393,14 @@ class Mesh:
             if link.conn is not None:
                 link.conn.write(frames.encode_claimed(req, state))
             return
-        req, state = frames.decode_claimed(body)
-        entry = self._claims.get(req)
-        if entry is None:
+        req_id, state = frames.decode_claimed(body)
+        req = self.requests.answer(link, req_id)
+        if req is None:
             return  # answered after the timeout: the session it carried is lost (logged there)
-        entry[1].discard(link.peer)
-        if state is not None and entry[2] is None:
-            entry[2] = state
-        if not entry[1]:
-            self._claim_done(req)
+        if state is not None and req.value is None:
+            req.value = state
+        if not req.waiting:  # every router answered
+            self._answer(req.done, req.value)
 
     # -- admin requests relayed to a device log's owner ---------------------------------------
     async def relay(self, owner: str, method: str, path: str, headers: list[tuple[str, str]],
@@ -413,25 +410,28 @@ class Mesh:
         link = self.links.get(owner)
         if link is None or link.state != "up" or link.conn is None:
             return 503, "text/plain", [], f"the owner router {owner} is unreachable".encode()
-        self._relay_seq += 1
-        req = self._relay_seq
         fut = self.loop.create_future()
-        self._relays[req] = fut
-        link.conn.write(frames.encode_admin(frames.ADMIN_REQUEST, req, method, path, headers,
-                                            body))
+
+        def fail(why: str, timed_out: bool) -> None:
+            if not fut.done():  # 504: no answer in time; 503: the link went down meanwhile
+                fut.set_result((504 if timed_out else 503, "text/plain", [], why.encode()))
+
+        req = self.requests.open((link,), timeout, fail,
+                                 f"no answer from the owner router {owner}")
+        req.done = fut
+        link.conn.write(frames.encode_admin(frames.ADMIN_REQUEST, req.id, method, path,
+                                            headers, body))
         try:
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            return 504, "text/plain", [], f"no answer from the owner router {owner}".encode()
+            return await fut
         finally:
-            self._relays.pop(req, None)
+            self.requests.drop(req)
 
     def on_admin_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
         req, first, second, headers, payload = frames.decode_admin(body)
         if ftype == frames.ADMIN_RESPONSE:
-            fut = self._relays.get(req)
-            if fut is not None and not fut.done():
-                fut.set_result((int(first), second, headers, payload))
+            pending = self.requests.answer(link, req)
+            if pending is not None and not pending.done.done():
+                pending.done.set_result((int(first), second, headers, payload))
             return
         if self.admin_executor is None:
             link.conn.write(frames.encode_admin(frames.ADMIN_RESPONSE, req, "503", "text/plain",
@@ -484,29 +484,16 @@ class Mesh:
         if link is None or link.state != "up" or link.conn is None:
             self.loop.call_soon(fail, f"the owner router {owner} is unreachable")
             return 0
-        self._read_seq += 1
-        req = self._read_seq
-        timer = self.loop.call_later(timeout, self._read_failed, req,
-                                     f"no answer from the owner router {owner} in "
-                                     f"{timeout:.0f} s")
-        self._reads[req] = (link, done, fail, timer)
-        return req
+        req = self.requests.open((link,), timeout, lambda why, _late: fail(why),
+                                 f"no answer from the owner router {owner} in {timeout:.0f} s")
+        req.done = done
+        return req.id
 
-    def _read_failed(self, req: int, why: str) -> None:
-        entry = self._reads.pop(req, None)
-        if entry is not None:
-            entry[3].cancel()
-            self._answer(entry[2], why)
-
-    def _read_answered(self, link: MeshLink, req: int) -> Any:
+    def _read_answered(self, link: MeshLink, req_id: int) -> Any:
         """The read's ``done``, or None when it was answered after its timeout (the reader
         asked again, or gave up) or on another link."""
-        entry = self._reads.get(req)
-        if entry is None or entry[0] is not link:
-            return None
-        del self._reads[req]
-        entry[3].cancel()
-        return entry[1]
+        req = self.requests.answer(link, req_id)
+        return None if req is None else req.done
 
     def on_fetch_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
         if ftype == frames.FETCH:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.lograte import RateLimitedLog
 from broker.message import Message
@@ -43,9 +43,20 @@ from cluster import frames
 
 if TYPE_CHECKING:
     from cluster.link import MeshLink
-    from cluster.mesh import Mesh
 
 log = logging.getLogger("cluster.retainsync")
+
+
+class RetainHost(Protocol):
+    """What the resync needs of the mesh (``cluster.mesh.Mesh``), declared here so this module
+    does not import the mesh (which imports it)."""
+
+    router: Any
+    links: dict[str, MeshLink]
+
+    def want_flush(self, link: MeshLink) -> None: ...
+
+    def encode(self, msg: Message, kind: int) -> tuple[tuple[int, int], bytes]: ...
 
 
 class RetainSync:
@@ -53,7 +64,7 @@ class RetainSync:
     resync rule above. The router's half (memory, state log, clears) is in
     ``broker/forwarding.py``."""
 
-    def __init__(self, mesh: Mesh) -> None:
+    def __init__(self, mesh: RetainHost) -> None:
         self.mesh = mesh
         now = time.monotonic()
         # peer -> when its link last went down (or this router started): a clear at or after
@@ -98,7 +109,7 @@ class RetainSync:
                               "the link was down; the clear is sent back to it", link.peer,
                               extra={"topic": msg.topic})
             clear = Message(msg.topic, b"", 0, True, None, None, None)
-            head, body = self.mesh._encode(clear, frames.RETAIN)
+            head, body = self.mesh.encode(clear, frames.RETAIN)
             link.enqueue(frames.RETAIN, 1, head, body)
             return
         self.on_retain(link, msg, seq)

@@ -149,7 +149,7 @@ class UnroutedPeers:
 
 def redeliver(routes: Any, encode: Callable, link: Any, rec: Any) -> bool | None:
     """A stored record routed before ``link``'s peer's routes were known: a DELIVER to that
-    peer if one of its routes matches now, encoded (``encode``: ``Mesh._encode``) as
+    peer if one of its routes matches now, encoded (``encode``: ``Mesh.encode``) as
     ``Mesh.forward`` would have sent it. True: sent; False: not for that peer; None: the link
     is full (it counted and logged the drop; nothing more should be tried)."""
     if rec.topic.startswith("$") or link.peer not in routes.peers_for(rec.topic):

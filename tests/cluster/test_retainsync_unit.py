@@ -40,7 +40,7 @@ def _mesh(remote: Any = None) -> tuple[RetainSync, _Link, Any]:
         return (flags, tlen), body
 
     mesh = SimpleNamespace(links={link.peer: link}, router=router, want_flush=lambda lk: None,
-                           _encode=encode)
+                           encode=encode)
     return RetainSync(mesh), link, router
 
 
