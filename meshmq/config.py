@@ -43,7 +43,12 @@ from broker.auth import AuthFileError, load_acl, load_passwords
 from broker.clientid import USERNAME_TOKEN, ClientIdRule
 from broker.logrules import DEFAULT_RULES, LogRule, validate_rule
 from broker.settings import AuthSettings, BrokerSettings, ListenerSettings, MqttSettings
-from cluster.settings import ClusterSettings, NodeAddress
+from cluster.settings import (
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    ClusterSettings,
+    NodeAddress,
+)
 from commitlog.settings import LogSettings
 from meshmq.admin_auth import TokenFileError, load_tokens
 
@@ -515,6 +520,9 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "reconnect_max": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.reconnect_max),
         "link_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.link_timeout),
         "append_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.append_timeout),
+        # the highest mesh protocol version this node speaks (pin the old one while rolling)
+        "protocol_version": (_Int(MIN_PROTOCOL_VERSION, PROTOCOL_VERSION),
+                             _CLUSTER_DEFAULTS.protocol_version),
     },
 }
 # Tables that only hold other tables ([listener] holds [listener.tcp] ...).
@@ -812,7 +820,8 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         link_window=get("link_window"), link_max_queued_bytes=get("link_max_queued_bytes"),
         reconnect_min=float(get("reconnect_min")), reconnect_max=float(get("reconnect_max")),
         link_timeout=float(get("link_timeout")),
-        append_timeout=float(get("append_timeout")))
+        append_timeout=float(get("append_timeout")),
+        protocol_version=get("protocol_version"))
 
 
 def _cluster_secret(secret: str, secret_file: str,
