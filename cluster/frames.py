@@ -5,8 +5,8 @@ scans for delimiters and a 64 KiB read holds many frames (NATS batches by buffer
 one ``vmq-send`` frame holding many sub-frames: we do both, one ENTRIES frame per link per loop
 tick carrying every entry of the tick).
 
-Frames, in the order a link uses them:
-- HELLO (dialer): version, cluster name, router id, nonce, incarnation.
+Frames, in the order a link uses them (the handshake's are encoded in cluster/handshake.py):
+- HELLO (dialer): lowest version, cluster name, router id, nonce, incarnation[, highest].
 - CHALLENGE (acceptor): the same fields of the acceptor, plus its HMAC proof over both nonces.
 - AUTH (dialer): its HMAC proof, and the last entry seq it processed from the acceptor's
   incarnation (so the acceptor resends only what is missing).
@@ -31,26 +31,60 @@ Frames, in the order a link uses them:
   (earliest, latest, N, @unix_ms, with its offset-reset), answered by the log's owner: the
   replaying router's SUBACK waits for it, so a bad offset is refused as on one node.
 
+Versions (``VERSION``, ``MIN_VERSION``; cluster/handshake.py negotiates): a link speaks the
+lowest common version of its two routers, each capped by ``cluster.protocol_version`` (Kafka's
+``inter.broker.protocol.version``: roll the binaries with the cap at the old version, then raise
+it), so a cluster is upgraded one node at a time. The bytes that make that work:
+- A HELLO's leading ``version`` field is the *lowest* version the sender speaks (2), and when it
+  speaks more, one u16 after the incarnation says the *highest*. A build of version 2 reads a
+  HELLO up to the incarnation and ignores what follows (its ``decode_hello`` hands the rest to
+  the caller as a CHALLENGE's proof, and its acceptor drops it), then checks ``version == 2``:
+  so it links with any router whose range includes 2, and a router capped at 2 sends exactly
+  the version-2 HELLO (no trailing field). A HELLO may grow further at its end: readers ignore
+  what follows the fields they know.
+- The CHALLENGE's ``version`` field is the version the acceptor chose: the highest both speak.
+  It is 2, byte for byte a version-2 CHALLENGE, whenever the dialer sent no highest version
+  (a version-2 build), so such a dialer never sees a field it does not know. From version 3 the
+  HMAC proofs of both sides also cover the dialer's range and the choice: a middlebox without the
+  secret cannot talk two routers down to an older version. (Down to 2 it still can, by removing
+  the HELLO's trailing field: version 2 proofs cover no version; TLS 1.3's answer is a marker
+  in the server random, left for when a version below 3 is no longer spoken.)
+- After the handshake the link holds the negotiated version (``MeshLink.version``) and every
+  encoder and decoder whose bytes depend on it takes it: a peer is never sent a frame kind, an
+  entry kind or a field its version lacks. Version 2 frames are unchanged.
+- Version 3 (epochs, for replication: issue 24): an APPEND entry's head carries the leader epoch
+  the sender believes (placement.leader_of); the receiver refuses, with a RESULT of status
+  ``RESULT_FENCED``, an APPEND for a log it does not lead or at an epoch that is not the log's
+  current one (Kafka's FENCED_LEADER_EPOCH / NOT_LEADER_OR_FOLLOWER). FETCH carries the replica
+  id (the asking router) and its last fetched epoch (-1: none, a reader); RECORDS carries the
+  leader's log end, high-water mark and leader epoch, and, when the last fetched epoch shows the
+  asker's log diverged, the diverging epoch and its end offset instead of records (Kafka >= 2.7,
+  KIP-595's fetch-side truncation).
+
 An entry is one publish on its way: to be *delivered* by the peer's local subscribers
 (``DELIVER``), to be *appended* to a device log the peer owns (``APPEND``; the peer acks it only
 once its fsync covered it), or a retained-message change (``RETAIN``). The entry body is encoded
-once per message and shared by every link it goes to; only the 8-byte seq differs.
+once per message and shared by every link it goes to; only the 12-byte head differs (the seq, and
+at version 3 an APPEND's 4-byte epoch: an APPEND goes to one link, its log's leader).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import struct
 from dataclasses import dataclass
 
 from broker.protocol.packets import PacketType
 from broker.protocol.properties import decode_properties, encode_properties
+from cluster.settings import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 
 # The mesh protocol. 2: SHARE_ON entries and the ':src' record header (a build of 1 acks a
-# SHARE_ON and applies nothing, and shows ':src' to MQTT 5 subscribers): peers of different
-# versions refuse each other at the handshake (cluster/handshake.py), naming both.
-VERSION = 2
+# SHARE_ON and applies nothing, and shows ':src' to MQTT 5 subscribers, so 1 is refused).
+# 3: leader epochs in APPEND, FETCH and RECORDS (above). Peers negotiate the highest version
+# both speak (cluster/handshake.py); with no common one they refuse each other, naming both.
+VERSION = 3
+MIN_VERSION = 2
+V_EPOCHS = 3  # the first version with epochs on the wire
+assert (MIN_VERSION, VERSION) == (MIN_PROTOCOL_VERSION, PROTOCOL_VERSION)  # the config's range
 MAX_FRAME = 64 * 1024 * 1024  # a frame claiming more is a broken or hostile peer
 
 # frame types
@@ -106,6 +140,8 @@ _ENTRY_HEAD = struct.Struct(">QBBH")  # seq, kind, flags, topic length
 _DEVICE_TAIL = struct.Struct(">q")
 _PING = struct.Struct(">Q")
 _FETCH = struct.Struct(">QqI")  # request id, offset, max records
+_EPOCH = struct.Struct(">I")  # a leader epoch (Kafka's is an int32 too)
+_I32 = struct.Struct(">i")
 
 
 class FrameError(Exception):
@@ -157,53 +193,7 @@ def _read_s(body: bytes, p: int) -> tuple[str, int]:
     return body[p:p + n].decode(), p + n
 
 
-# -- handshake -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Hello:
-    version: int
-    cluster: str
-    router: str
-    nonce: bytes
-    incarnation: bytes
-
-
-def encode_hello(h: Hello, ftype: int = HELLO, proof: bytes = b"") -> bytes:
-    return frame(ftype, _U16.pack(h.version) + _s(h.cluster) + _s(h.router) + h.nonce
-                 + h.incarnation + proof)
-
-
-def decode_hello(body: bytes) -> tuple[Hello, bytes]:
-    """HELLO or CHALLENGE: (fields, the proof that follows them in a CHALLENGE)."""
-    try:
-        (version,) = _U16.unpack_from(body, 0)
-        cluster, p = _read_s(body, 2)
-        router, p = _read_s(body, p)
-    except (struct.error, UnicodeDecodeError) as err:
-        raise FrameError(f"bad hello: {err}") from None
-    if p + 32 > len(body):
-        raise FrameError("bad hello: short nonce")
-    return Hello(version, cluster, router, body[p:p + 16], body[p + 16:p + 32]), body[p + 32:]
-
-
-def proof(secret: bytes, role: bytes, dialer: Hello, acceptor_nonce: bytes,
-          acceptor_router: str) -> bytes:
-    """HMAC-SHA256 over both nonces and both ids: each side proves it holds the secret without
-    sending it, and a proof cannot be replayed on another link or another handshake."""
-    msg = b"|".join((role, dialer.cluster.encode(), dialer.router.encode(),
-                     acceptor_router.encode(), dialer.nonce, acceptor_nonce))
-    return hmac.new(secret, msg, hashlib.sha256).digest()
-
-
-def encode_auth(mac: bytes, last_seq: int) -> bytes:
-    return frame(AUTH, mac + _U64.pack(last_seq))
-
-
-def decode_auth(body: bytes) -> tuple[bytes, int]:
-    if len(body) != 40:
-        raise FrameError("bad auth frame")
-    return body[:32], _U64.unpack_from(body, 32)[0]
-
-
+# -- handshake (its HELLO/CHALLENGE/AUTH codecs are in cluster/handshake.py) ------------------
 def encode_seq(ftype: int, seq: int) -> bytes:
     return frame(ftype, _U64.pack(seq))
 
@@ -235,6 +225,7 @@ class Entry:
     offset: int
     expiry: int | None  # seconds left of the v5 message expiry, None = never
     group: tuple[str, str] | None = None  # SHARE: (share name, filter)
+    epoch: int = -1  # APPEND at version 3: the leader epoch the sender believes (-1: not said)
 
 
 def entry_body(kind: int, topic: str, payload: bytes, qos: int, retain: bool,
@@ -270,6 +261,8 @@ def entry_bytes(seq: int, kind: int, flags: int, topic_len: int, body: bytes) ->
 
 
 entry_head = _ENTRY_HEAD.pack  # (seq, kind, flags, topic length): 12 bytes before the body
+# version 3, an APPEND: (seq, kind, flags, topic length, leader epoch): 16 bytes before the body
+entry_head_epoch = struct.Struct(">QBBHI").pack
 
 
 def encode_entries_parts(parts: list[bytes], count: int) -> bytes:
@@ -283,14 +276,16 @@ def encode_entries(entries: list[bytes]) -> bytes:
     return _HEAD.pack(len(body) + 1, ENTRIES) + body
 
 
-def decode_entries(body: bytes) -> list[Entry]:
+def decode_entries(body: bytes, version: int = MIN_VERSION) -> list[Entry]:
+    """The entries of an ENTRIES frame, read as the link's negotiated ``version`` writes them
+    (from 3 an APPEND's head carries its epoch)."""
     try:
-        return _decode_entries(body)
+        return _decode_entries(body, version >= V_EPOCHS)
     except (struct.error, UnicodeDecodeError, IndexError) as err:
         raise FrameError(f"bad entries frame: {err}") from None
 
 
-def _decode_entries(body: bytes) -> list[Entry]:
+def _decode_entries(body: bytes, epochs: bool) -> list[Entry]:
     (count,) = _U32.unpack_from(body, 0)
     p = 4
     out: list[Entry] = []
@@ -298,6 +293,10 @@ def _decode_entries(body: bytes) -> list[Entry]:
     for _ in range(count):
         seq, kind, flags, tlen = _ENTRY_HEAD.unpack_from(body, p)
         p += _ENTRY_HEAD.size
+        epoch = -1
+        if epochs and kind == APPEND:
+            (epoch,) = _EPOCH.unpack_from(body, p)
+            p += 4
         topic = body[p:p + tlen].decode()
         p += tlen
         (plen,) = _U32.unpack_from(body, p)
@@ -328,7 +327,7 @@ def _decode_entries(body: bytes) -> list[Entry]:
         if p > n:
             raise FrameError("entry runs past the frame")
         out.append(Entry(seq, kind, topic, payload, flags & 0x03, bool(flags & _F_RETAIN),
-                         props, origin, device, offset, expiry, group))
+                         props, origin, device, offset, expiry, group, epoch))
     if p != n:
         raise FrameError("trailing bytes after the entries")
     return out
@@ -382,42 +381,93 @@ def encode_ping(ftype: int, t_ns: int) -> bytes:
     return frame(ftype, _PING.pack(t_ns))
 
 
-def encode_fetch(request: int, device: str, offset: int, max_records: int) -> bytes:
-    return frame(FETCH, _FETCH.pack(request, offset, max_records) + _s(device))
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """FETCH: "read device D from offset N". From version 3 it says who asks (``replica``: the
+    asking router's id) and the leader epoch of the last record it fetched (``last_epoch``, -1:
+    none, e.g. an offset replay), as Kafka's fetch request does (replica id, last fetched
+    epoch: KIP-320/595); at version 2 they are not on the wire ("" and -1 when read)."""
+
+    request: int
+    device: str
+    offset: int
+    max_records: int
+    replica: str = ""
+    last_epoch: int = -1
 
 
-def decode_fetch(body: bytes) -> tuple[int, str, int, int]:
+def encode_fetch(f: Fetch, version: int) -> bytes:
+    """Version 3 appends the replica id and last fetched epoch to the version-2 body."""
+    body = _FETCH.pack(f.request, f.offset, f.max_records) + _s(f.device)
+    if version >= V_EPOCHS:
+        body += _s(f.replica) + _I32.pack(f.last_epoch)
+    return frame(FETCH, body)
+
+
+def decode_fetch(body: bytes, version: int) -> Fetch:
     try:
         request, offset, max_records = _FETCH.unpack_from(body, 0)
         device, p = _read_s(body, _FETCH.size)
+        if version < V_EPOCHS:
+            return Fetch(request, device, offset, max_records)
+        replica, p = _read_s(body, p)
+        (last_epoch,) = _I32.unpack_from(body, p)
     except (struct.error, UnicodeDecodeError) as err:
         raise FrameError(f"bad fetch frame: {err}") from None
-    return request, device, offset, max_records
+    return Fetch(request, device, offset, max_records, replica, last_epoch)
 
 
 _RECORDS = struct.Struct(">QBqqq")  # request id, status, log start, high-water mark, next
+_RECORDS_V3 = struct.Struct(">qiiq")  # log end, leader epoch, diverging epoch, its end offset
 
 RECORDS_OK = 0
 RECORDS_OUT_OF_RANGE = 1  # the offset is outside [log start, high-water mark]
 RECORDS_FAILED = 2  # the owner could not read (the body says why, in words)
 RECORDS_NOT_OWNER = 3  # the receiver does not own this device log
+# version 3: the asker's last fetched epoch ended before its fetch offset here (or is not one
+# of this log's epochs): no records; it truncates to ``diverging_end`` (Kafka >= 2.7)
+RECORDS_DIVERGING = 4
 
 
-def encode_records(request: int, status: int, start: int, hw: int, next_offset: int,
-                   records: bytes) -> bytes:
-    """The stored record bytes as the log holds them (commitlog/record.py framing), and where
-    the reader goes on: ``next_offset`` is past the last record sent, or past a quarantined gap
-    when none could be (Kafka's fetch response carries log start and high-water mark too)."""
-    return frame(RECORDS, _RECORDS.pack(request, status, start, hw, next_offset) + records)
+@dataclass(frozen=True, slots=True)
+class Records:
+    """RECORDS: the stored record bytes as the log holds them (commitlog/record.py framing),
+    and where the reader goes on: ``next_offset`` is past the last record sent, or past a
+    quarantined gap when none could be (Kafka's fetch response carries log start and high-water
+    mark too). From version 3 also the leader's log end and leader epoch, and the diverging
+    epoch and its end offset (-1 when the asker's log did not diverge)."""
+
+    request: int
+    status: int
+    log_start: int
+    high_watermark: int
+    next_offset: int
+    data: bytes  # the record bytes, or why (status not OK)
+    log_end: int = -1
+    leader_epoch: int = -1
+    diverging_epoch: int = -1
+    diverging_end: int = -1
 
 
-def decode_records(body: bytes) -> tuple[int, int, int, int, int, bytes]:
-    """(request, status, log start, high-water mark, next offset, record bytes or why)."""
+def encode_records(r: Records, version: int) -> bytes:
+    head = _RECORDS.pack(r.request, r.status, r.log_start, r.high_watermark, r.next_offset)
+    if version >= V_EPOCHS:
+        head += _RECORDS_V3.pack(r.log_end, r.leader_epoch, r.diverging_epoch, r.diverging_end)
+    elif r.status == RECORDS_DIVERGING:  # a version-2 reader never sends an epoch to diverge
+        raise ValueError("RECORDS_DIVERGING is not in mesh protocol 2")
+    return frame(RECORDS, head + r.data)
+
+
+def decode_records(body: bytes, version: int) -> Records:
     try:
         request, status, start, hw, next_offset = _RECORDS.unpack_from(body, 0)
+        if version < V_EPOCHS:
+            return Records(request, status, start, hw, next_offset, body[_RECORDS.size:])
+        log_end, epoch, div_epoch, div_end = _RECORDS_V3.unpack_from(body, _RECORDS.size)
     except struct.error as err:
         raise FrameError(f"bad records frame: {err}") from None
-    return request, status, start, hw, next_offset, body[_RECORDS.size:]
+    return Records(request, status, start, hw, next_offset,
+                   body[_RECORDS.size + _RECORDS_V3.size:], log_end, epoch, div_epoch, div_end)
 
 
 def encode_resolve(request: int, device: str, spec: str, reset: str) -> bytes:
@@ -453,6 +503,12 @@ def decode_resolved(body: bytes) -> tuple[int, int | None, str]:
 
 
 _RESULT = struct.Struct(">QBq")  # seq, status (0 = stored), offset
+
+RESULT_STORED = 0
+RESULT_NOT_STORED = 1
+# refused unapplied: the receiver does not lead the log, or not at the epoch the APPEND carried
+# (fencing). A version-2 receiver reads any status but 0 as "not stored", so 2 is safe to send.
+RESULT_FENCED = 2
 
 
 def encode_results(results: list[tuple[int, int, int, str]]) -> bytes:

@@ -42,7 +42,8 @@ from broker.forwarding import OwnerNotStored
 from broker.lograte import RateLimitedLog
 from cluster import frames
 from cluster.connection import LinkConnection
-from cluster.frames import entry_head
+from cluster.fencing import Fenced
+from cluster.frames import entry_head, entry_head_epoch
 from cluster.handshake import Established
 from cluster.idempotence import ResendCheck
 from cluster.outcomes import AppendTimeout, Outcomes
@@ -53,6 +54,8 @@ log = logging.getLogger("cluster.link")
 
 _RETAIN = frames.RETAIN
 _RETAIN_SYNC = frames.RETAIN_SYNC
+_APPEND = frames.APPEND
+_V_EPOCHS = frames.V_EPOCHS
 _MAX_ENTRIES_FRAME = 1 << 20  # bytes of entries per ENTRIES frame (many frames per write is fine)
 _REQUEST_FRAMES = frozenset((frames.CLAIM, frames.CLAIMED, frames.ADMIN_REQUEST,
                              frames.ADMIN_RESPONSE, frames.FETCH, frames.RECORDS,
@@ -113,10 +116,10 @@ class LinkFull(OwnerNotStored):
 class Out:
     """An entry waiting to be sent or acknowledged."""
 
-    __slots__ = ("seq", "kind", "qos", "head", "body", "done", "size", "at")
+    __slots__ = ("seq", "kind", "qos", "head", "body", "done", "size", "at", "epoch")
 
     def __init__(self, seq: int, kind: int, qos: int, head: tuple[int, int], body: bytes,
-                 done: Done | None) -> None:
+                 done: Done | None, epoch: int = 0) -> None:
         self.seq = seq
         self.kind = kind
         self.qos = qos
@@ -125,6 +128,10 @@ class Out:
         self.done = done
         self.size = len(body) + 64
         self.at = 0.0  # APPEND: time.monotonic() when queued, for cluster.append_timeout
+        # APPEND: the leader epoch the sender believed when it queued it (placement): written
+        # in the entry head on a version-3 connection, left out on a version-2 one (decided
+        # per connection at flush, so a queued APPEND goes right after a reconnect to either)
+        self.epoch = epoch
 
 
 class InboundSequence:
@@ -184,6 +191,9 @@ class MeshLink:
         self.state = "down"
         self.since = time.time()
         self.reconnects = 0
+        # the mesh protocol version negotiated by the current (or last) connection: every
+        # frame whose bytes depend on it is encoded and decoded with it (cluster/frames.py)
+        self.version = frames.MIN_VERSION
         self.rtt_ms: float | None = None
         self._backoff = mesh.settings.reconnect_min
         self._redial: asyncio.TimerHandle | None = None
@@ -212,7 +222,7 @@ class MeshLink:
             ("msgs_out", "msgs_in", "retained_out", "retained_in", "bytes_out", "bytes_in",
              "frames_out", "frames_in",
              "resent", "dropped_full", "dropped_reconnect", "refused_full",
-             "append_timeouts", "expired_unsent", "outcomes_asked"), 0)
+             "append_timeouts", "expired_unsent", "outcomes_asked", "appends_fenced"), 0)
         self._timeout_log = RateLimitedLog(
             log, logging.ERROR, f"link to {peer}: publishes refused (cluster.append_timeout)",
             burst=1, window=5.0)
@@ -222,7 +232,7 @@ class MeshLink:
 
     # -- sending ----------------------------------------------------------------------------
     def enqueue(self, kind: int, qos: int, head: tuple[int, int], body: bytes,
-                done: Done | None = None) -> bool:
+                done: Done | None = None, epoch: int = 0) -> bool:
         """Queue an entry; False when the link is full (the caller decides: drop or refuse)."""
         if self.queued_bytes + len(body) > self.mesh.settings.link_max_queued_bytes:
             if kind == frames.APPEND:
@@ -234,7 +244,7 @@ class MeshLink:
                            self.queued_bytes, "publish refused as not stored"
                            if kind == frames.APPEND else "delivery dropped")
             return False
-        out = Out(self.next_seq, kind, qos, head, body, done)
+        out = Out(self.next_seq, kind, qos, head, body, done, epoch)
         if done is not None:
             out.at = time.monotonic()
             self.awaiting[out.seq] = out  # its RESULT finds it without a walk of the window
@@ -278,13 +288,17 @@ class MeshLink:
         size = 0
         sent = 0
         retained = 0  # RETAIN/RETAIN_SYNC: state kept everywhere, not publishes (msgs_out)
+        epochs = self.version >= _V_EPOCHS
         while unsent and len(inflight) < window:
             out = unsent.popleft()
             inflight.append(out)
             if out.kind == _RETAIN or out.kind == _RETAIN_SYNC:
                 retained += 1
             flags, tlen = out.head
-            batch.append(entry_head(out.seq, out.kind, flags, tlen))
+            if epochs and out.kind == _APPEND:
+                batch.append(entry_head_epoch(out.seq, _APPEND, flags, tlen, out.epoch))
+            else:
+                batch.append(entry_head(out.seq, out.kind, flags, tlen))
             batch.append(out.body)  # the shared body is not copied into a per-link entry
             size += out.size
             sent += 1
@@ -338,6 +352,7 @@ class MeshLink:
             self.outcomes.clear()
             self.results = []
         self.conn = conn
+        self.version = est.version
         self.state = "up"
         self.since = time.time()
         self._backoff = self.mesh.settings.reconnect_min
@@ -360,7 +375,8 @@ class MeshLink:
         self.requests = []  # never resent: reads of the old connection fail now, and retry
         self.mesh.fail_requests(self, f"the link to {self.peer} reconnected")
         conn.write(frames.encode_routes(True, self.mesh.local_routes()))
-        log.info("mesh link up", extra={"peer": self.peer, "resend": unacked,
+        log.info("mesh link up", extra={"peer": self.peer, "version": est.version,
+                                        "resend": unacked,
                                         "queued": len(resend) - unacked,
                                         "peer_processed": est.resume_from})
         self.mesh.link_up(self)
@@ -417,7 +433,7 @@ class MeshLink:
         self.stats["frames_in"] += 1
         self.stats["bytes_in"] += len(body) + 5
         if ftype == frames.ENTRIES:
-            self._on_entries(frames.decode_entries(body))
+            self._on_entries(frames.decode_entries(body, self.version))
         elif ftype == frames.ACK:
             self._acked(frames.decode_seq(body))
         elif ftype == frames.RESULTS:
@@ -478,8 +494,10 @@ class MeshLink:
             self.results.append((seq, 0, offset, ""))
         else:
             why = str(exc) or type(exc).__name__
-            self.outcomes.failed(seq, 1, why)
-            self.results.append((seq, 1, -1, why))
+            status = (frames.RESULT_FENCED if isinstance(exc, Fenced)
+                      else frames.RESULT_NOT_STORED)
+            self.outcomes.failed(seq, status, why)
+            self.results.append((seq, status, -1, why))
         self.mesh.want_flush(self)
 
     def _acked(self, upto: int, requeue: bool = True) -> list[Out]:
@@ -550,7 +568,8 @@ class MeshLink:
             if out is None or out.done is None:
                 continue
             done, out.done = out.done, None
-            _tell(done, None if status == 0 else RemoteAppendError(self.peer, why), offset)
+            _tell(done, None if status == frames.RESULT_STORED
+                  else RemoteAppendError(self.peer, why), offset)
 
     def fail_pending(self, why: str) -> None:
         """At shutdown: APPENDs still waiting get 'not stored' (their publishers resend)."""
@@ -564,6 +583,7 @@ class MeshLink:
         """``local_routes``: the filters this router advertises (the same for every link)."""
         return {
             "peer": self.peer, "state": self.state, "since": self.since,
+            "protocol_version": self.version,
             "address": f"{self.address[0]}:{self.address[1]}",
             "remote": self.conn.remote if self.conn is not None else None,
             "age_s": round(time.time() - self.since, 1), "dials": self.dial,

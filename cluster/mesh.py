@@ -32,8 +32,10 @@ from broker.lograte import RateLimitedLog
 from broker.message import Message
 from cluster import frames
 from cluster.connection import LinkConnection
+from cluster.fencing import Fenced, append_refusal
 from cluster.idempotence import source_value
 from cluster.link import Done, LinkFull, MeshLink
+from cluster.logserve import FETCH_MAX_RECORDS, fetch_result, serve_fetch
 from cluster.placement import Placement
 from cluster.requests import Requests
 from cluster.retainsync import RetainSync
@@ -41,8 +43,7 @@ from cluster.routegap import UnroutedPeers, redeliver
 from cluster.routes import RouteTable
 from cluster.settings import ClusterSettings, router_id, router_sort_key
 from cluster.shares import ShareDispatch
-from commitlog.record import decode_batch
-from commitlog.store import LogWriteError, OffsetOutOfRangeError
+from commitlog.store import LogWriteError
 
 log = logging.getLogger("cluster.mesh")
 
@@ -56,9 +57,7 @@ _READ_TIMEOUT = 10.0  # seconds a FETCH waits for the owner before it fails
 # with a short keepalive is not dropped meanwhile.
 _RESOLVE_TIMEOUT = 5.0
 _MAX_QUEUED_ANSWERS = 64  # FETCH answers waiting on a link that is not writing
-_FETCH_MAX_RECORDS = 1000
 _RELAY_MAX_RESPONSE = frames.MAX_FRAME - (1 << 20)  # room for the frame's head and headers
-_FETCH_MAX_BYTES = 1 << 20  # per RECORDS frame: one replay step's worth, far below MAX_FRAME
 
 
 class Mesh:
@@ -95,6 +94,8 @@ class Mesh:
         self._entry_log = RateLimitedLog(log, logging.ERROR, "mesh entries not applied",
                                          burst=3, window=10.0)
         self.entry_failures = 0
+        self._fenced_log = RateLimitedLog(log, logging.WARNING, "mesh APPENDs fenced",
+                                          burst=3, window=10.0)
         self.retain_sync = RetainSync(self)  # peer retained changes (cluster/retainsync.py)
         # what was routed here before a peer's routes were known (cluster/routegap.py)
         self.unrouted = UnroutedPeers(list(self.links), store,
@@ -136,7 +137,7 @@ class Mesh:
 
     def handshake_args(self) -> tuple:
         return (self.settings.name, self.rid, self.settings.secret, self.incarnation,
-                set(self.links), self._resume_point)
+                set(self.links), self._resume_point, self.settings.protocol_version)
 
     def _resume_point(self, peer: str, incarnation: bytes) -> int:
         return self.links[peer].resume_point(incarnation)
@@ -282,7 +283,9 @@ class Mesh:
             done(OwnerNotStored(f"no router leads the log of {device!r} now"), -1)
             return
         head, body = self.encode(msg, frames.APPEND, device, expiry)
-        if not link.enqueue(frames.APPEND, msg.qos, head, body, done):
+        # the epoch we believe the owner leads at: it fences the APPEND if that is stale
+        if not link.enqueue(frames.APPEND, msg.qos, head, body, done,
+                            self.placement.epoch_of(device)):
             done(LinkFull(f"the link to owner router {owner} is full"), -1)
 
     def appended(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
@@ -336,6 +339,13 @@ class Mesh:
         elif kind == frames.APPEND:
             slot = link.append_pending(e.seq)
             inc = link.peer_incarnation
+            fenced = append_refusal(self.placement, self.rid, e.device, e.epoch)
+            if fenced is not None:  # before the resend check: a non-leader answers nothing
+                link.stats["appends_fenced"] += 1
+                self._fenced_log("%s (counted in meshmq_link_appends_fenced_total)", fenced,
+                                 extra={"peer": link.peer, "device": e.device})
+                link.append_done(slot, inc, Fenced(fenced), -1)
+                return
             try:
                 found = link.resends.stored_at(router.logs.store, e.device, e.seq, inc)
                 if found is None:
@@ -475,8 +485,12 @@ class Mesh:
                          lambda why: done(FetchResult("failed", [], -1, -1, offset, why)),
                          _READ_TIMEOUT)
         if req:
-            self.links[owner].send_request(frames.encode_fetch(
-                req, device, offset, min(max_records, _FETCH_MAX_RECORDS)))
+            link = self.links[owner]
+            # a reader, not a replica: no last fetched epoch (the follower fetch of issue 24
+            # says its own, and is answered where it diverged: _serve_fetch)
+            link.send_request(frames.encode_fetch(frames.Fetch(
+                req, device, offset, min(max_records, FETCH_MAX_RECORDS), self.rid),
+                link.version))
 
     def _read(self, owner: str, done: Any, fail: Any, timeout: float) -> int:
         """Register a read of ``owner``'s log; 0 (and ``fail`` soon) when it is unreachable."""
@@ -497,15 +511,15 @@ class Mesh:
 
     def on_fetch_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
         if ftype == frames.FETCH:
-            req, device, offset, max_records = frames.decode_fetch(body)
+            fetch = frames.decode_fetch(body, link.version)
             if len(link.requests) >= _MAX_QUEUED_ANSWERS:
                 # the link is not writing (paused) and answers pile up outside its queue's
                 # bound: a short refusal instead of another MiB (the reader retries)
-                link.send_request(frames.encode_records(
-                    req, frames.RECORDS_FAILED, -1, -1, offset,
-                    b"the owner's link to this router is busy"))
+                link.send_request(frames.encode_records(frames.Records(
+                    fetch.request, frames.RECORDS_FAILED, -1, -1, fetch.offset,
+                    b"the owner's link to this router is busy"), link.version))
                 return
-            link.send_request(self._serve_fetch(req, device, offset, max_records))
+            link.send_request(frames.encode_records(self._serve_fetch(fetch), link.version))
         elif ftype == frames.RESOLVE:
             req, device, spec, reset = frames.decode_resolve(body)
             if self.owner_of(device) is not None or self.router.logs is None:
@@ -532,47 +546,19 @@ class Mesh:
             self._entry_log("handling the answer to a log read failed (counted in "
                             "meshmq_link_entry_failures_total): %r", err)
 
-    def _serve_fetch(self, req: int, device: str, offset: int, max_records: int) -> bytes:
-        """A peer's read of a log this router owns: the stored bytes, as they are on disk."""
-        store = self.store
-        if self.owner_of(device) is not None or self.router.logs is None:
-            return frames.encode_records(req, frames.RECORDS_NOT_OWNER, -1, -1, offset,
-                                         f"router {self.rid} does not own {device!r}".encode())
-        start, hw = store.log_range(device)
-        try:
-            chunks, count, nxt = store.read_raw(device, offset, min(max_records,
-                                                                    _FETCH_MAX_RECORDS),
-                                                _FETCH_MAX_BYTES)
-        except OffsetOutOfRangeError:
-            return frames.encode_records(req, frames.RECORDS_OUT_OF_RANGE, start, hw, offset,
-                                         b"")
-        except Exception as err:  # noqa: BLE001 - the reader hears why and retries
-            log.warning("serving a peer's log read failed: %s", err,
-                        extra={"device": device, "offset": offset})
-            return frames.encode_records(req, frames.RECORDS_FAILED, start, hw, offset,
-                                         str(err).encode()[:2000])
-        if not count:
-            nxt = store.past_gap(device, offset)  # quarantined offsets: go on past them
-        return frames.encode_records(req, frames.RECORDS_OK, start, hw, nxt, b"".join(chunks))
+    def _serve_fetch(self, f: frames.Fetch) -> frames.Records:
+        """A peer's read of a log this router leads (cluster/logserve.py)."""
+        if self.owner_of(f.device) is not None or self.router.logs is None:
+            return frames.Records(f.request, frames.RECORDS_NOT_OWNER, -1, -1, f.offset,
+                                  f"router {self.rid} does not own {f.device!r}".encode(),
+                                  leader_epoch=self.placement.epoch_of(f.device))
+        return serve_fetch(self.store, f, self.placement.epoch_of(f.device))
 
     def _on_records(self, link: MeshLink, body: bytes) -> None:
-        req, status, start, hw, nxt, data = frames.decode_records(body)
-        done = self._read_answered(link, req)
-        if done is None:
-            return
-        if status == frames.RECORDS_OK:
-            try:
-                records = decode_batch(data) if data else []
-            except Exception as err:  # noqa: BLE001 - a corrupt answer: read again later
-                result = FetchResult("failed", [], start, hw, nxt, f"bad records: {err}")
-            else:
-                result = FetchResult("ok", records, start, hw, nxt, "")
-        elif status == frames.RECORDS_OUT_OF_RANGE:
-            result = FetchResult("out_of_range", [], start, hw, nxt, "")
-        else:
-            result = FetchResult("failed", [], start, hw, nxt,
-                                 data.decode("utf-8", "replace") or f"status {status}")
-        self._answer(done, result)
+        r = frames.decode_records(body, link.version)
+        done = self._read_answered(link, r.request)
+        if done is not None:
+            self._answer(done, fetch_result(r))
 
     # -- operations -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -76,6 +76,21 @@ class Placement:
             return moved
         return Leader(self._hashed(device), 0)
 
+    def epoch_of(self, device: str) -> int:
+        """The leader epoch of ``device``'s log, as ``leader_of(device).epoch``, for the hot
+        path that already knows the leader (an APPEND's entry head): one lookup in the moved
+        logs, no hash (every log the static layout places is at epoch 0)."""
+        leader = self._moved.get(device)
+        return 0 if leader is None else leader.epoch
+
+    def leads(self, device: str, epoch: int = -1) -> bool:
+        """Whether this router (``me``) leads ``device``'s log, at ``epoch`` when it is not -1:
+        the check every APPEND a peer sends goes through (cluster/fencing.py), so one lookup
+        and nothing built (``leader_of`` makes a ``Leader`` for its caller)."""
+        at = self._moved.get(device)
+        router, current = (self._hashed(device), 0) if at is None else at
+        return router == self.me and (epoch < 0 or epoch == current)
+
     def owner_of(self, device: str) -> str | None:
         """The leader's router id when it is another router, None when it is ``me`` (the
         broker's callable; ``NO_LEADER`` when unknown). Keys starting with "#" are a router's

@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# the mesh protocol versions this build speaks (cluster/frames.py's VERSION and MIN_VERSION;
+# frames asserts they agree: settings is read by the config and must not pull the codecs in)
+PROTOCOL_VERSION = 3
+MIN_PROTOCOL_VERSION = 2
+
 
 @dataclass(frozen=True)
 class NodeAddress:
@@ -72,6 +77,10 @@ class ClusterSettings:
     # node runs a metadata process (cluster/metaserver.py) and the nodes form a Raft group
     # (issue 24; routers do not read it yet: docs/replication.md).
     placement: str = "static"
+    # The highest mesh protocol version this router speaks (cluster/frames.py): links use the
+    # highest version both ends speak. Pinned to the old version while a cluster is rolled to
+    # a new build, then raised (Kafka's inter.broker.protocol.version). Default: the newest.
+    protocol_version: int = PROTOCOL_VERSION
     extra: dict = field(default_factory=dict, compare=False)
 
     def router_ids(self) -> list[str]:

@@ -36,6 +36,9 @@ _COUNTERS = (
     ("outcomes_asked", "meshmq_link_outcomes_asked",
      "APPENDs the peer sent again because their outcome was lost with a connection, answered "
      "here from what this router remembers (never appended twice)."),
+    ("appends_fenced", "meshmq_link_appends_fenced",
+     "APPENDs from the peer refused unapplied: this router does not lead their device log, or "
+     "not at the leader epoch they named (the peer's view of the placement is stale)."),
 )
 
 
@@ -175,6 +178,9 @@ def mesh_metrics(mesh: Any) -> Iterable[Metric]:
                                "waiting for the peer's outcome (refused as not stored at "
                                "cluster.append_timeout); 0 when none waits.", labels=["peer"])
     rtt = GaugeMetricFamily("meshmq_link_rtt_seconds", "Last ping round trip.", labels=["peer"])
+    version = GaugeMetricFamily("meshmq_link_protocol_version", "The mesh protocol version the "
+                                "link's last handshake negotiated (cluster.protocol_version "
+                                "caps it).", labels=["peer"])
     routes = GaugeMetricFamily("meshmq_link_routes", "Filters the peer subscribes to.",
                                labels=["peer"])
     dropped = CounterMetricFamily("meshmq_link_dropped", "Entries a link did not carry: "
@@ -190,6 +196,7 @@ def mesh_metrics(mesh: Any) -> Iterable[Metric]:
         state.add_metric(peer, 1 if link.state == "up" else 0)
         queued.add_metric(peer, link.queued_bytes)
         unacked.add_metric(peer, len(link.inflight))
+        version.add_metric(peer, link.version)
         awaiting.add_metric(peer, len(link.awaiting))
         oldest.add_metric(peer, link.oldest_awaiting(now))
         if link.rtt_ms is not None:
@@ -205,5 +212,5 @@ def mesh_metrics(mesh: Any) -> Iterable[Metric]:
     failures = CounterMetricFamily("meshmq_link_entry_failures", "Entries from peers that "
                                    "raised while applied and were skipped (a bug: see the "
                                    "log).", value=mesh.entry_failures)
-    return [state, queued, unacked, awaiting, oldest, rtt, routes, dropped, failures,
+    return [state, queued, unacked, awaiting, oldest, rtt, routes, version, dropped, failures,
             *counters.values()]

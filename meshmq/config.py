@@ -43,7 +43,12 @@ from broker.auth import AuthFileError, load_acl, load_passwords
 from broker.clientid import USERNAME_TOKEN, ClientIdRule
 from broker.logrules import DEFAULT_RULES, LogRule, validate_rule
 from broker.settings import AuthSettings, BrokerSettings, ListenerSettings, MqttSettings
-from cluster.settings import ClusterSettings, NodeAddress
+from cluster.settings import (
+    MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    ClusterSettings,
+    NodeAddress,
+)
 from commitlog.settings import LogSettings
 from meshmq.admin_auth import TokenFileError, load_tokens
 
@@ -522,6 +527,9 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         # Raft port of this node's metadata process when [[cluster.nodes]] is absent (0: the
         # first port after the routers' mesh ports).
         "raft_port": (_Int(0, _U16), 0),
+        # the highest mesh protocol version this node speaks (pin the old one while rolling)
+        "protocol_version": (_Int(MIN_PROTOCOL_VERSION, PROTOCOL_VERSION),
+                             _CLUSTER_DEFAULTS.protocol_version),
     },
 }
 # Tables that only hold other tables ([listener] holds [listener.tcp] ...).
@@ -829,7 +837,8 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         link_window=get("link_window"), link_max_queued_bytes=get("link_max_queued_bytes"),
         reconnect_min=float(get("reconnect_min")), reconnect_max=float(get("reconnect_max")),
         link_timeout=float(get("link_timeout")),
-        append_timeout=float(get("append_timeout")), placement=str(get("placement")))
+        append_timeout=float(get("append_timeout")), placement=str(get("placement")),
+        protocol_version=get("protocol_version"))
 
 
 def _check_raft_ports(nodes: tuple[NodeAddress, ...], routers: int, port_keys: list[str],

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker.protocol.properties import Prop
-from cluster import frames
+from cluster import frames, handshake
 from cluster.handshake import AcceptorHandshake, DialerHandshake, HandshakeRefused
 from cluster.link import InboundSequence
 
@@ -158,7 +158,7 @@ def test_an_acceptor_refuses_a_dialer_that_cannot_prove_the_secret() -> None:
     d, a = _pair()
     hello = frames.FrameReader().feed(d.start())[0]
     a.on_frame(*hello)
-    [(ftype, body)] = frames.FrameReader().feed(frames.encode_auth(b"\x00" * 32, 0))
+    [(ftype, body)] = frames.FrameReader().feed(handshake.encode_auth(b"\x00" * 32, 0))
     with pytest.raises(HandshakeRefused) as err:
         a.on_frame(ftype, body)
     assert "failed the secret check" in err.value.why
@@ -173,13 +173,17 @@ def test_fetch_and_records_frames_carry_stored_bytes_unchanged() -> None:
     recs = [make_record(i, 1_000 + i, "d1", "devices/d1/t", 1, [("k", b"v")], b"p%d" % i)
             for i in range(3)]
     stored = encode_batch(recs)
-    [(ftype, body)] = frames.FrameReader().feed(frames.encode_fetch(7, "d1", 0, 100))
-    assert ftype == frames.FETCH and frames.decode_fetch(body) == (7, "d1", 0, 100)
-    [(ftype, body)] = frames.FrameReader().feed(frames.encode_records(7, 0, 0, 3, 3, stored))
-    request, status, start, hw, nxt, raw = frames.decode_records(body)
-    assert (request, status, start, hw, nxt) == (7, 0, 0, 3, 3)
-    assert raw == stored
-    assert [r.payload for r in decode_batch(raw, 0)] == [b"p0", b"p1", b"p2"]
+    for version in (2, 3):  # the bytes ride unchanged at every version
+        fetch = frames.Fetch(7, "d1", 0, 100)
+        [(ftype, body)] = frames.FrameReader().feed(frames.encode_fetch(fetch, version))
+        assert ftype == frames.FETCH and frames.decode_fetch(body, version) == fetch
+        [(ftype, body)] = frames.FrameReader().feed(
+            frames.encode_records(frames.Records(7, 0, 0, 3, 3, stored), version))
+        r = frames.decode_records(body, version)
+        assert (r.request, r.status, r.log_start, r.high_watermark, r.next_offset) == (
+            7, 0, 0, 3, 3)
+        assert r.data == stored
+        assert [x.payload for x in decode_batch(r.data, 0)] == [b"p0", b"p1", b"p2"]
 
 
 def test_resolve_frames_round_trip_a_refusal_and_an_offset() -> None:
@@ -201,7 +205,8 @@ def test_a_peer_of_mesh_protocol_1_is_refused() -> None:
     subscribers as a user property when it reads a newer owner's log: such a peer must be
     refused at the handshake, naming the versions, not linked."""
     d, a = _pair()
-    d.me = dataclasses.replace(d.me, version=1)  # a router built before SHARE_ON and ':src'
+    # a router built before SHARE_ON and ':src' (it speaks 1 and nothing else)
+    d.me = dataclasses.replace(d.me, version=1, top=0)
     with pytest.raises(HandshakeRefused) as err:
         _run(d, a)
     assert "speaks mesh protocol 1" in err.value.why
