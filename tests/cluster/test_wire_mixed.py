@@ -119,8 +119,8 @@ def test_a_node_capped_at_version_2_and_a_default_one_keep_a_working_link(
 
 
 def _old_build(tmp_path: Path) -> Path:
-    """The base commit's tree in ``tmp_path/old``, with this tree's compiled speedups (the C
-    sources did not change since)."""
+    """The base commit's tree in ``tmp_path/old``, with this tree's compiled speedups where
+    their C sources did not change since."""
     if not (REPO_ROOT / ".git").exists():
         pytest.skip("no .git in this checkout: the version-2 build cannot be checked out")
     if shutil.which("git") is None:
@@ -134,9 +134,11 @@ def _old_build(tmp_path: Path) -> Path:
         pytest.skip(f"the base commit {BASE} cannot be checked out: {done.stderr.strip()}")
     changed = subprocess.run(["git", "-C", str(REPO_ROOT), "diff", "--name-only", BASE,
                               "HEAD", "--", "*.c", "*.h"], capture_output=True, text=True)
-    assert changed.stdout.strip() == "", "C sources changed: build the old tree's speedups"
+    # an extension whose C source changed since is not copied: the old tree runs that
+    # module's pure-Python path (every speedup has one), never this tree's build of new C
+    stale = {Path(p).parent for p in changed.stdout.split()}
     for so in REPO_ROOT.rglob("*.so"):
-        if ".venv" in so.parts:
+        if ".venv" in so.parts or so.relative_to(REPO_ROOT).parent in stale:
             continue
         target = old / so.relative_to(REPO_ROOT)
         if target.parent.is_dir():
