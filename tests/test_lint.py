@@ -73,3 +73,67 @@ def test_router_py_stays_small():
         "state, dispatch and flush; put new logic in a room named for what it does")
 
 
+def _imports(path: Path, package: str) -> set[str]:
+    """Modules of ``package`` that ``path`` imports, TYPE_CHECKING and function-level imports
+    included (a type reference is still a reference a reader must follow)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.split(".")[0] == package:
+            out.add(node.module)
+            for alias in node.names:  # "from broker import x" names a module
+                if node.module == package:
+                    out.add(f"{package}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.split(".")[0] == package)
+    return out
+
+
+def import_cycles(package: str, root: Path = ROOT) -> list[list[str]]:
+    """Strongly connected groups (more than one module, or a module importing itself) of the
+    import graph of ``package``'s modules, Tarjan's algorithm."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[name] = _imports(path, package)
+    for name in graph:
+        graph[name] = {m for m in graph[name] if m in graph and m != name}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def test_broker_imports_go_one_way():
+    cycles = import_cycles("broker")
+    assert not cycles, ("import cycles in broker/ (TYPE_CHECKING imports count; move the shared "
+                        "type down into a module that imports nothing above it):\n"
+                        + "\n".join(" <-> ".join(c) for c in cycles))
