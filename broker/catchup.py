@@ -40,6 +40,7 @@ from broker.auth import topic_matches
 from broker.devicelogs import record_message
 from broker.lograte import RateLimitedLog
 from broker.message import Message
+from broker.session import LagCursor
 from broker.stats import DropReason
 from commitlog.store import OffsetOutOfRangeError
 
@@ -63,21 +64,6 @@ _RETRY_S = 1.0  # a failed read of another router's log is tried again after thi
 # go out as answers come back (Kafka's max.in.flight.requests.per.connection, per owner).
 _FETCHES_PER_OWNER = 32
 CLOCK_SKEW_US = 1_000_000  # tolerated between routers' clocks (match_record)
-
-
-class LagCursor:
-    """Where one session is in one device log while it is behind (or just caught up)."""
-
-    __slots__ = ("next", "live", "buffer", "reading", "retrying", "high_watermark")
-
-    def __init__(self, next_offset: int) -> None:
-        self.next = next_offset
-        self.live = False  # True: caught up; kept only to drop a duplicate at the seam
-        # a log another router owns (a cluster) is read over the mesh, a chunk at a time:
-        self.buffer: deque[Record] | None = None  # fetched, not yet delivered
-        self.reading = False  # a fetch is out: its answer pumps the session again
-        self.retrying = False  # a fetch failed: tried again after _RETRY_S
-        self.high_watermark = -1  # the owner's, at the last answer (for the lag gauge)
 
 
 # (session, msg, granted qos, retain flag, subscription ids, position) -> None

@@ -16,16 +16,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from broker.protocol.connection import ServerProtocol
 from broker.protocol.errors import ProtocolError
 from broker.protocol.packets import Disconnect, Packet, Will
 from broker.stats import BrokerStats, ListenerStats
-
-if TYPE_CHECKING:
-    from broker.router import Router
-    from broker.session import Session
 
 log = logging.getLogger("broker.connection")
 
@@ -36,8 +32,25 @@ _TLS_HANDSHAKE = 0x16  # first byte of a TLS record carrying a ClientHello
 DRAIN_S = 2.0
 
 
+class ConnectionOwner(Protocol):
+    """What a connection needs of its router (``broker/router.py`` implements it): declared
+    here, at the bottom of the import graph, so this module imports nothing above it (the
+    connection is the transport under the router, as a link is under the mesh)."""
+
+    settings: Any  # broker.settings.BrokerSettings
+    loop: asyncio.AbstractEventLoop
+
+    def connection_made(self, conn: Connection) -> None: ...
+    def handle_packets(self, conn: Connection, packets: list[Packet]) -> None: ...
+    def protocol_error(self, conn: Connection, err: ProtocolError) -> None: ...
+    def writable(self, conn: Connection) -> None: ...
+    def connection_lost(self, conn: Connection) -> None: ...
+    def want_flush(self, conn: Connection) -> None: ...
+
+
 class Connection(asyncio.Protocol):
-    def __init__(self, router: Router, listener: ListenerStats, stats: BrokerStats) -> None:
+    def __init__(self, router: ConnectionOwner, listener: ListenerStats,
+                 stats: BrokerStats) -> None:
         settings = router.settings.mqtt
         self.router = router
         self.listener = listener
@@ -50,7 +63,9 @@ class Connection(asyncio.Protocol):
         self.peer_host = "?"  # the address alone: failed-login lockout is per address
         # when the unfinished packet the parser holds was started (mqtt.packet_timeout), or None
         self.partial_since: float | None = None
-        self.session: Session | None = None
+        # broker.session.Session once CONNECT succeeded; the session module sits above this
+        # one (a session holds its connection), so the type is named, not imported
+        self.session: Any = None
         self.client_id: str | None = None
         self.username: str | None = None
         self.level = 4

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.logrules import LogRules
 from broker.protocol.properties import Prop
@@ -28,7 +28,6 @@ from commitlog.store import LogStore
 if TYPE_CHECKING:
     from broker.connection import Connection
     from broker.message import Message
-    from broker.retainstore import RetainPersistence
 
 #: ``DeviceLogs.key_for`` for a retained publish on an unlogged topic while retained messages
 #: are persisted: no device record, only the retained state record, but the same held path
@@ -137,6 +136,18 @@ def offset_request(props: dict | None) -> tuple[str | None, str]:
     return offset, reset
 
 
+class RetainLog(Protocol):
+    """What the device logs need of the retained messages' persistence
+    (``broker/retainstore.RetainPersistence``, which imports this module: declared here so the
+    imports go one way)."""
+
+    def keeps(self, topic: str) -> bool:
+        """Whether a retained publish on ``topic`` is persisted (so its ack waits for it)."""
+
+    def write(self, msg: Message) -> None:
+        """Append a retained change to the #retained state log (raises LogWriteError)."""
+
+
 class DeviceLogs:
     """Appends for the router and hands back whole durable batches, in append order."""
 
@@ -152,7 +163,7 @@ class DeviceLogs:
         # in a cluster: the router owning a device log when it is another one (cluster/mesh.py)
         self.remote_owner: Callable[[str], str | None] | None = None
         # Set by the node when retained messages are persisted (broker/retainstore.py).
-        self.retain_log: RetainPersistence | None = None
+        self.retain_log: RetainLog | None = None
         # Timestamp of the first append of the open batch, and of each sealed batch not yet
         # durable (so not yet routed): a session checkpoint must not claim to have seen them.
         self._batch_ts = 0

@@ -26,7 +26,7 @@ from commitlog.store import LogWriteError
 if TYPE_CHECKING:
     from broker.connection import Connection
     from broker.message import Message
-    from broker.router import Router
+    from broker.port import RouterPort
     from broker.session import Session
     from commitlog.record import Record
 
@@ -96,7 +96,7 @@ class Forwarder(Protocol):
 class RemotePublishes:
     """Publishes crossing the mesh to or from their device log's owner."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: RouterPort) -> None:
         self.router = router
         # topic -> time.monotonic() of its last retained clear here, oldest first (at most
         # CLEARS_KEPT): what keeps a peer's resync from bringing back a message cleared while
@@ -109,7 +109,8 @@ class RemotePublishes:
     # -- at the publisher's router ----------------------------------------------------------
     def append_at_owner(self, owner: str, key: str, msg: Message, conn: Connection | None,
                         packet_id: int | None, expiry: int | None) -> None:
-        """Like Router._append, with the owner's fsync in place of ours."""
+        """Like the ingest room's ``_append`` (broker/ingest.py), with the owner's fsync in
+        place of ours."""
         router = self.router
         msg.device = key  # for the ack's log position; the owner routes its own copy
         if conn is not None:
@@ -125,22 +126,22 @@ class RemotePublishes:
         router = self.router
         if conn is None:  # a will: nobody to answer
             if exc is not None:
-                router._not_stored(None, None, msg.qos, exc)
+                router.not_stored(None, None, msg.qos, exc)
             return
         conn.unsettled -= 1
         if msg.qos == 2 and conn.closing and conn.session is not None:
-            # first: _not_stored forgets the id, and a live connection must hear the outcome
+            # first: not_stored forgets the id, and a live connection must hear the outcome
             self.settle_resumed_qos2(conn.session, packet_id, exc)  # type: ignore[arg-type]
         if exc is not None:
-            router._not_stored(conn, packet_id, msg.qos, exc)
+            router.not_stored(conn, packet_id, msg.qos, exc)
         elif msg.qos and not conn.closing and conn.session is not None:
             props = None
             if conn.ack_offsets:
                 msg.offset = offset
                 props = {Prop.USER_PROPERTY: msg.log_position()}
-            router._ack_publish(conn, msg.qos, packet_id, 0, props)
+            router.ack_publish(conn, msg.qos, packet_id, 0, props)
         if not conn.unsettled and conn.pending is not None:
-            router._release_held(conn)
+            router.release_held(conn)
         # no flush here: the ack is queued on the connection, written once per loop tick with
         # every other ack of the RESULTS frame (a flush per ack was a third of a router's CPU)
 
@@ -148,7 +149,7 @@ class RemotePublishes:
                              exc: BaseException | None) -> None:
         """A QoS 2 publish's outcome came after its connection closed (the owner slow, frozen
         or cut off: up to cluster.append_timeout; or our own fsync slow, from
-        ``Router._on_durable``). Its packet id must not stay pending in the
+        ``_on_durable`` in broker/ingest.py). Its packet id must not stay pending in the
         session: the client, reconnected, resends it [MQTT-4.4.0-1], and a resend of a pending
         id is answered only once it is stored (router's [MQTT-4.3.3-10] path), so nobody would
         ever answer it and the client would hang on that id. Stored: the id is the client's to
@@ -163,7 +164,7 @@ class RemotePublishes:
         if exc is None:
             session.incoming_qos2[packet_id] = True
             if live is not None:
-                self.router._ack_publish(live, 2, packet_id, 0)
+                self.router.ack_publish(live, 2, packet_id, 0)
             return
         del session.incoming_qos2[packet_id]
         if live is None:
@@ -185,13 +186,14 @@ class RemotePublishes:
         logs.append(key, msg, None, ticket, expiry, source)
 
     def stored(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
-        """From Router._on_durable, for a publish stored for a peer: route it here (the owner
-        routes every logged message, so all subscribers see its log order) and answer."""
+        """From ``_on_durable`` (broker/ingest.py), for a publish stored for a peer: route it
+        here (the owner routes every logged message, so all subscribers see its log order) and
+        answer."""
         router = self.router
         try:
             if exc is None:
                 if msg.retain:
-                    router._retain(msg)
+                    router.retain(msg)
                 router.route(msg)
             else:
                 router.stats.dropped(DropReason.NOT_STORED)
@@ -277,7 +279,7 @@ class RemoteSessions:
     queued and in-flight messages, QoS 2 receive state), as EMQX and HiveMQ move sessions
     between nodes. The CONNACK (and its session-present flag) waits for the answer."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: RouterPort) -> None:
         self.router = router
 
     def claim(self, conn: Connection, pkt: Any, rest: list) -> bool:
@@ -305,7 +307,7 @@ class RemoteSessions:
         pending, conn.pending = conn.pending or [], None
         conn.transport.resume_reading()
         try:
-            router._finish_connect(conn, pkt, 0)
+            router.finish_connect(conn, pkt, 0)
             if pending and conn.session is not None and not conn.closing:
                 router.handle_packets(conn, pending)
         except Exception as err:  # noqa: BLE001 - this client only
@@ -326,7 +328,7 @@ class RemoteSessions:
             session.conn = None
             old.close_reason = f"session taken over at router {to}"
             if old.will is not None and (old.will_delay == 0 or not moves):
-                router._publish_will(old.will)
+                router.publish_will(old.will)
             old.will = None
             old.close(Reason.SESSION_TAKEN_OVER)
         if moves:
@@ -335,10 +337,10 @@ class RemoteSessions:
             # where it is pending, as a reconnect here would settle it: published if due
             # (the sweep may not have fired it yet), cancelled if the client came back in time.
             if (due := session.resume_will(time.monotonic())) is not None:
-                router._publish_will(due)
-        # (a session ended by a clean start keeps its will: _end_session publishes it, as the
+                router.publish_will(due)
+        # (a session ended by a clean start keeps its will: end_session publishes it, as the
         # end of a session before the will delay does anywhere [MQTT-3.1.3-9])
         what = "handed over" if state else ("ended for a clean start" if clean else "ended")
         log.info("session %s to router %s", what, to, extra={"client_id": client_id})
-        router._end_session(session)
+        router.end_session(session)
         return state

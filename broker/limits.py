@@ -135,11 +135,11 @@ class RouterLimits(LimitLog):
     """The router's limit checks, each one call from the router (which stays a router).
 
     Deep topics (``mqtt.max_topic_levels``) are refused by the router itself with the codes
-    of ``Router._refuse_deep_publish``: v5 QoS 1/2 PUBACK/PUBREC 0x90 (Topic Name invalid, "not
-    malformed, but not accepted by this Server"; the connection stays usable), v5 QoS 0
-    DISCONNECT 0x90 (no ack can carry it; EMQX disconnects with 0x90 for every such PUBLISH),
-    3.1.1 a closed connection (no negative ack exists); wills CONNACK 0x90 (3.1.1: 3, EMQX's
-    mapping); SUBSCRIBE per-filter 0x8F (3.1.1: 0x80).
+    of ``_refuse_deep_publish`` (broker/handle_publish.py): v5 QoS 1/2 PUBACK/PUBREC 0x90
+    (Topic Name invalid, "not malformed, but not accepted by this Server"; the connection stays
+    usable), v5 QoS 0 DISCONNECT 0x90 (no ack can carry it; EMQX disconnects with 0x90 for
+    every such PUBLISH), 3.1.1 a closed connection (no negative ack exists); wills CONNACK 0x90
+    (3.1.1: 3, EMQX's mapping); SUBSCRIBE per-filter 0x8F (3.1.1: 0x80).
     """
 
     def __init__(self, stats: BrokerStats, settings: BrokerSettings) -> None:

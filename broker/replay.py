@@ -31,7 +31,7 @@ from commitlog.store import OffsetOutOfRangeError
 if TYPE_CHECKING:
     from broker.connection import Connection
     from broker.forwarding import FetchResult
-    from broker.router import Router
+    from broker.port import RouterPort
     from broker.session import Session, Subscription
 
 log = logging.getLogger("broker.router")
@@ -41,80 +41,14 @@ _REPLAY_STEP = 5_000  # records replayed per loop turn before yielding to other 
 _RETRY_S = 1.0  # a failed read of another router's log is tried again after this
 
 
-def pump_replays(self: Router, session: Session) -> None:
-    """Advance this session's replay cursors while its window and socket have room.
-
-    A method of ``Router`` (``Router._pump_replays``) kept in its own module so the router
-    stays the owner of state, not of every way of reading the log."""
-    conn = session.conn
-    logs = self.logs
-    if conn is None or logs is None or conn.closing or session not in self._replaying:
-        return
-    store = logs.store
-    budget = _REPLAY_STEP
-    waiting = False  # a read of another router's log is out: its answer pumps again
-    for sub in list(session.subscriptions.values()):
-        cursor = sub.replay
-        if cursor is None or cursor.live:
-            continue
-        remote = cursor.owner is not None
-        while budget > 0:
-            if conn.congested or len(session.queue) >= session.window:
-                return  # resumed by acks (_window_freed) or the socket draining (writable)
-            if remote:
-                buffer = cursor.buffer
-                if not buffer:
-                    self.remote_replays.read(session, cursor)
-                    waiting = True
-                    break
-                records: deque = buffer  # consumed from the left; the rest waits for room
-            else:
-                try:
-                    records = store.read(cursor.device, cursor.next, _REPLAY_CHUNK)
-                except OffsetOutOfRangeError as err:
-                    start = store.log_range(cursor.device)[0]
-                    log.warning("replay cursor fell behind retention; skipping ahead",
-                                extra={"client_id": session.client_id, "device": cursor.device,
-                                       "from": cursor.next, "to": start, "error": str(err)})
-                    self.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))
-                    cursor.next = start
-                    continue
-                if not records:
-                    # caught up (past a quarantined gap, if any): live delivery takes over
-                    _skip_lost(self, session, cursor, store.past_gap(cursor.device, cursor.next))
-                    cursor.live = True
-                    break
-                records = deque(records)
-            ids = (sub.sub_id,) if sub.sub_id else None
-            while records:
-                rec = records.popleft()
-                budget -= 1
-                if rec.offset > cursor.next:  # offsets lost to a corrupt record: skipped
-                    _skip_lost(self, session, cursor, rec.offset)
-                cursor.next = rec.offset + 1
-                if not topic_matches(sub.filter, rec.topic):
-                    continue
-                msg = record_message(rec, Message)
-                msg.remote = remote  # read from its owner: a copy here, never a position
-                self._deliver(session, msg, sub.qos,
-                              sub.retain_as_published and msg.retain, ids, position=True)
-                if conn.congested or len(session.queue) >= session.window:
-                    break
-    if budget <= 0:
-        self.loop.call_soon(self._pump_replays, session)
-    elif not waiting:
-        # every cursor ran out of history without returning early: all are live now
-        self._replaying.discard(session)
-
-
-def _skip_lost(self: Router, session: Session, cursor: Any, to: int) -> None:
+def _skip_lost(router: RouterPort, session: Session, cursor: Any, to: int) -> None:
     """Move a replay cursor over offsets a corrupt record took (the store quarantined them
     and logged them at ERROR): counted as dropped, reason ``corrupt``, never a stall."""
     if to > cursor.next:
         log.warning("replay skips offsets lost to a corrupt record in the device log",
                     extra={"client_id": session.client_id, "device": cursor.device,
                            "from": cursor.next, "to": to})
-        self.stats.dropped(DropReason.CORRUPT, to - cursor.next)
+        router.stats.dropped(DropReason.CORRUPT, to - cursor.next)
     cursor.next = to
 
 
@@ -122,14 +56,85 @@ def _nothing() -> None:
     pass
 
 
-class RemoteReplays:
-    """Offset replay of device logs other routers own, at the router's side of the seam."""
+class Replays:
+    """Offset replay for one router: the sessions still reading history, the pump that reads
+    their cursors (local logs from the store, other routers' over the mesh), and the owner
+    questions a remote cursor needs before its SUBACK."""
 
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: RouterPort) -> None:
         self.router = router
+        self.replaying: set[Session] = set()  # sessions with a cursor still reading history
         self._failed_log = RateLimitedLog(log, logging.WARNING,
                                           "reads of other routers' logs failed",
                                           burst=3, window=10.0)
+
+    def pump(self, session: Session) -> None:
+        """Advance this session's replay cursors while its window and socket have room.
+
+        The router calls it when the window or socket frees room (a bound method it holds, no
+        extra call per message); local logs are read here, another router's through ``read``."""
+        router = self.router
+        conn = session.conn
+        logs = router.logs
+        if conn is None or logs is None or conn.closing or session not in self.replaying:
+            return
+        store = logs.store
+        budget = _REPLAY_STEP
+        waiting = False  # a read of another router's log is out: its answer pumps again
+        for sub in list(session.subscriptions.values()):
+            cursor = sub.replay
+            if cursor is None or cursor.live:
+                continue
+            remote = cursor.owner is not None
+            while budget > 0:
+                if conn.congested or len(session.queue) >= session.window:
+                    return  # resumed by acks (window_freed) or the socket draining (writable)
+                if remote:
+                    buffer = cursor.buffer
+                    if not buffer:
+                        self.read(session, cursor)
+                        waiting = True
+                        break
+                    records: deque = buffer  # consumed from the left; the rest waits for room
+                else:
+                    try:
+                        records = store.read(cursor.device, cursor.next, _REPLAY_CHUNK)
+                    except OffsetOutOfRangeError as err:
+                        start = store.log_range(cursor.device)[0]
+                        log.warning("replay cursor fell behind retention; skipping ahead",
+                                    extra={"client_id": session.client_id,
+                                           "device": cursor.device, "from": cursor.next,
+                                           "to": start, "error": str(err)})
+                        router.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))
+                        cursor.next = start
+                        continue
+                    if not records:
+                        # caught up (past a quarantined gap, if any): live delivery takes over
+                        _skip_lost(router, session, cursor,
+                                   store.past_gap(cursor.device, cursor.next))
+                        cursor.live = True
+                        break
+                    records = deque(records)
+                ids = (sub.sub_id,) if sub.sub_id else None
+                while records:
+                    rec = records.popleft()
+                    budget -= 1
+                    if rec.offset > cursor.next:  # offsets lost to a corrupt record: skipped
+                        _skip_lost(router, session, cursor, rec.offset)
+                    cursor.next = rec.offset + 1
+                    if not topic_matches(sub.filter, rec.topic):
+                        continue
+                    msg = record_message(rec, Message)
+                    msg.remote = remote  # read from its owner: a copy here, never a position
+                    router.deliver(session, msg, sub.qos,
+                                   sub.retain_as_published and msg.retain, ids, position=True)
+                    if conn.congested or len(session.queue) >= session.window:
+                        break
+        if budget <= 0:
+            router.loop.call_soon(self.pump, session)
+        elif not waiting:
+            # every cursor ran out of history without returning early: all are live now
+            self.replaying.discard(session)
 
     def resolve(self, conn: Connection, session: Session,
                 resolving: list[tuple[int, str, Subscription, Subscription | None]],
@@ -178,19 +183,19 @@ class RemoteReplays:
             if any(s.replay is not None and not s.replay.live
                    for s in session.subscriptions.values()):
                 # (also when the SUBACK is not sent: a persistent session's cursors read once
-                # its client is back, _finish_connect pumps them)
-                router._replaying.add(session)
+                # its client is back, finish_connect pumps them)
+                self.replaying.add(session)
             if conn.closing or conn.session is not session:
                 # no SUBACK to send; what resolved (or was undone) is stored all the same, and
                 # a client already back on a new connection starts reading now
                 router.persist.stored(session, _nothing)
-                if session.conn is not None and session in router._replaying:
-                    router._pump_replays(session)
+                if session.conn is not None and session in self.replaying:
+                    self.pump(session)
                     router.flush_writes()
                 return
             finish()
-            if session in router._replaying:  # e.g. an old replaying subscription put back
-                router._pump_replays(session)
+            if session in self.replaying:  # e.g. an old replaying subscription put back
+                self.pump(session)
             router.flush_writes()
 
         for item in resolving:
@@ -211,7 +216,7 @@ class RemoteReplays:
 
     def _retry(self, session: Session, cursor: RemoteReplayCursor) -> None:
         cursor.retrying = False
-        self.router._pump_replays(session)
+        self.pump(session)
         self.router.flush_writes()
 
     def _fetched(self, session: Session, cursor: RemoteReplayCursor,
@@ -221,7 +226,7 @@ class RemoteReplays:
         if cursor.owner != owner:
             # the log's leader moved while this read was out: what the former one answered
             # (its end, its records) is not the log's now; read again, from the new leader
-            router._pump_replays(session)
+            self.pump(session)
             router.flush_writes()
             return
         if result.status == "ok":
@@ -250,5 +255,5 @@ class RemoteReplays:
             cursor.retrying = True
             router.loop.call_later(_RETRY_S, self._retry, session, cursor)
             return
-        router._pump_replays(session)
+        self.pump(session)
         router.flush_writes()

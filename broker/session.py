@@ -19,8 +19,8 @@ from broker.protocol.packets import Will
 from broker.stats import DropReason
 
 if TYPE_CHECKING:
-    from broker.catchup import LagCursor
     from broker.connection import Connection
+    from commitlog.record import Record
 
 NEVER = 0xFFFFFFFF  # v5 session expiry interval meaning "does not expire"
 
@@ -175,3 +175,19 @@ class Session:
             pid = pid + 1 if pid < 65535 else 1
         self.next_pid = pid + 1 if pid < 65535 else 1
         return pid
+
+
+class LagCursor:
+    """Where one session is in one device log while it is behind (or just caught up); read and
+    moved by ``broker/catchup.py``, kept here with the rest of the session's state."""
+
+    __slots__ = ("next", "live", "buffer", "reading", "retrying", "high_watermark")
+
+    def __init__(self, next_offset: int) -> None:
+        self.next = next_offset
+        self.live = False  # True: caught up; kept only to drop a duplicate at the seam
+        # a log another router owns (a cluster) is read over the mesh, a chunk at a time:
+        self.buffer: deque[Record] | None = None  # fetched, not yet delivered
+        self.reading = False  # a fetch is out: its answer pumps the session again
+        self.retrying = False  # a fetch failed: tried again after catchup's _RETRY_S
+        self.high_watermark = -1  # the owner's, at the last answer (for the lag gauge)

@@ -45,7 +45,6 @@ member that had them.
 from __future__ import annotations
 
 import base64
-import heapq
 import json
 import logging
 import math
@@ -69,7 +68,7 @@ from commitlog.store import LogStore, LogWriteError, OffsetOutOfRangeError
 
 if TYPE_CHECKING:
     from broker.connection import Connection
-    from broker.router import Router
+    from broker.port import RouterPort
 
 log = logging.getLogger("broker.sessionstore")
 
@@ -164,7 +163,7 @@ def _fingerprint(s: Session) -> tuple:
 class SessionPersistence(SessionHooks):
     """Writes session records, restores them at start-up, checkpoints and compacts."""
 
-    def __init__(self, router: Router, committer: GroupCommitter, retain: RetainPersistence,
+    def __init__(self, router: RouterPort, committer: GroupCommitter, retain: RetainPersistence,
                  interval: float) -> None:
         self.router = router
         self.committer = committer
@@ -455,14 +454,14 @@ class SessionPersistence(SessionHooks):
         for sub in s.subscriptions.values():
             router.trie.add(sub.filter, cid, sub, sub.group)
         if replaying:
-            router._replaying.add(s)
+            router.replays.replaying.add(s)
         self._restore_cursors(s, data["behind"], data["resume_us"])
         self._offline_at[cid] = since
         if expiry != NEVER:
             s.expires_at = time.monotonic() + since + expiry - now
-            heapq.heappush(router._timers, (s.expires_at, next(router._seq), "expiry", s))
+            router.schedule(s.expires_at, "expiry", s)
         for old in router.limits.went_offline(s):
-            router._end_session(old)
+            router.end_session(old)
         self.restored += 1
         return True
 
@@ -533,7 +532,7 @@ class SessionPersistence(SessionHooks):
                 "corrupt_records": self.corrupt + self.retain.log.corrupt}
 
 
-def attach(router: Router, committer: GroupCommitter, interval: float) -> SessionPersistence:
+def attach(router: RouterPort, committer: GroupCommitter, interval: float) -> SessionPersistence:
     """Restore retained messages and sessions into ``router`` and persist from now on; the
     node calls this before any listener opens."""
     retain = RetainPersistence(committer, router.retained)

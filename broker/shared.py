@@ -16,7 +16,7 @@ from broker.stats import DropReason
 
 if TYPE_CHECKING:
     from broker.message import Message
-    from broker.router import Router
+    from broker.port import RouterPort
     from broker.session import Session, Subscription
     from broker.trie import SharedGroup
 
@@ -25,7 +25,7 @@ log = logging.getLogger("broker.shared")
 
 
 class SharedDelivery:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: RouterPort) -> None:
         self.router = router
         self._unclaimed_log = RateLimitedLog(log, logging.WARNING,
                                              "shared messages with no member left",
@@ -59,7 +59,7 @@ class SharedDelivery:
         session, sub, idx = pick
         group.cursor = idx + 1
         ids = (sub.sub_id,) if sub.sub_id else None
-        self.router._deliver(session, msg, sub.qos, False, ids, group)
+        self.router.deliver(session, msg, sub.qos, False, ids, group)
         return True
 
     def deliver_share(self, msg: Message, name: str, flt: str, last_hop: bool = False) -> None:

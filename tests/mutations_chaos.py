@@ -33,8 +33,8 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "        self._stored_at_owner(conn, packet_id, msg, None, -1)\n",
           (PROBE,)),
         m("chaos-drop-every-100th-delivery",
-          "broker/router.py _deliver: every 100th delivery to a subscriber silently dropped",
-          "broker/router.py",
+          "broker/delivery.py deliver: every 100th delivery to a subscriber silently dropped",
+          "broker/delivery.py",
           "        qos = msg.qos if msg.qos < granted else granted  # [MQTT-3.3.5-1]\n",
           "        self._chaos_n = getattr(self, '_chaos_n', 0) + 1\n"
           "        if self._chaos_n % 100 == 0:\n"

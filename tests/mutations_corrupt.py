@@ -53,7 +53,7 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
           "                if True:\n", (XF,)),
         m("corrupt-read-remote-replay-uncounted", "remote replay: offsets lost in the owner's "
           "log skipped without counting them as dropped", "broker/replay.py",
-          "        self.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
+          "        router.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
           "        pass\n", (XF,)),
         m("corrupt-read-remote-replay-tail-uncounted", "remote replay: offsets the owner lost "
           "at its log's end skipped without counting them as dropped", "broker/replay.py",
@@ -72,7 +72,7 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
           "            log.error(\"commitlog %s: cannot record the gap", (f"{CASE}[payload]",)),
         m("corrupt-read-replay-uncounted", "replay: offsets lost to corruption skipped without "
           "counting them as dropped", "broker/replay.py",
-          "        self.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
+          "        router.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
           "        pass\n", (f"{CASE}[payload]",)),
         m("corrupt-read-pidx-walk-unchecked", "store: a sealed segment's rebuilt position "
           "index stops at a damaged header (the records after it unread)", ST,

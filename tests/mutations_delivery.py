@@ -35,8 +35,8 @@ def delivery_mutations(mutation: Any) -> tuple[Any, ...]:
           "sessions have no position in is lost)", "cluster/mesh.py",
           "            if self.unrouted.pending is not None:\n", "            if False:\n",
           (NEW,)),
-        m("delivery-positions-not-kept", "broker/router.py _deliver: no position recorded per "
-          "device (nothing to resume from)", "broker/router.py",
+        m("delivery-positions-not-kept", "broker/delivery.py deliver: no position recorded per "
+          "device (nothing to resume from)", "broker/delivery.py",
           "        if group is None and msg.device is not None and not position:\n"
           "            positions = session.positions",
           "        if False:\n            positions = session.positions",
@@ -51,13 +51,13 @@ def delivery_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/sessionstore.py",
           "        for device, offset in s.positions.items():\n",
           "        for device, offset in ({} if copies else s.positions).items():\n", (MOVE,)),
-        m("delivery-positions-unbounded", "broker/router.py _deliver: a session's positions "
-          "grow past mqtt.max_lagging_devices (no count, no log line)", "broker/router.py",
+        m("delivery-positions-unbounded", "broker/delivery.py deliver: a session's positions "
+          "grow past mqtt.max_lagging_devices (no count, no log line)", "broker/delivery.py",
           "                if len(positions) >= self.positions.max_devices:\n",
           "                if False:\n", (BOUND,)),
-        m("delivery-position-moves-back", "broker/router.py _deliver: a delivery of an older "
+        m("delivery-position-moves-back", "broker/delivery.py deliver: a delivery of an older "
           "offset (a retained message on SUBSCRIBE) moves the position back (repeats after a "
-          "restart)", "broker/router.py",
+          "restart)", "broker/delivery.py",
           "            elif msg.offset >= at:  # never back: a retained message sent on SUBSCRIBE "
           "is old\n", "            else:\n", (BACKWARD,)),
         m("delivery-remote-inflight-by-reference", "broker/sessionstore.py _msg_ref: a message "

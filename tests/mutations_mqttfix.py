@@ -24,7 +24,7 @@ def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
     return (
         m("mqttfix-sub-id-twice", "router.route: overlapping subscriptions of one session "
           "send an identifier they share once per subscription ([2333, 2333])",
-          "broker/router.py",
+          "broker/delivery.py",
           "                    if sub.sub_id not in entry[2]:  # each identifier once "
           "[MQTT-3.3.4-3]\n                        entry[2].append(sub.sub_id)\n",
           "                    entry[2].append(sub.sub_id)\n",
@@ -38,7 +38,7 @@ def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
         m("mqttfix-handover-drops-due-will", "RemoteSessions.release_session: a delayed will "
           "due at the hand-over (not swept yet) is dropped with the moved session",
           FW, "            if (due := session.resume_will(time.monotonic())) is not None:\n"
-          "                router._publish_will(due)\n",
+          "                router.publish_will(due)\n",
           "            session.resume_will(time.monotonic())\n", (WH_DUE,)),
         m("mqttfix-handover-publishes-early-will", "RemoteSessions.release_session: a "
           "delayed will not yet due is published at the hand-over instead of cancelled",
@@ -47,10 +47,10 @@ def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
         m("mqttfix-handover-clean-drops-will", "RemoteSessions.release_session: a clean start "
           "at another router discards the pending will instead of ending the session with it",
           FW, "        log.info(\"session %s to router %s\", what, to, "
-          "extra={\"client_id\": client_id})\n        router._end_session(session)\n",
+          "extra={\"client_id\": client_id})\n        router.end_session(session)\n",
           "        log.info(\"session %s to router %s\", what, to, "
           "extra={\"client_id\": client_id})\n        session.will = None\n"
-          "        router._end_session(session)\n", (WH_CLEAN,)),
+          "        router.end_session(session)\n", (WH_CLEAN,)),
         m("mqttfix-resume-cancels-due-will", "Session.resume_will: a will already due when "
           "its client comes back is cancelled like one not yet due (same node and hand-over)",
           "broker/session.py",
@@ -68,6 +68,7 @@ def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
         # the existing guard test honest.
         m("mqttfix-shared-gets-retained", "router._on_subscribe: retained messages sent for "
           "a new shared subscription too (v5 4.8.2: only for non-shared ones)",
-          "broker/router.py", "            if group is None and (opts.retain_handling == 0\n",
+          "broker/handle_subscribe.py", "            if group is None and (opts.retain_handling "
+          "== 0\n",
           "            if (opts.retain_handling == 0\n", (SH,)),
     )

@@ -72,13 +72,13 @@ def outcomes_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/link.py",
           "_tell(done, AppendTimeout(self.peer, timeout, out.seq <= sent_upto), -1)",
           "_tell(done, AppendTimeout(self.peer, timeout, True), -1)", (GONE,)),
-        m("outcomes-reason-string-anonymous", "broker/router.py: a publish its owner did not "
+        m("outcomes-reason-string-anonymous", "broker/ingest.py: a publish its owner did not "
           "store gets the local disk's reason string, not the owner's name",
-          "broker/router.py", "            why = {Prop.REASON_STRING: str(err) if remote else",
+          "broker/ingest.py", "            why = {Prop.REASON_STRING: str(err) if remote else",
           "            why = {Prop.REASON_STRING: _NOT_STORED if remote else", (FROZEN,)),
-        m("outcomes-log-line-anonymous", "broker/router.py: the not-stored log line blames "
+        m("outcomes-log-line-anonymous", "broker/ingest.py: the not-stored log line blames "
           "this router's disk for a publish its owner did not confirm",
-          "broker/router.py", '"message not stored" if remote', "_NOT_STORED if remote",
+          "broker/ingest.py", '"message not stored" if remote', "_NOT_STORED if remote",
           (FROZEN,)),
         m("outcomes-awaiting-metric", "meshmq/cluster_wiring.py: "
           "meshmq_link_appends_awaiting always 0",

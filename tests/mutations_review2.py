@@ -25,13 +25,13 @@ def review2_mutations(mutation: Any) -> tuple[Any, ...]:
         m("review2-qos2-late-store-not-told", "a QoS 2 publish stored after its connection "
           "closed: the session's live connection is not sent its PUBREC",
           "broker/forwarding.py",
-          "            if live is not None:\n                self.router._ack_publish(",
-          "            if False:\n                self.router._ack_publish(",
+          "            if live is not None:\n                self.router.ack_publish(",
+          "            if False:\n                self.router.ack_publish(",
           (f"{Q2T}[stored-late]",)),
         m("review2-qos2-311-refused-pending", "a 3.1.1 QoS 2 publish refused as not stored "
           "(connection closed, no negative PUBREC in 3.1.1) leaves its packet id pending in "
           "the session: the client's resend after reconnecting is swallowed for good",
-          "broker/router.py",
+          "broker/ingest.py",
           "        if qos == 2 and conn is not None and conn.session is not None:\n"
           "            # the id is",
           "        if False:\n            # the id is",
@@ -39,7 +39,7 @@ def review2_mutations(mutation: Any) -> tuple[Any, ...]:
         m("review2-qos2-local-stored-after-close", "a QoS 2 publish stored in the local log after "
           "its connection closed leaves its packet id pending in the resumed session: the "
           "client's resend is swallowed for good",
-          "broker/router.py",
+          "broker/ingest.py",
           "                if msg.qos == 2 and conn.closing and conn.session is not None:\n"
           "                    # its resumed session",
           "                if False:\n                    # its resumed session",

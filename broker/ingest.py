@@ -1,0 +1,195 @@
+"""The ingest path: a publish is logged or routed, appended, settled once durable, and its
+publisher answered; wills and the broker's own publishes enter here too. A room of the router.
+
+Why this cut: rumqttd keeps its logs apart from routing; Kafka's broker separates the append
+(``ReplicaManager.appendRecords``) from the answer it delays until the write is durable (the
+purgatory). Here a publish on a logged topic is appended to its device log (``devicelogs.py``)
+and held; ``_on_durable`` routes each stored message and acks its publisher in log order, per
+fsync batch, so *a PUBACK means stored*. A log another router owns goes through
+``forwarding.RemotePublishes`` instead, with the owner's fsync in place of ours. ``IngestRoom`` is
+a mixin of ``Router`` (its methods run with the router as ``self``); it calls down only, into
+the delivery room (``route``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from broker.connection import Connection, fail_client
+from broker.devicelogs import DeviceLogs, PendingPublish
+from broker.forwarding import OwnerNotStored
+from broker.message import Message
+from broker.protocol.packets import PacketType, PubAck, Publish, PubRec, Will
+from broker.protocol.properties import Prop
+from broker.protocol.reasons import Reason
+from broker.stats import DropReason
+from commitlog.store import LogWriteError
+
+log = logging.getLogger("broker.router")  # the router's log lines keep the router's name
+
+# Properties a subscriber receives unchanged [MQTT-3.3.2-*]: the rest are per hop.
+_FORWARDED = (
+    Prop.PAYLOAD_FORMAT_INDICATOR, Prop.CONTENT_TYPE, Prop.RESPONSE_TOPIC, Prop.CORRELATION_DATA,
+    Prop.USER_PROPERTY,
+)
+_PUBACK = PacketType.PUBACK
+_PUBREC = PacketType.PUBREC
+_PUBCOMP = PacketType.PUBCOMP
+# Fixed headers of the 4-byte acks (reason 0, no properties: the short form in v5 as well).
+_ACK_HEAD = {_PUBACK: b"\x40\x02", _PUBREC: b"\x50\x02", _PUBCOMP: b"\x70\x02"}
+# Publishes waiting for the disk beyond which publishers' sockets stop being read: a fast QoS 0
+# publisher cannot grow memory faster than fsync drains it (v5 Receive Maximum bounds QoS>0 too).
+HELD_LIMIT = 50_000
+_NOT_STORED = "message not stored: the commit log cannot write (disk full or failing?)"
+
+
+def forwarded_properties(props: dict | None) -> dict | None:
+    """The properties of a PUBLISH (or will) that its subscribers receive."""
+    if not props:
+        return None
+    out = {k: v for k, v in props.items() if k in _FORWARDED}
+    return out or None
+
+
+class IngestRoom:
+    """Append, settle, ack; wills and internal publishes (a mixin of ``Router``; see the module
+    docstring)."""
+
+    def _append(self, logs: DeviceLogs, key: str, msg: Message, conn: Connection,
+                pkt: Publish, expiry: int | None) -> None:
+        """Store, and hold routing and the ack until the batch is durable (see devicelogs)."""
+        try:
+            logs.append(key, msg, conn, pkt.packet_id, expiry)
+        except LogWriteError as err:
+            self.not_stored(conn, pkt.packet_id, pkt.qos, err)
+            return
+        conn.unsettled += 1
+        if pkt.qos == 2:
+            conn.session.incoming_qos2[pkt.packet_id] = False
+        if logs.held > HELD_LIMIT and conn not in self._paused_publishers:
+            conn.transport.pause_reading()
+            self._paused_publishers.add(conn)
+
+    def _on_durable(self, batch: list[PendingPublish], exc: BaseException | None) -> None:
+        """A batch is on disk (or failed): route it and answer its publishers, in log order."""
+        settled: list[Connection] = []
+        for conn, packet_id, msg in batch:
+            if conn is None and packet_id is not None:  # stored for a peer router
+                self.remote.stored(packet_id, msg, exc)
+                continue
+            if conn is not None:
+                conn.unsettled -= 1
+                if not conn.unsettled and conn.pending is not None:
+                    settled.append(conn)
+                if msg.qos == 2 and conn.closing and conn.session is not None:
+                    # its resumed session must not keep the id pending forever
+                    self.remote.settle_resumed_qos2(conn.session, packet_id, exc)
+            try:
+                if exc is not None:
+                    self.not_stored(conn, packet_id, msg.qos, exc)
+                    continue
+                if msg.retain:
+                    self.retain(msg)
+                self.route(msg)
+                if msg.qos and conn is not None and not conn.closing and conn.session is not None:
+                    ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.ack_offsets
+                                 else None)
+                    self.ack_publish(conn, msg.qos, packet_id, 0, ack_props)
+            except Exception as err:  # noqa: BLE001 - stored; its publisher closed, unacked,
+                fail_client(self.stats, conn, err)  # resends; the rest of the batch goes on
+        for conn in settled:  # their held SUBSCRIBE/UNSUBSCRIBE, now after the acks above
+            self.release_held(conn)
+        if self._paused_publishers and self.logs is not None \
+                and self.logs.held <= HELD_LIMIT // 2:
+            for paused in self._paused_publishers:
+                if not paused.closing:
+                    paused.partial_since = None  # packet_timeout counts from the resume
+                    paused.transport.resume_reading()
+            self._paused_publishers.clear()
+
+    def not_stored(self, conn: Connection | None, packet_id: int | None, qos: int,
+                    err: BaseException) -> None:
+        """Never acknowledge what was not stored: v5 gets a failure reason, 3.x a closed socket."""
+        self.stats.dropped(DropReason.NOT_STORED)
+        # at another router (its log's owner): its text says which and why, not our disk
+        remote = isinstance(err, OwnerNotStored)
+        self._log_not_stored("%s: %s (counted in meshmq_messages_dropped_total"
+                             "{reason=\"not_stored\"})", "message not stored" if remote
+                             else _NOT_STORED, err)
+        if qos == 2 and conn is not None and conn.session is not None:
+            # the id is the client's again, whatever its level: a 3.x client (closed below)
+            # resends after reconnecting, and a pending id would swallow that resend for good
+            conn.session.incoming_qos2.pop(packet_id, None)
+        if conn is None or conn.closing or qos == 0:
+            return
+        if conn.level == 5:
+            conn.inbound_unacked -= 1
+            why = {Prop.REASON_STRING: str(err) if remote else _NOT_STORED}
+            if qos == 1:
+                conn.send(PubAck(packet_id, Reason.UNSPECIFIED_ERROR, why))
+            else:
+                conn.send(PubRec(packet_id, Reason.UNSPECIFIED_ERROR, why))
+        else:
+            conn.close()  # 3.x has no negative PUBACK: the client retries after reconnecting
+
+    def _send_ack(self, conn: Connection, ptype: int, packet_id: int) -> None:
+        """A success ack without properties: 4 fixed bytes, no encoder call on the hot path."""
+        self.stats.packets_out[ptype] += 1
+        conn.write(_ACK_HEAD[ptype] + packet_id.to_bytes(2, "big"))
+
+    def ack_publish(self, conn: Connection, qos: int, packet_id: int | None, reason: int,
+                     props: dict | None = None) -> None:
+        """Answer an inbound QoS 1/2 PUBLISH. [MQTT-3.3.4-7]: QoS 1 frees its receive-maximum
+        slot at PUBACK, QoS 2 only at PUBCOMP (see _on_pubrel) unless refused here."""
+        if qos == 1:
+            conn.inbound_unacked -= conn.level == 5
+            if reason or props:
+                conn.send(PubAck(packet_id, reason, props))
+            else:
+                self._send_ack(conn, _PUBACK, packet_id)
+        elif qos == 2:
+            if reason < 0x80:
+                conn.session.incoming_qos2[packet_id] = True
+            else:
+                conn.inbound_unacked -= conn.level == 5
+            if reason or props:  # once the session owning the packet id is stored
+                self.persist.stored(conn.session, conn.send, PubRec(packet_id, reason, props))
+            else:
+                self.persist.stored(conn.session, self._send_ack, conn, _PUBREC, packet_id)
+
+    def publish_internal(self, msg: Message) -> None:
+        """A message the broker itself publishes ($SYS): retained if flagged, routed, not
+        logged (``$`` topics never are)."""
+        if msg.retain:
+            self.retain(msg)
+        self.route(msg)
+
+    def retain(self, msg: Message) -> None:
+        self.remote.keep_retained(msg)  # already in #retained with its publish (devicelogs)
+        if self.forwarder is not None:
+            self.forwarder.retained(msg)
+
+    def publish_will(self, will: Will) -> None:
+        props = will.properties or {}
+        interval = props.get(Prop.MESSAGE_EXPIRY_INTERVAL)
+        expiry_at = time.monotonic() + interval if interval is not None else None
+        msg = Message(will.topic, will.payload, will.qos, will.retain,
+                      forwarded_properties(props), expiry_at, None)
+        logs = self.logs
+        if logs is not None:
+            key = logs.key_for(will.topic, will.retain)
+            owner = self.forwarder.owner_of(key) if self.forwarder and key else None
+            if owner is not None:
+                self.remote.append_at_owner(owner, key, msg, None, None, interval)
+                return
+            if key is not None:
+                # stored first, like any logged publish: _on_durable routes it once durable
+                try:
+                    logs.append(key, msg, None, None, interval)
+                except LogWriteError as err:
+                    self.not_stored(None, None, will.qos, err)
+                return
+        if will.retain:
+            self.retain(msg)
+        self.route(msg)
