@@ -261,6 +261,9 @@ def test_corrupt_session_record_costs_only_that_session(start_broker, clients, m
     assert c.session_present, "an intact session was lost with a corrupt neighbour"
     text = broker.log_text()
     assert ("quarantined" in text and "#sessions" in text) or "unreadable" in text
+    # and the restore says so, counted (the operator's "what came back" line and metric)
+    restored = [ln for ln in text.splitlines() if "persistent sessions" in ln][-1]
+    assert "corrupt_records=0" not in restored and "corrupt_records=" in restored, restored
     # the victim falls back to its previous record (written when it went offline or earlier)
     c = clients(broker, victim, protocol=V5, clean=False)
     c.connect(properties=_session_props(), clean_start=False)
