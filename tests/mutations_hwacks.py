@@ -1,0 +1,30 @@
+"""Planted bugs for acks and routing driven by the high-water mark (issue 26, "Ack when the
+high-water mark passes"), run by ``tests/mutate.py`` like every other guard
+(``tests/mutate.py hwacks-``).
+
+On one node the high-water mark is the durable end, so "acked at the fsync" and "acked when the
+mark passes" are the same instant and only a test that holds the mark back can tell them apart
+(``tests/broker/test_hwm_acks.py`` with the test-only failpoint in ``meshmq/hwmhold.py``; across
+the mesh, the owner's answer to an APPEND: ``tests/cluster/test_hwm_results.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HWM = ("tests/broker/test_hwm_acks.py::test_ack_and_delivery_wait_for_the_high_watermark",
+       "tests/cluster/test_hwm_results.py::"
+       "test_owner_answers_and_routes_an_append_only_past_the_high_watermark")
+
+
+def hwacks_mutations(mutation: Any) -> tuple[Any, ...]:
+    """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
+    m = mutation
+    return (
+        m("hwacks-ack-at-fsync", "broker/devicelogs.py _seal: a device's publishes are routed "
+          "and acknowledged when their write is durable here, not when the device's high-water "
+          "mark passes them (replication would ack what a leader change can take back)",
+          "broker/devicelogs.py",
+          "                committer.when_high_watermark(key, group[-1][2].offset, passed)\n",
+          "                committer.when_durable(passed)\n", HWM),
+    )
