@@ -17,6 +17,11 @@ HWM = ("tests/broker/test_hwm_acks.py::test_ack_and_delivery_wait_for_the_high_w
        "test_owner_answers_and_routes_an_append_only_past_the_high_watermark")
 
 
+WRITE_FAILURE = ("tests/broker/test_log_write_failure.py::"
+                 "test_failed_fsync_is_refused_and_a_restart_recovers")
+DISK_FULL = "tests/broker/test_disk_full.py::test_full_tmpfs_acks_only_what_is_stored"
+
+
 def hwacks_mutations(mutation: Any) -> tuple[Any, ...]:
     """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
     m = mutation
@@ -27,4 +32,11 @@ def hwacks_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/devicelogs.py",
           "                committer.when_high_watermark(key, group[-1][2].offset, passed)\n",
           "                committer.when_durable(passed)\n", HWM),
+        m("hwacks-failed-device-acked", "broker/devicelogs.py _passed: a device whose records "
+          "were not stored (failed write or fsync: the store fails its waiters) is settled as "
+          "stored: PUBACK 0 for what the log refused",
+          "broker/devicelogs.py",
+          "            self._loop.call_soon(self._on_durable, group, exc)\n",
+          "            self._loop.call_soon(self._on_durable, group, None)\n",
+          (WRITE_FAILURE, DISK_FULL)),
     )
