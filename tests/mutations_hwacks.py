@@ -17,6 +17,8 @@ HWM = ("tests/broker/test_hwm_acks.py::test_ack_and_delivery_wait_for_the_high_w
        "test_owner_answers_and_routes_an_append_only_past_the_high_watermark")
 
 
+SETTLE = ("tests/broker/test_devicelogs_settle.py::"
+          "test_a_held_device_settles_alone_and_keeps_the_batch_unrouted")
 WRITE_FAILURE = ("tests/broker/test_log_write_failure.py::"
                  "test_failed_fsync_is_refused_and_a_restart_recovers")
 DISK_FULL = "tests/broker/test_disk_full.py::test_full_tmpfs_acks_only_what_is_stored"
@@ -39,4 +41,11 @@ def hwacks_mutations(mutation: Any) -> tuple[Any, ...]:
           "            self._loop.call_soon(self._on_durable, group, exc)\n",
           "            self._loop.call_soon(self._on_durable, group, None)\n",
           (WRITE_FAILURE, DISK_FULL)),
+        m("hwacks-checkpoint-forgets-held-batch", "broker/devicelogs.py _passed: a sealed "
+          "batch is dropped from the unrouted ones when its first device settles, though another "
+          "device of it waits for its high-water mark (a session checkpoint then claims records "
+          "not yet routed)",
+          "broker/devicelogs.py",
+          "        while queue and not queue[0].left:\n            queue.popleft()\n",
+          "        if queue:\n            queue.popleft()\n", (SETTLE,)),
     )
