@@ -1,9 +1,21 @@
 """The router's view of the commit log: append with group-commit acks, and replay by offset.
 
 A PUBLISH on a logged topic is appended to its device's log and *held*: it is routed to subscribers
-and acknowledged to its publisher only when the batch holding it is durable. So a PUBACK/PUBREC
-means "stored", subscribers never see a message that could vanish in a crash (they will only see
-records below the high-water mark once replication lands), and per-device order is the log order.
+and acknowledged to its publisher only when its device's **high-water mark** has passed it (the
+visible end, ``LogStore.high_watermark``: the durable end on one node, the replicated mark once a
+replication layer sets it; docs/architecture.md). So a PUBACK/PUBREC means "committed", a
+subscriber never sees a record above the high-water mark (nothing a crash or a leader change
+could take back), and per-device order is the log order.
+
+Batched, not per message (the ack path of every QoS 1 publish): each sealed batch registers one
+``when_high_watermark`` waiter per device it touches, at that device's last offset in the batch,
+and that device's publishes of the batch settle together when it fires (Kafka's DelayedProduce,
+keyed by partition, completed when the partition's high watermark passes the produce's last
+offset). Devices settle independently: with replication a device whose followers lag holds its
+own acks and deliveries, never another device's. Within a device the order is the log's, which
+is what MQTT asks of a server (per-topic order from each publisher [MQTT-4.6.0-6]; a topic maps
+to one device log). On one node every device of a batch passes at the same commit, which is the
+former per-fsync-batch settle.
 
 Replay (subscriber-held offsets) is a cursor per subscription: it reads committed records from its
 offset, paced by the subscriber's window and socket, and hands over to live delivery at the log end.
@@ -17,6 +29,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.logrules import LogRules
@@ -106,13 +119,24 @@ def properties_from_headers(headers: Any) -> tuple[dict | None, int | None]:
     return props or None, expiry
 
 
-# A stored-but-not-yet-durable publish: (publisher connection or None, packet id, message):
-# what to route and whom to acknowledge once its batch is durable. A tuple, not a class: one
-# is made per logged publish, and a tuple is the cheapest record CPython builds.
+# A stored-but-not-yet-committed publish: (publisher connection or None, packet id, message):
+# what to route and whom to acknowledge once its device's high-water mark passes it. A tuple,
+# not a class: one is made per logged publish, the cheapest record CPython builds.
 PendingPublish = tuple["Connection | None", "int | None", "Message"]
 
 
 DurableHandler = Callable[[list[PendingPublish], BaseException | None], None]
+
+
+class _Sealed:
+    """One sealed batch: its first append's timestamp and how many of its devices have not
+    settled yet (``DeviceLogs.oldest_unrouted_us``)."""
+
+    __slots__ = ("ts", "left")
+
+    def __init__(self, ts: int, left: int) -> None:
+        self.ts = ts
+        self.left = left
 
 
 def wants_ack_offsets(props: dict, default: bool) -> bool:
@@ -158,19 +182,22 @@ class DeviceLogs:
         self.rules = rules
         self._on_durable = on_durable
         self._loop = loop
-        self._batch: list[PendingPublish] = []
-        self.held = 0  # publishes appended and not yet durable (backpressure signal)
+        # The open batch: its publishes per device, each list in log order (RETAIN_ONLY: the
+        # retained changes with no device record, which wait for their write to be durable).
+        self._batch: dict[str, list[PendingPublish]] = {}
+        self.held = 0  # publishes appended and not yet settled (backpressure signal)
         # in a cluster: the router owning a device log when it is another one (cluster/mesh.py)
         self.remote_owner: Callable[[str], str | None] | None = None
         # Set by the node when retained messages are persisted (broker/retainstore.py).
         self.retain_log: RetainLog | None = None
-        # Timestamp of the first append of the open batch, and of each sealed batch not yet
-        # durable (so not yet routed): a session checkpoint must not claim to have seen them.
+        # Timestamp of the first append of the open batch; the sealed batches not yet settled
+        # (so not yet routed), oldest first: a session checkpoint must not claim to have seen
+        # them.
         self._batch_ts = 0
-        self._unrouted: deque[int] = deque()
-        # The batch's durability callback is registered right before the committer writes
-        # it, never after: a callback registered after a failed write (a later call_soon)
-        # would see a durable position that seems to cover it and ack what was never stored.
+        self._sealed: deque[_Sealed] = deque()
+        # The batch's waiters are registered right before the committer writes it, never
+        # after: a callback registered after a failed write (a later call_soon) would see a
+        # durable position that seems to cover it and ack what was never stored.
         committer.before_flush(self._seal)
 
     def key_for(self, topic: str, retain: bool) -> str | None:
@@ -187,10 +214,12 @@ class DeviceLogs:
 
     def append(self, key: str, msg: Message, conn: Connection | None, packet_id: int | None,
                expiry: int | None, source: bytes | None = None) -> int:
-        """Append and hold the publish until durable; raises LogWriteError if the log is failing.
+        """Append and hold the publish until its device's high-water mark passes it; raises
+        LogWriteError if the log is failing.
         ``source``: a peer's APPEND, kept as the ``:src`` header (cluster/idempotence.py)."""
         ts = time.time_ns() // 1000
-        if not self._batch:
+        batch = self._batch
+        if not batch:
             self._batch_ts = ts
         offset = -1
         if key != RETAIN_ONLY:
@@ -206,7 +235,10 @@ class DeviceLogs:
             msg.offset = offset
         if msg.retain and self.retain_log is not None:
             self.retain_log.write(msg)  # same tick, same fsync: acked only once both are stored
-        self._batch.append((conn, packet_id, msg))
+        group = batch.get(key)
+        if group is None:
+            group = batch[key] = []
+        group.append((conn, packet_id, msg))
         self.held += 1
         return offset
 
@@ -241,22 +273,44 @@ class DeviceLogs:
         return ReplayCursor(device, next_offset)
 
     def _seal(self) -> None:
-        """Before-flush hook: one durability callback for the publishes of this write."""
-        batch, self._batch = self._batch, []
-        if batch:
-            self._unrouted.append(self._batch_ts)
-            self.committer.when_durable(lambda exc: self._durable(batch, exc))
+        """Before-flush hook: each device's publishes of this write wait for its high-water
+        mark to pass the last of them: one waiter per device (see the module docstring)."""
+        batch = self._batch
+        if not batch:
+            return
+        self._batch = {}
+        sealed = _Sealed(self._batch_ts, len(batch))
+        self._sealed.append(sealed)
+        committer = self.committer
+        for key, group in batch.items():
+            passed = partial(self._passed, sealed, group)
+            if key == RETAIN_ONLY:  # retained changes alone: their state records' write
+                committer.when_durable(passed)
+            else:
+                committer.when_high_watermark(key, group[-1][2].offset, passed)
 
-    def _durable(self, batch: list[PendingPublish], exc: BaseException | None) -> None:
-        self.held -= len(batch)
-        self._unrouted.popleft()
-        self._on_durable(batch, exc)
+    def _passed(self, sealed: _Sealed, group: list[PendingPublish],
+                exc: BaseException | None) -> None:
+        """One device's publishes of a sealed batch are below its high-water mark (or were
+        not stored): route them and answer their publishers, in log order."""
+        self.held -= len(group)
+        sealed.left -= 1
+        queue = self._sealed
+        while queue and not queue[0].left:
+            queue.popleft()
+        if exc is None:
+            self._on_durable(group, None)
+        else:
+            # reported from inside the store's rollback or truncation: settle on the next turn
+            # of the loop, with the store whole again (settling may append: a session's
+            # state, a held SUBSCRIBE)
+            self._loop.call_soon(self._on_durable, group, exc)
 
     def oldest_unrouted_us(self) -> int | None:
-        """Timestamp (µs) of the oldest append not yet routed (not yet durable), or None:
+        """Timestamp (µs) of the oldest append not yet routed (not yet settled), or None:
         a session checkpoint resumes from before it (broker/sessionstore.py)."""
-        if self._unrouted:
-            return self._unrouted[0]
+        if self._sealed:
+            return self._sealed[0].ts
         return self._batch_ts if self._batch else None
 
 

@@ -186,9 +186,10 @@ class RemotePublishes:
         logs.append(key, msg, None, ticket, expiry, source)
 
     def stored(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
-        """From ``_on_durable`` (broker/ingest.py), for a publish stored for a peer: route it
-        here (the owner routes every logged message, so all subscribers see its log order) and
-        answer."""
+        """From ``_on_durable`` (broker/ingest.py), for a publish stored for a peer, once its
+        device's high-water mark here passed it: route it here (the owner routes every logged
+        message, so all subscribers see its log order) and answer the peer (its RESULTS: the
+        publisher's PUBACK waits for that, so it too means committed at the owner)."""
         router = self.router
         try:
             if exc is None:

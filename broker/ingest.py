@@ -4,11 +4,13 @@ publisher answered; wills and the broker's own publishes enter here too. A room 
 Why this cut: rumqttd keeps its logs apart from routing; Kafka's broker separates the append
 (``ReplicaManager.appendRecords``) from the answer it delays until the write is durable (the
 purgatory). Here a publish on a logged topic is appended to its device log (``devicelogs.py``)
-and held; ``_on_durable`` routes each stored message and acks its publisher in log order, per
-fsync batch, so *a PUBACK means stored*. A log another router owns goes through
-``forwarding.RemotePublishes`` instead, with the owner's fsync in place of ours. ``IngestRoom`` is
-a mixin of ``Router`` (its methods run with the router as ``self``); it calls down only, into
-the delivery room (``route``).
+and held; ``_on_durable`` routes each stored message and acks its publisher in log order once
+its device's high-water mark has passed it (one call per device per group commit: devicelogs.py),
+so *a PUBACK means committed*: on one node the mark is the durable end (an fsync covered it),
+with replication the mark the in-sync replicas reached. A log another router owns goes through
+``forwarding.RemotePublishes`` instead, with the owner's high-water mark in place of ours.
+``IngestRoom`` is a mixin of ``Router`` (its methods run with the router as ``self``); it calls
+down only, into the delivery room (``route``).
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class IngestRoom:
 
     def _append(self, logs: DeviceLogs, key: str, msg: Message, conn: Connection,
                 pkt: Publish, expiry: int | None) -> None:
-        """Store, and hold routing and the ack until the batch is durable (see devicelogs)."""
+        """Store, and hold routing and the ack until the device's high-water mark passes the
+        record (see devicelogs)."""
         try:
             logs.append(key, msg, conn, pkt.packet_id, expiry)
         except LogWriteError as err:
@@ -72,7 +75,8 @@ class IngestRoom:
             self._paused_publishers.add(conn)
 
     def _on_durable(self, batch: list[PendingPublish], exc: BaseException | None) -> None:
-        """A batch is on disk (or failed): route it and answer its publishers, in log order."""
+        """One device's publishes of a group commit are below its high-water mark (or were not
+        stored: ``exc``): route them and answer their publishers, in log order."""
         settled: list[Connection] = []
         for conn, packet_id, msg in batch:
             if conn is None and packet_id is not None:  # stored for a peer router
@@ -184,7 +188,7 @@ class IngestRoom:
                 self.remote.append_at_owner(owner, key, msg, None, None, interval)
                 return
             if key is not None:
-                # stored first, like any logged publish: _on_durable routes it once durable
+                # stored first, like any logged publish: _on_durable routes it once committed
                 try:
                     logs.append(key, msg, None, None, interval)
                 except LogWriteError as err:

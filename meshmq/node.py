@@ -13,6 +13,7 @@ import errno
 import gc
 import ipaddress
 import logging
+import os
 import signal
 import ssl
 
@@ -33,6 +34,7 @@ from meshmq.admin import AdminServer
 from meshmq.admin_auth import AdminAuth
 from meshmq.config import NodeConfig, parse_bind
 from meshmq.dirlock import DataDirInUse, DataDirLock
+from meshmq.hwmhold import HighWatermarkHold
 from meshmq.metrics import GcPauseMonitor, LoopLagMonitor, MetricsRegistry, fast_paths
 from meshmq.preflight import StartupError, check_startup
 
@@ -57,6 +59,7 @@ class Node:
         self.metrics = MetricsRegistry()
         self.lag = LoopLagMonitor(self.metrics)
         self.gc_pauses = GcPauseMonitor(self.metrics)
+        self.hwm_hold: HighWatermarkHold | None = None  # a test-only failpoint (hwmhold.py)
         self.admin_auth: AdminAuth | None = None
         self.admin = self._admin_server(config)
         self.store: LogStore | None = None
@@ -119,6 +122,9 @@ class Node:
                                   self.admin_auth.may_read if self.admin_auth else None)
             log.info("commit log open", extra={"dir": log_config.directory,
                                                "devices": len(self.store.keys())})
+            self.hwm_hold = HighWatermarkHold.from_env(os.environ, self.store, loop)
+            if self.hwm_hold is not None:
+                self.hwm_hold.start()
         self.router = Router(self.config.broker, self.stats, self.auth, loop,
                              self.committer, rules)
         self.metrics.add_broker(self.stats, self.router.gauges)
@@ -205,6 +211,8 @@ class Node:
         log.info("draining: no new connections, disconnecting clients")
         if self.listeners is not None:
             self.listeners.stop_accepting()
+        if self.hwm_hold is not None:
+            self.hwm_hold.stop()
         if self.router is not None:
             await self.router.drain()
         if self.mesh is not None:

@@ -61,10 +61,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "ack-before-fsync",
-        "broker/devicelogs.py _seal: route and ack at once instead of via when_durable",
+        "broker/devicelogs.py _seal: route and ack at once instead of when the device's "
+        "high-water mark passes",
         "broker/devicelogs.py",
-        "            self.committer.when_durable(lambda exc: self._durable(batch, exc))\n",
-        "            self._durable(batch, None)\n",
+        "                committer.when_high_watermark(key, group[-1][2].offset, passed)\n",
+        "                passed(None)\n",
         ("tests/broker/test_powerloss.py::test_power_cut_keeps_every_acknowledged_publish[2-cuts]",),
     ),
     Mutation(
