@@ -36,7 +36,7 @@ from cluster.fencing import Fenced, append_refusal
 from cluster.idempotence import source_value
 from cluster.link import Done, LinkFull, MeshLink
 from cluster.logserve import FETCH_MAX_RECORDS, fetch_result, serve_fetch
-from cluster.placement import Placement
+from cluster.placement import UNPLACED, Placement
 from cluster.requests import Requests
 from cluster.retainsync import RetainSync
 from cluster.routegap import UnroutedPeers, redeliver
@@ -89,6 +89,9 @@ class Mesh:
         self.requests = Requests(self.loop, self._answer)
         # set by the node wiring: runs an admin request against this router's own admin API
         self.admin_executor: Any = None
+        # set by the node wiring under Raft placement: places a device log on its first
+        # publish (cluster/raftplace.py, RaftPlacer)
+        self.placer: Any = None
         self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
                                            burst=3, window=10.0)
         self._entry_log = RateLimitedLog(log, logging.ERROR, "mesh entries not applied",
@@ -279,7 +282,12 @@ class Mesh:
         """Send a publish to its device log's owner; ``done(error, offset)`` once it is durable
         there (or refused)."""
         link = self.links.get(owner)
-        if link is None:  # no router leads the log now (placement.NO_LEADER)
+        if link is None:
+            if owner == UNPLACED and self.placer is not None:
+                # Raft has not placed this log yet: held until it does (cluster/raftplace.py)
+                self.placer.hold(device, msg, expiry, done)
+                return
+            # no router leads the log now (placement.NO_LEADER)
             done(OwnerNotStored(f"no router leads the log of {device!r} now"), -1)
             return
         head, body = self.encode(msg, frames.APPEND, device, expiry)
@@ -291,7 +299,19 @@ class Mesh:
     def appended(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
         """A remote APPEND is durable here (or failed): tell the publisher's router."""
         link, slot, incarnation = ticket
+        if link is None:  # a publish held for its placement, appended here (``append_here``)
+            slot(exc, msg.offset)
+            return
         link.append_done(slot, incarnation, exc, msg.offset)
+
+    def append_here(self, device: str, msg: Message, expiry: int | None, done: Done) -> None:
+        """Append a publish held while Raft placed its log here (cluster/raftplace.py):
+        stored, routed and answered as a peer's APPEND is (``done(error, offset)`` once
+        durable), so the publisher's ack waits for the fsync as every ack does."""
+        try:
+            self.router.remote.append_for_peer(device, msg, expiry, (None, done, None))
+        except LogWriteError as err:
+            done(err, -1)
 
     def retained(self, msg: Message) -> None:
         """A retained message set or cleared here: every router keeps the same set."""
@@ -474,6 +494,12 @@ class Mesh:
         None, why)``. Sent after the routes of the same flush (MeshLink.requests): the owner
         has the subscription's route before it resolves, so what it routes after the answer
         reaches this router, and what it stored before is below the answered offset."""
+        if owner == UNPLACED and self.store is not None:
+            # Raft placement, no log yet: it starts empty wherever its first publish places it
+            # (the route above reaches that router first), so it resolves as an empty log
+            self.loop.call_soon(self._answer, done,
+                                *resolve_offset(self.store, device, spec, reset))
+            return
         req = self._read(owner, done, lambda why: done(None, why), _RESOLVE_TIMEOUT)
         if req:
             self.links[owner].send_request(frames.encode_resolve(req, device, spec, reset))
