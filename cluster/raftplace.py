@@ -146,7 +146,7 @@ class RaftPlacer:
         self._send = send  # forward to the leader: Mesh.append_at
         self._here = here  # append to this router's log, answered once durable
         self.client = MetadataClient(feed.socket_path)
-        self._connected = False
+        self._dialing = asyncio.Lock()
         self.held: dict[str, list[tuple[Message, int | None, Done]]] = {}
         self.held_count = 0
         self.max_held = settings.placement_max_held
@@ -211,30 +211,33 @@ class RaftPlacer:
             left = deadline - time.monotonic()
             if left <= 0:
                 return why
+            client = self.client
             try:
-                if not self._connected:
-                    await asyncio.wait_for(self.client.connect(), left)
-                    self._connected = True
-                return await asyncio.wait_for(self.client.propose(cmd), left)
+                async with self._dialing:  # one connection, however many proposals wait
+                    if not client.connected:
+                        await asyncio.wait_for(client.connect(), left)
+                return await asyncio.wait_for(client.propose(cmd), left)
             except MetadataUnavailable as err:
                 why = {"no_leader": "the metadata Raft group has no leader (no majority of "
                                     "nodes reachable?)",
                        "unknown_outcome": "the metadata Raft group lost its leader mid-"
                                           "proposal"}.get(err.kind, f"metadata: {err}")
                 if err.kind not in ("no_leader", "queue_full"):
-                    await self._redial()  # the connection may be the one lost
-            except (OSError, ConnectionError) as err:
-                why = f"this node's metadata process is not reachable ({err!r})"
-                await self._redial()
-            except TimeoutError:
+                    self._redial(client)  # the connection may be the one lost
+            except TimeoutError:  # before OSError, its base class
                 why = "the metadata Raft group did not commit in time (no majority?)"
                 continue
+            except (OSError, ConnectionError) as err:
+                why = f"this node's metadata process is not reachable ({err!r})"
+                self._redial(client)
             await asyncio.sleep(min(_RETRY, max(0.0, deadline - time.monotonic())))
 
-    async def _redial(self) -> None:
-        self._connected = False
-        await self.client.close()
-        self.client = MetadataClient(self.feed.socket_path)
+    def _redial(self, client: MetadataClient) -> None:
+        """Drop ``client``'s connection for a new one, once (the proposals that failed on it
+        together must not close each other's new connection)."""
+        if self.client is client:
+            client.close_now()
+            self.client = MetadataClient(self.feed.socket_path)
 
     async def _place(self, device: str, started: float) -> None:
         leader = self.me
@@ -310,4 +313,4 @@ class RaftPlacer:
             task.cancel()
         for device in list(self.held):
             self._refuse(device, "not stored: this router is shutting down")
-        await self.client.close()
+        self.client.close_now()
