@@ -183,8 +183,12 @@ def render_status(doc: dict[str, Any], out: TextIO, now: float | None = None) ->
         # scripts read this line (issue 24): the leader, then its epoch and, under Raft
         # placement, the in-sync replicas
         isr = f", isr {','.join(owner['isr'])}" if owner.get("isr") else ""
-        print(f"leader of device {owner.get('device')!r}: {owner.get('router')} ({where}, "
-              f"epoch {owner.get('epoch')}{isr})", file=out)
+        if owner.get("router") is None:  # Raft placement: not placed yet, or no leader now
+            print(f"leader of device {owner.get('device')!r}: none (no log placed, or no "
+                  "leader now: its first publish places it)", file=out)
+        else:
+            print(f"leader of device {owner.get('device')!r}: {owner.get('router')} ({where}, "
+                  f"epoch {owner.get('epoch')}{isr})", file=out)
         print(f"owner of device {owner.get('device')!r}: {owner.get('router')} ({where})",
               file=out)
     return healthy

@@ -70,8 +70,9 @@ def raftplace_mutations(mutation: Any) -> tuple[Any, ...]:
           "        self.placement = Placement(self.cluster.router_ids(), static=metadata is None)",
           "        self.placement = Placement(self.cluster.router_ids())", (AFFINITY,)),
         m("raftplace-cli-line", "meshmq/clustercli.py: no 'leader of device' line for scripts",
-          "meshmq/clustercli.py", '        print(f"leader of device {owner.get(\'device\')!r}',
-          '        print(f"leader device {owner.get(\'device\')!r}', (AFFINITY,)),
+          "meshmq/clustercli.py", '            print(f"leader of device {owner.get(\'device\')!r}: '
+          '{owner.get(\'router\')}', '            print(f"leader device {owner.get(\'device\')!r}: '
+          '{owner.get(\'router\')}', (AFFINITY,)),
         m("raftplace-cfg-rf-zero", "meshmq/config.py: cluster.replication_factor = 0 accepted",
           "meshmq/config.py", '        "replication_factor": (_Int(1, 5),',
           '        "replication_factor": (_Int(0, 5),', (f"{CFG}[replication-factor-zero]",)),

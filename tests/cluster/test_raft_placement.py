@@ -88,6 +88,9 @@ def _publisher(raw, cluster: Cluster, i: int) -> R.RawClient:
 def test_a_new_device_is_led_by_the_router_its_publisher_is_connected_to(
         trio: Cluster, raw) -> None:
     device = _device("aff", not_on="n1/0")
+    before = io.StringIO()
+    render_status(trio.status(0, device), before)  # Raft has no log for it: no hashed answer
+    assert f"leader of device '{device}': none" in before.getvalue(), before.getvalue()
     pub = _publisher(raw, trio, 1)
     ack = _publish(pub, device, b"first", 1)
     assert ack.reason_code == 0, ack
