@@ -359,34 +359,14 @@ class Mesh:
         elif kind == frames.APPEND:
             slot = link.append_pending(e.seq)
             inc = link.peer_incarnation
-            fenced = append_refusal(self.placement, self.rid, e.device, e.epoch)
-            if fenced is not None:  # before the resend check: a non-leader answers nothing
-                link.stats["appends_fenced"] += 1
-                self._fenced_log("%s (counted in meshmq_link_appends_fenced_total)", fenced,
-                                 extra={"peer": link.peer, "device": e.device})
-                link.append_done(slot, inc, Fenced(fenced), -1)
+            if self.placer is not None and not self.placement.placed(e.device):
+                # Raft placement: the peer heard that this router leads the log before this
+                # router did (the compare-and-set answered there first): checked once this
+                # router's placement has it, or at cluster.append_timeout (cluster/raftplace.py)
+                self.placer.when_placed(e.device, lambda: self._append_from_peer(
+                    link, router, e, msg, slot, inc))
                 return
-            try:
-                found = link.resends.stored_at(router.logs.store, e.device, e.seq, inc)
-                if found is None:
-                    router.remote.append_for_peer(e.device, msg, e.expiry, (link, slot, inc),
-                                                  source_value(inc, e.seq))
-                    return
-            except Exception as err:  # noqa: BLE001 - LogWriteError or worse: the publisher
-                # is refused ("not stored"), and the slot must not hold the link's ACK forever
-                link.append_done(slot, inc, err, -1)
-                if not isinstance(err, LogWriteError):
-                    raise
-                return
-            # our previous run stored it: answer with its offset, store nothing. It may have
-            # died between its fsync and routing it (and its DELIVERs to peers died with it):
-            # route it again, at least once for subscribers (a replaying one drops an offset
-            # it already has), as the second copy was routed before this check existed
-            link.resends.found += 1
-            link.append_done(slot, inc, None, found)
-            msg.device = e.device
-            msg.offset = found
-            router.route(msg)
+            self._append_from_peer(link, router, e, msg, slot, inc)
         elif kind == frames.RETAIN:
             self.retain_sync.on_retain(link, msg, e.seq)
         elif kind == frames.SHARE or kind == frames.SHARE_ON:
@@ -397,6 +377,39 @@ class Mesh:
             router.shared.deliver_share(msg, *e.group, last_hop=kind == frames.SHARE_ON)
         elif kind == frames.RETAIN_SYNC:
             self.retain_sync.on_sync(link, msg, e.seq)
+
+    def _append_from_peer(self, link: MeshLink, router: Any, e: frames.Entry, msg: Message,
+                          slot: Any, inc: Any) -> None:
+        """A peer's APPEND: fenced unless this router leads the log at its epoch, answered from
+        memory when our previous run stored it, else appended (answered once durable)."""
+        fenced = append_refusal(self.placement, self.rid, e.device, e.epoch)
+        if fenced is not None:  # before the resend check: a non-leader answers nothing
+            link.stats["appends_fenced"] += 1
+            self._fenced_log("%s (counted in meshmq_link_appends_fenced_total)", fenced,
+                             extra={"peer": link.peer, "device": e.device})
+            link.append_done(slot, inc, Fenced(fenced), -1)
+            return
+        try:
+            found = link.resends.stored_at(router.logs.store, e.device, e.seq, inc)
+            if found is None:
+                router.remote.append_for_peer(e.device, msg, e.expiry, (link, slot, inc),
+                                              source_value(inc, e.seq))
+                return
+        except Exception as err:  # noqa: BLE001 - LogWriteError or worse: the publisher
+            # is refused ("not stored"), and the slot must not hold the link's ACK forever
+            link.append_done(slot, inc, err, -1)
+            if not isinstance(err, LogWriteError):
+                raise
+            return
+        # our previous run stored it: answer with its offset, store nothing. It may have
+        # died between its fsync and routing it (and its DELIVERs to peers died with it):
+        # route it again, at least once for subscribers (a replaying one drops an offset
+        # it already has), as the second copy was routed before this check existed
+        link.resends.found += 1
+        link.append_done(slot, inc, None, found)
+        msg.device = e.device
+        msg.offset = found
+        router.route(msg)
 
     # -- sessions across routers -------------------------------------------------------------
     def claim(self, client_id: str, clean: bool, done: Any) -> None:

@@ -148,6 +148,8 @@ class RaftPlacer:
         self.client = MetadataClient(feed.socket_path)
         self._dialing = asyncio.Lock()
         self.held: dict[str, list[tuple[Message, int | None, Done]]] = {}
+        # peers' APPENDs waiting for this router to hear of their log (``when_placed``)
+        self.peers_waiting: dict[str, list[Callable[[], None]]] = {}
         self.held_count = 0
         self.max_held = settings.placement_max_held
         self.stats = {"placed": 0, "placed_elsewhere": 0, "conflicts": 0, "held_full": 0,
@@ -180,6 +182,38 @@ class RaftPlacer:
         self.held[device] = [(msg, expiry, done)]
         self._spawn(self._place(device, time.monotonic()))
 
+    def when_placed(self, device: str, run: Callable[[], None]) -> None:
+        """A peer's APPEND for a log this router has not heard placed: the peer heard first
+        that this router leads it (the compare-and-set answered there before this router's
+        watch stream). ``run`` (the APPEND's fencing check and append) waits, in arrival
+        order, until this router's placement has the log or ``cluster.append_timeout``
+        passes; then it is fenced as usual if this router does not lead it. Without this wait
+        the first publishes of a log placed here from another router's race were refused."""
+        if self.placement.placed(device) or self.held_count >= self.max_held:
+            run()
+            return
+        waiting = self.peers_waiting.get(device)
+        self.held_count += 1
+        if waiting is not None:
+            waiting.append(run)
+            return
+        self.peers_waiting[device] = [run]
+        asyncio.get_running_loop().call_later(self.settings.append_timeout,
+                                              self._peers_timed_out, device)
+
+    def _peers_timed_out(self, device: str) -> None:
+        self._run_peers(device)
+
+    def _run_peers(self, device: str) -> None:
+        for run in self.peers_waiting.pop(device, None) or ():
+            self.held_count -= 1
+            try:
+                run()
+            except Exception:  # noqa: BLE001 - one APPEND's failure (answered to its peer
+                # by the run itself) must not stop the others waiting behind it
+                log.exception("a peer's APPEND failed after its placement arrived",
+                              extra={"device": device})
+
     def _learned(self, device: str) -> None:
         """Raft placed ``device`` (its stream or the proposal's answer, whichever is first):
         its held publishes go, before any later publish of it is taken (order holds)."""
@@ -187,6 +221,8 @@ class RaftPlacer:
         if waiting:
             self.held_count -= len(waiting)
             self._release(device, waiting)
+        if device in self.peers_waiting:
+            self._run_peers(device)
 
     def _release(self, device: str, waiting: list[tuple[Message, int | None, Done]]) -> None:
         owner = self.placement.owner_of(device)
@@ -313,4 +349,6 @@ class RaftPlacer:
             task.cancel()
         for device in list(self.held):
             self._refuse(device, "not stored: this router is shutting down")
+        for device in list(self.peers_waiting):
+            self._run_peers(device)  # fenced: not placed here
         self.client.close_now()

@@ -15,6 +15,8 @@ REGISTER = f"{NODES}::test_logs_from_static_placement_are_registered_where_they_
 GROW = f"{NODES}::test_adding_a_node_moves_no_log"
 RESTART = f"{NODES}::test_placements_survive_a_full_restart"
 CONFLICT = f"{NODES}::test_a_log_on_disk_that_raft_places_elsewhere_is_reported_not_served"
+LATE = f"{NODES}::test_an_append_reaching_a_leader_before_its_placement_waits_for_it"
+RACE = f"{NODES}::test_two_routers_placing_the_same_new_devices_at_once_make_one_log_each"
 EARLY = f"{NODES}::test_a_replay_subscription_before_the_first_publish_gets_it_once"
 WINNER = f"{VOTERS}::test_held_publishes_go_to_the_router_that_placed_the_log_first"
 BOUNDED = f"{VOTERS}::test_held_publishes_are_bounded"
@@ -39,6 +41,12 @@ def raftplace_mutations(mutation: Any) -> tuple[Any, ...]:
           "empty log", "cluster/mesh.py",
           "        if owner == UNPLACED and self.store is not None:\n", "        if False:\n",
           (EARLY,)),
+        m("raftplace-peer-append-not-waited", "cluster/mesh.py _apply: a peer's APPEND for a "
+          "log this router has not heard placed yet is fenced at once (the first publishes of "
+          "a raced device refused, though the compare-and-set placed it here)",
+          "cluster/mesh.py",
+          "            if self.placer is not None and not self.placement.placed(e.device):\n",
+          "            if False:\n", (LATE, RACE)),
         m("raftplace-winner-ignored", "cluster/raftplace.py _release: held publishes are "
           "appended here even when another router placed the log first (two logs, offsets "
           "restarted)", "cluster/raftplace.py", "            if owner is None:\n"

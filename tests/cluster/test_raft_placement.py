@@ -4,7 +4,9 @@
   Raft with RF-1 followers on other nodes before the first PUBACK; every node's admin API and
   ``meshmq cluster status --device`` name that leader.
 * A publisher of the same device on another node is forwarded to that leader: one log, offsets
-  continue.
+  continue; two routers placing the same new devices at once make one log each (the
+  compare-and-set's loser forwards to the winner), and a publish forwarded to a leader that
+  has not heard of its placement yet waits for it there instead of being fenced.
 * With the Raft majority frozen (two of three voters SIGSTOPped), a new device's publish is
   refused with a reason (v5 0x80 and a reason string; 3.1.1: the connection closes), never
   acked, while known devices keep working; once the voters resume it is placed.
@@ -21,9 +23,12 @@ one Raft must name: a placement that fell back to the hash is caught, never pass
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,8 +39,10 @@ from helpers.clients import unique
 from helpers.cluster import Cluster
 from helpers.devicelog import fetch_all
 
+from cluster.metaclient import MetadataClient, MetadataUnavailable
 from cluster.placement import Placement
 from meshmq.clustercli import render_status
+from meshmq.metadata_proc import metadata_socket
 
 pytestmark = pytest.mark.timeout(300)
 ACK_OFFSETS = {R.USER_PROPERTY: [("ack-offsets", "true")]}
@@ -119,6 +126,72 @@ def test_a_publisher_on_another_node_is_forwarded_to_the_leader(trio: Cluster, r
     assert _offset(_publish(first, device, b"c", 2)) == 2
     assert _leader(trio, 2, device) == "n0/0"
     assert [bytes(r.payload) for r in fetch_all(trio.nodes[0], device)] == [b"a", b"b", b"c"]
+
+
+def test_two_routers_placing_the_same_new_devices_at_once_make_one_log_each(
+        trio: Cluster, raw) -> None:
+    devices = [_device(f"race{k}", not_on="") for k in range(40)]
+    pubs = [_publisher(raw, trio, 0), _publisher(raw, trio, 2)]
+    for pid, device in enumerate(devices, 1):  # both first publishes in flight together
+        for pub, payload in zip(pubs, (b"from-n0", b"from-n2"), strict=True):
+            pub.send(R.publish(f"devices/{device}/t", payload, qos=1, packet_id=pid,
+                               version=5))
+    acks = [{}, {}]
+    for pub, got in zip(pubs, acks, strict=True):
+        while len(got) < len(devices):
+            ack = pub.expect(R.PUBACK, timeout=60)
+            got[ack.packet_id] = ack
+    for pid, device in enumerate(devices, 1):
+        codes = [acks[i][pid].reason_code for i in range(2)]
+        assert codes == [0, 0], f"{device}: {[acks[i][pid] for i in range(2)]}"
+        offsets = sorted(_offset(acks[i][pid]) for i in range(2))
+        assert offsets == [0, 1], f"{device}: two logs, or a lost append: offsets {offsets}"
+        leader = _leader(trio, 1, device)
+        assert leader in ("n0/0", "n2/0"), f"{device} placed at {leader}"
+        node = trio.nodes[int(leader[1])]
+        assert sorted(bytes(r.payload) for r in fetch_all(node, device)) == [b"from-n0",
+                                                                             b"from-n2"]
+
+
+def test_an_append_reaching_a_leader_before_its_placement_waits_for_it(
+        trio: Cluster, raw) -> None:
+    """n2 leads a log it has not heard of yet (its voter frozen; the other two commit): a
+    publish at n0 is forwarded there and must wait for n2 to hear, not be fenced."""
+    device = _device("late", not_on="n2/0")
+    voter = trio.status(2)["metadata"]["pid"]
+    os.kill(voter, signal.SIGSTOP)
+    resume = threading.Timer(1.0, os.kill, (voter, signal.SIGCONT))
+    try:
+        sock = metadata_socket(trio.nodes[0].config["node"]["data_dir"])
+
+        async def place() -> list:
+            # n2's voter may have been the Raft leader: retried (the same compare-and-set)
+            # while n0 and n1 elect another
+            deadline = time.monotonic() + 30
+            while True:
+                client = MetadataClient(sock)
+                await client.connect()
+                try:
+                    return list(await asyncio.wait_for(client.propose(
+                        ["create_log", device, "n2/0", ["n2/0", "n0/0", "n1/0"]]), 30))
+                except MetadataUnavailable:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+                finally:
+                    await client.close()
+        applied, rec = asyncio.run(place())
+        assert rec["leader"] == "n2/0", rec
+        wait_for(lambda: _leader(trio, 0, device) == "n2/0", 30, message="n0 heard of it")
+        pub = _publisher(raw, trio, 0)
+        resume.start()
+        ack = _publish(pub, device, b"late", 1)
+    finally:
+        resume.cancel()
+        os.kill(voter, signal.SIGCONT)
+    assert ack.reason_code == 0, f"refused at the leader that had not heard yet: {ack!r}"
+    assert _offset(ack) == 0
+    assert [bytes(r.payload) for r in fetch_all(trio.nodes[2], device)] == [b"late"]
 
 
 def test_a_replay_subscription_before_the_first_publish_gets_it_once(
