@@ -153,7 +153,7 @@ class RaftPlacer:
         self.held_count = 0
         self.max_held = settings.placement_max_held
         self.stats = {"placed": 0, "placed_elsewhere": 0, "conflicts": 0, "held_full": 0,
-                      "no_majority": 0}
+                      "no_majority": 0, "retries": 0}
         self.latency: list[float] = []  # seconds from the first held publish to the answer
         self._tasks: set[asyncio.Task] = set()
         feed.on_learned = self._learned
@@ -266,6 +266,8 @@ class RaftPlacer:
             except (OSError, ConnectionError) as err:
                 why = f"this node's metadata process is not reachable ({err!r})"
                 self._redial(client)
+            self.stats["retries"] += 1
+            log.debug("placement proposal retried: %s", why, extra={"command": cmd[0]})
             await asyncio.sleep(min(_RETRY, max(0.0, deadline - time.monotonic())))
 
     def _redial(self, client: MetadataClient) -> None:

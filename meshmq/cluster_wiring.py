@@ -135,6 +135,10 @@ def placement_metrics(placer: Any) -> Iterable[Metric]:
                                     "router's disk that Raft places on another router: not "
                                     "served here (see the ERROR naming both routers).",
                                     value=stats["conflicts"])
+    retries = CounterMetricFamily("meshmq_placement_proposal_retries", "Placement proposals "
+                                  "sent again: no Raft leader, or an unknown outcome (the "
+                                  "leader lost mid-proposal; the same compare-and-set again).",
+                                  value=stats["retries"])
     held = GaugeMetricFamily("meshmq_placement_held", "Publishes waiting for their device "
                              "log to be placed by Raft (bounded by cluster.placement_max_held).",
                              value=placer.held_count)
@@ -142,7 +146,7 @@ def placement_metrics(placer: Any) -> Iterable[Metric]:
     wait = GaugeMetricFamily("meshmq_placement_wait_seconds", "Median wait of a new device's "
                              "first publish for its placement (one Raft commit), last 256.",
                              value=lat[len(lat) // 2] if lat else 0.0)
-    return [placed, refused, conflicts, held, wait]
+    return [placed, refused, conflicts, retries, held, wait]
 
 
 def placement_of(node: Any) -> Any:

@@ -21,6 +21,7 @@ EARLY = f"{NODES}::test_a_replay_subscription_before_the_first_publish_gets_it_o
 WINNER = f"{VOTERS}::test_held_publishes_go_to_the_router_that_placed_the_log_first"
 BOUNDED = f"{VOTERS}::test_held_publishes_are_bounded"
 V_NO_MAJORITY = f"{VOTERS}::test_without_a_majority_held_publishes_are_refused_not_placed"
+INFLIGHT = f"{VOTERS}::test_placements_in_flight_when_the_raft_leader_dies_are_retried_not_lost"
 CFG = "tests/meshmq/test_cluster_config.py::test_misconfiguration_exits_2_naming_the_key"
 
 
@@ -63,6 +64,14 @@ def raftplace_mutations(mutation: Any) -> tuple[Any, ...]:
           "            self.placement.update(device, self.me, 0)\n"
           "            self._learned(device)\n            return\n",
           (V_NO_MAJORITY, NO_MAJORITY)),
+        m("raftplace-unknown-outcome-refused", "cluster/raftplace.py _propose: an unknown "
+          "outcome (the Raft leader lost mid-proposal) ends the proposal: the publish is "
+          "refused though the same compare-and-set would place it a moment later",
+          "cluster/raftplace.py",
+          '                if err.kind not in ("no_leader", "queue_full"):\n'
+          "                    self._redial(client)  # the connection may be the one lost\n",
+          '                if err.kind not in ("no_leader", "queue_full"):\n'
+          "                    return why\n", (INFLIGHT,)),
         m("raftplace-no-register", "cluster/raftplace.py register: logs on disk Raft does not "
           "know are not registered (another router places a new log under the same device, "
           "offsets restart)", "cluster/raftplace.py",

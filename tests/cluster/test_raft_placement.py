@@ -350,3 +350,25 @@ def test_a_log_on_disk_that_raft_places_elsewhere_is_reported_not_served(
         assert [bytes(r.payload) for r in fetch_all(again.nodes[1], device)] == [b"a", b"c"]
     finally:
         again.stop()
+
+
+def test_with_two_routers_per_node_the_leader_is_the_publishers_router(tmp_path: Path,
+                                                                       raw) -> None:
+    pair = Cluster(tmp_path, n=2, routers=2, raft=True)
+    try:
+        pair.start()
+        device = _device("two", not_on="")
+        pub = _publisher(raw, pair, 1)  # lands on n1/0 or n1/1 (SO_REUSEPORT)
+        assert _offset(_publish(pub, device, b"t0", 1)) == 0
+        wait_for(lambda: (_leader(pair, 0, device) or "").startswith("n1/"), 30,
+                 message="a router of n1 leads it")
+        leader = _leader(pair, 0, device)
+        owner = pair.status(0, device)["owner"]
+        # RF 3 capped by 2 nodes: the leader and the same router index on the other node
+        assert owner["isr"] == [leader, "n0/" + leader.rpartition("/")[2]], owner
+        other = _publisher(raw, pair, 0)
+        ack = _publish(other, device, b"t1", 1)
+        assert ack.reason_code == 0, ack
+        assert _offset(ack) == 1
+    finally:
+        pair.stop()

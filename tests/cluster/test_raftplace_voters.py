@@ -10,7 +10,9 @@ stream yet (a router that has just started, or is slower than another router), s
   none is appended here;
 * the held publishes are bounded (``cluster.placement_max_held``): past it refused at once;
 * no Raft majority (two voters SIGSTOPped): refused as not stored after
-  ``cluster.append_timeout``, never released as placed.
+  ``cluster.append_timeout``, never released as placed;
+* the Raft leader killed -9 with proposals in flight: each is proposed again (the same
+  compare-and-set) and placed once, none refused while a new leader comes within the timeout.
 
 The publish path's two exits (forward to a router, append here) are recorded in lists: they
 are the mesh's ``append_at``/``append_here``, which the real-node tests drive.
@@ -176,3 +178,30 @@ def test_without_a_majority_held_publishes_are_refused_not_placed(voters) -> Non
             os.kill(v.proc.pid, signal.SIGCONT)
     # (the proposal may still commit once the voters resume: an empty log placed at n0/0,
     # where the next publish goes; the refused publish was never acked, which is what counts)
+
+
+def test_placements_in_flight_when_the_raft_leader_dies_are_retried_not_lost(voters) -> None:
+    leader = leader_of_group(voters)
+    via = next(v for v in voters if v is not leader)  # this router's own voter survives
+    devices = [f"inflight{k}" for k in range(30)]
+
+    async def run() -> None:
+        exits = Exits()
+        placer = _placer(via, exits, timeout=10.0)
+        try:
+            for d in devices[:10]:  # connected, and proposing
+                placer.hold(d, _msg(d.encode()), None, exits.answer(d.encode()))
+            await _until(lambda: len(exits.here) == 10)
+            for d in devices[10:]:
+                placer.hold(d, _msg(d.encode()), None, exits.answer(d.encode()))
+            leader.kill()  # kill -9 with these proposals in flight
+            await _until(lambda: len(exits.here) + len(exits.done) == len(devices), 30)
+            assert not exits.done, f"refused though a new Raft leader came within 10 s: " \
+                                   f"{exits.done}"
+            assert sorted(d for d, _ in exits.here) == sorted(devices)  # each once, here
+            assert placer.stats["retries"] >= 1, "no proposal was in flight at the kill"
+        finally:
+            await placer.close()
+    asyncio.run(run())
+    logs = via.snapshot()["logs"]
+    assert all(logs[d]["leader"] == "n0/0" for d in devices), logs
