@@ -299,19 +299,11 @@ class Mesh:
     def appended(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
         """A remote APPEND is durable here (or failed): tell the publisher's router."""
         link, slot, incarnation = ticket
-        if link is None:  # a publish held for its placement, appended here (``append_here``)
+        if link is None:  # a publish held for its placement, appended here (raftplace.py)
             slot(exc, msg.offset)
             return
         link.append_done(slot, incarnation, exc, msg.offset)
 
-    def append_here(self, device: str, msg: Message, expiry: int | None, done: Done) -> None:
-        """Append a publish held while Raft placed its log here (cluster/raftplace.py):
-        stored, routed and answered as a peer's APPEND is (``done(error, offset)`` once
-        durable), so the publisher's ack waits for the fsync as every ack does."""
-        try:
-            self.router.remote.append_for_peer(device, msg, expiry, (None, done, None))
-        except LogWriteError as err:
-            done(err, -1)
 
     def retained(self, msg: Message) -> None:
         """A retained message set or cleared here: every router keeps the same set."""

@@ -42,6 +42,7 @@ from broker.message import Message
 from cluster.metaclient import MetadataClient, MetadataUnavailable, watch
 from cluster.placement import Placement
 from cluster.settings import ClusterSettings, split_router_id
+from commitlog.store import LogWriteError
 
 log = logging.getLogger("cluster.raftplace")
 
@@ -70,6 +71,18 @@ def replicas_for(settings: ClusterSettings, device: str, leader: str) -> list[st
                                               digest_size=8).digest(), reverse=True)
     count = max(0, min(settings.replication_factor, len(settings.nodes)) - 1)
     return [leader] + [f"{n}/{index}" for n in others[:count]]
+
+
+def append_here(router: Any, device: str, msg: Message, expiry: int | None,
+                done: Done) -> None:
+    """Append a publish held while Raft placed its log on this router: stored, routed and
+    answered as a peer's APPEND is (``done(error, offset)`` once durable: ``Mesh.appended``
+    reads the ticket ``(None, done, None)``), so its ack waits for the fsync as every ack
+    does."""
+    try:
+        router.remote.append_for_peer(device, msg, expiry, (None, done, None))
+    except LogWriteError as err:
+        done(err, -1)
 
 
 class RaftFeed:

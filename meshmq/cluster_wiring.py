@@ -5,6 +5,7 @@ cluster/, see docs/architecture.md)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -85,14 +86,15 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     until Raft answers: a publish places them then)."""
     import os
 
-    from cluster.raftplace import RaftFeed, RaftPlacer
+    from cluster.raftplace import RaftFeed, RaftPlacer, append_here
     from meshmq.metadata_proc import metadata_socket
 
     settings = node.config.cluster
     # a router's data_dir is <node data_dir>/router-<i> (meshmq/router_proc.py, router_dir)
     node_dir = os.path.dirname(os.path.normpath(node.config.data_dir))
     feed = RaftFeed(mesh.placement, metadata_socket(node_dir))
-    placer = RaftPlacer(settings, mesh.rid, feed, mesh.append_at, mesh.append_here)
+    placer = RaftPlacer(settings, mesh.rid, feed, mesh.append_at,
+                        functools.partial(append_here, node.router))
     mesh.placer = placer
     feed.start()
     wait = 2 * settings.append_timeout
