@@ -36,7 +36,7 @@ from cluster.fencing import Fenced, append_refusal
 from cluster.idempotence import source_value
 from cluster.link import Done, LinkFull, MeshLink
 from cluster.logserve import FETCH_MAX_RECORDS, fetch_result, serve_fetch
-from cluster.placement import Placement
+from cluster.placement import UNPLACED, Placement
 from cluster.requests import Requests
 from cluster.retainsync import RetainSync
 from cluster.routegap import UnroutedPeers, redeliver
@@ -89,6 +89,9 @@ class Mesh:
         self.requests = Requests(self.loop, self._answer)
         # set by the node wiring: runs an admin request against this router's own admin API
         self.admin_executor: Any = None
+        # set by the node wiring under Raft placement: places a device log on its first
+        # publish (cluster/raftplace.py, RaftPlacer)
+        self.placer: Any = None
         self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
                                            burst=3, window=10.0)
         self._entry_log = RateLimitedLog(log, logging.ERROR, "mesh entries not applied",
@@ -279,7 +282,12 @@ class Mesh:
         """Send a publish to its device log's owner; ``done(error, offset)`` once it is durable
         there (or refused)."""
         link = self.links.get(owner)
-        if link is None:  # no router leads the log now (placement.NO_LEADER)
+        if link is None:
+            if owner == UNPLACED and self.placer is not None:
+                # Raft has not placed this log yet: held until it does (cluster/raftplace.py)
+                self.placer.hold(device, msg, expiry, done)
+                return
+            # no router leads the log now (placement.NO_LEADER)
             done(OwnerNotStored(f"no router leads the log of {device!r} now"), -1)
             return
         head, body = self.encode(msg, frames.APPEND, device, expiry)
@@ -291,7 +299,11 @@ class Mesh:
     def appended(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
         """A remote APPEND is durable here (or failed): tell the publisher's router."""
         link, slot, incarnation = ticket
+        if link is None:  # a publish held for its placement, appended here (raftplace.py)
+            slot(exc, msg.offset)
+            return
         link.append_done(slot, incarnation, exc, msg.offset)
+
 
     def retained(self, msg: Message) -> None:
         """A retained message set or cleared here: every router keeps the same set."""
@@ -339,34 +351,14 @@ class Mesh:
         elif kind == frames.APPEND:
             slot = link.append_pending(e.seq)
             inc = link.peer_incarnation
-            fenced = append_refusal(self.placement, self.rid, e.device, e.epoch)
-            if fenced is not None:  # before the resend check: a non-leader answers nothing
-                link.stats["appends_fenced"] += 1
-                self._fenced_log("%s (counted in meshmq_link_appends_fenced_total)", fenced,
-                                 extra={"peer": link.peer, "device": e.device})
-                link.append_done(slot, inc, Fenced(fenced), -1)
+            if self.placer is not None and not self.placement.placed(e.device):
+                # Raft placement: the peer heard that this router leads the log before this
+                # router did (the compare-and-set answered there first): checked once this
+                # router's placement has it, or at cluster.append_timeout (cluster/raftplace.py)
+                self.placer.when_placed(e.device, lambda: self._append_from_peer(
+                    link, router, e, msg, slot, inc))
                 return
-            try:
-                found = link.resends.stored_at(router.logs.store, e.device, e.seq, inc)
-                if found is None:
-                    router.remote.append_for_peer(e.device, msg, e.expiry, (link, slot, inc),
-                                                  source_value(inc, e.seq))
-                    return
-            except Exception as err:  # noqa: BLE001 - LogWriteError or worse: the publisher
-                # is refused ("not stored"), and the slot must not hold the link's ACK forever
-                link.append_done(slot, inc, err, -1)
-                if not isinstance(err, LogWriteError):
-                    raise
-                return
-            # our previous run stored it: answer with its offset, store nothing. It may have
-            # died between its fsync and routing it (and its DELIVERs to peers died with it):
-            # route it again, at least once for subscribers (a replaying one drops an offset
-            # it already has), as the second copy was routed before this check existed
-            link.resends.found += 1
-            link.append_done(slot, inc, None, found)
-            msg.device = e.device
-            msg.offset = found
-            router.route(msg)
+            self._append_from_peer(link, router, e, msg, slot, inc)
         elif kind == frames.RETAIN:
             self.retain_sync.on_retain(link, msg, e.seq)
         elif kind == frames.SHARE or kind == frames.SHARE_ON:
@@ -377,6 +369,39 @@ class Mesh:
             router.shared.deliver_share(msg, *e.group, last_hop=kind == frames.SHARE_ON)
         elif kind == frames.RETAIN_SYNC:
             self.retain_sync.on_sync(link, msg, e.seq)
+
+    def _append_from_peer(self, link: MeshLink, router: Any, e: frames.Entry, msg: Message,
+                          slot: Any, inc: Any) -> None:
+        """A peer's APPEND: fenced unless this router leads the log at its epoch, answered from
+        memory when our previous run stored it, else appended (answered once durable)."""
+        fenced = append_refusal(self.placement, self.rid, e.device, e.epoch)
+        if fenced is not None:  # before the resend check: a non-leader answers nothing
+            link.stats["appends_fenced"] += 1
+            self._fenced_log("%s (counted in meshmq_link_appends_fenced_total)", fenced,
+                             extra={"peer": link.peer, "device": e.device})
+            link.append_done(slot, inc, Fenced(fenced), -1)
+            return
+        try:
+            found = link.resends.stored_at(router.logs.store, e.device, e.seq, inc)
+            if found is None:
+                router.remote.append_for_peer(e.device, msg, e.expiry, (link, slot, inc),
+                                              source_value(inc, e.seq))
+                return
+        except Exception as err:  # noqa: BLE001 - LogWriteError or worse: the publisher
+            # is refused ("not stored"), and the slot must not hold the link's ACK forever
+            link.append_done(slot, inc, err, -1)
+            if not isinstance(err, LogWriteError):
+                raise
+            return
+        # our previous run stored it: answer with its offset, store nothing. It may have
+        # died between its fsync and routing it (and its DELIVERs to peers died with it):
+        # route it again, at least once for subscribers (a replaying one drops an offset
+        # it already has), as the second copy was routed before this check existed
+        link.resends.found += 1
+        link.append_done(slot, inc, None, found)
+        msg.device = e.device
+        msg.offset = found
+        router.route(msg)
 
     # -- sessions across routers -------------------------------------------------------------
     def claim(self, client_id: str, clean: bool, done: Any) -> None:
@@ -474,6 +499,12 @@ class Mesh:
         None, why)``. Sent after the routes of the same flush (MeshLink.requests): the owner
         has the subscription's route before it resolves, so what it routes after the answer
         reaches this router, and what it stored before is below the answered offset."""
+        if owner == UNPLACED and self.store is not None:
+            # Raft placement, no log yet: it starts empty wherever its first publish places it
+            # (the route above reaches that router first), so it resolves as an empty log
+            self.loop.call_soon(self._answer, done,
+                                *resolve_offset(self.store, device, spec, reset))
+            return
         req = self._read(owner, done, lambda why: done(None, why), _RESOLVE_TIMEOUT)
         if req:
             self.links[owner].send_request(frames.encode_resolve(req, device, spec, reset))

@@ -105,7 +105,16 @@ class MetadataClient:
                     fut.set_exception(lost)
             self._pending.clear()
 
+    @property
+    def connected(self) -> bool:
+        """Connected and still reading answers (a lost connection answers nothing more: a
+        caller dials a new client)."""
+        return self._reading is not None and not self._reading.done()
+
     async def close(self) -> None:
+        self.close_now()
+
+    def close_now(self) -> None:
         if self._writer is not None:
             self._writer.close()
         if self._reading is not None:

@@ -19,7 +19,11 @@ weight changes (about 1/N of them), unlike ``hash % N`` (Thaler and Ravishankar'
 the same reason by Kafka's sticky assignors and Ceph's CRUSH "straw" buckets). Issue 24 replaces
 it with the leader, ISR and leader epoch held in Raft: its watch stream calls ``update`` for each
 committed leader move, and the epoch only grows (Kafka's leader epoch: an older one is fenced).
-Until then only tests call ``update``.
+
+With ``cluster.placement = "raft"`` (``static=False``) there is no hash: a device Raft has not
+placed has **no leader yet** (``leader_of`` answers ``UNKNOWN``, ``owner_of`` ``UNPLACED``), and
+its first publish places it (cluster/raftplace.py) where its publisher is connected. Raft's
+records come in through ``learn`` (the watch stream, and each create_log's answer).
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ UNKNOWN = Leader(None, -1)
 # what ``owner_of`` answers for a log with no known leader: a router id no link has, so every
 # mesh call treats it as unreachable (a publish refused as not stored, a read failed and retried)
 NO_LEADER = "(no leader)"
+# what ``owner_of`` answers, under Raft placement, for a device Raft has not placed yet: like
+# NO_LEADER no link has it (a read fails and is retried), and a publish is held until Raft
+# places the log (cluster/raftplace.py)
+UNPLACED = "(not placed yet)"
 
 ChangeHandler = Callable[[str, Leader, Leader], None]  # (device, before, after)
 
@@ -56,15 +64,18 @@ class Placement:
     """Leaders of device logs for one cluster layout, seen from router ``me`` (None: from no
     router, e.g. the node admin or a bench)."""
 
-    def __init__(self, routers: list[str], me: str | None = None) -> None:
+    def __init__(self, routers: list[str], me: str | None = None, static: bool = True) -> None:
         if not routers:
             raise ValueError("no routers configured")
         self.routers = list(routers)
         self.me = me
+        self.static = static
         self._seeds = [r.encode() + b"\0" for r in self.routers]
         # the hash is a pure function of (layout, device): caching it keeps nothing stale,
-        # moved leaders are looked up first (``_moved``)
-        self._hashed = lru_cache(maxsize=65_536)(self._rendezvous)
+        # moved leaders are looked up first (``_moved``). Under Raft a log Raft does not know
+        # has no leader yet, never a hashed one (two routers would both append to it).
+        self._hashed: Callable[[str], str] = (lru_cache(maxsize=65_536)(self._rendezvous)
+                                              if static else self._unplaced)
         self._moved: dict[str, Leader] = {}
         self._handlers: list[ChangeHandler] = []
 
@@ -74,7 +85,7 @@ class Placement:
         moved = self._moved.get(device)
         if moved is not None:
             return moved
-        return Leader(self._hashed(device), 0)
+        return Leader(self._hashed(device), 0) if self.static else UNKNOWN
 
     def epoch_of(self, device: str) -> int:
         """The leader epoch of ``device``'s log, as ``leader_of(device).epoch``, for the hot
@@ -105,6 +116,10 @@ class Placement:
             return NO_LEADER
         return None if rid == self.me else rid
 
+    def placed(self, device: str) -> bool:
+        """Whether ``device``'s log has a placement (always, under the static hash)."""
+        return self.static or device in self._moved
+
     # -- changes ----------------------------------------------------------------------------
     def subscribe(self, handler: ChangeHandler) -> Callable[[], None]:
         """Call ``handler(device, before, after)`` on every change; returns the unsubscribe."""
@@ -130,7 +145,29 @@ class Placement:
             except Exception:  # noqa: BLE001 - one listener's bug must not hide the change
                 log.exception("a placement change listener failed", extra={"device": device})
 
+    def learn(self, device: str, router: str | None, epoch: int) -> bool:
+        """A placement read from Raft (its watch stream, or a create_log's answer): applied
+        when its epoch is above the one known (``update``), ignored when it is not (the same
+        record seen twice: a snapshot after a reconnect, an answer after its change)."""
+        if epoch <= self.leader_of(device).epoch:
+            return False
+        if router is not None and router not in self.routers:
+            # a router this config does not list (removed from the config): no link has it,
+            # so nothing is served or sent there; the log has no reachable leader here
+            log.error("Raft places a device log on a router this config does not list: "
+                      "its reads and publishes fail here until the config lists it again",
+                      extra={"device": device, "router": router})
+            router = NO_LEADER
+            self._moved[device] = Leader(router, epoch)
+            return True
+        self.update(device, router, epoch)
+        return True
+
     # -- the static layout --------------------------------------------------------------------
+    @staticmethod
+    def _unplaced(device: str) -> str:
+        return UNPLACED
+
     def _rendezvous(self, device: str) -> str:
         key = device.encode()
         best = -1

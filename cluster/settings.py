@@ -75,8 +75,17 @@ class ClusterSettings:
     append_timeout: float = 5.0
     # "static": the rendezvous hash places device logs (no metadata process); "raft": every
     # node runs a metadata process (cluster/metaserver.py) and the nodes form a Raft group
-    # (issue 24; routers do not read it yet: docs/replication.md).
+    # (issue 24): a device log is placed in Raft on its first publish, at the router its
+    # publisher is connected to (cluster/raftplace.py), and stays there when nodes are added.
     placement: str = "static"
+    # Raft placement: how many nodes hold each new device log (the leader's and RF-1 others),
+    # capped by the node count; recorded with the log (replication itself is a later step).
+    replication_factor: int = 3
+    # Raft placement: publishes held per router while their device logs wait for Raft to
+    # place them (the first publishes of new devices); past it a publish is refused (v5 0x80
+    # naming this key, 3.x: the connection closes), never held without bound (metric
+    # meshmq_placement_refused_total{reason="held_full"}).
+    placement_max_held: int = 10_000
     # The highest mesh protocol version this router speaks (cluster/frames.py): links use the
     # highest version both ends speak. Pinned to the old version while a cluster is rolled to
     # a new build, then raised (Kafka's inter.broker.protocol.version). Default: the newest.

@@ -4,6 +4,9 @@ cluster/, see docs/architecture.md)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import logging
 import re
 import time
 from collections.abc import Iterable
@@ -15,6 +18,8 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from meshmq.fetch_api import RELAYED_HEADER, attach_cluster
+
+log = logging.getLogger("meshmq.cluster")
 
 # (link stats key, metric name, help): counters per link, labelled by peer router
 _COUNTERS = (
@@ -48,6 +53,9 @@ async def attach_mesh(node: Any) -> Any:
 
     mesh = Mesh(node.config.cluster, node.router_index, node.router, node.store, node.stats,
                 placement_of(node))
+    placer = None
+    if node.config.cluster.placement == "raft":
+        placer = await _attach_raft(node, mesh)
     await mesh.start()
 
     async def cluster_status(request: web.Request) -> web.Response:
@@ -57,6 +65,9 @@ async def attach_mesh(node: Any) -> Any:
             leader = mesh.placement.leader_of(device)
             status["owner"] = {"device": device, "router": leader.router,
                                "epoch": leader.epoch}
+            if placer is not None:
+                rec = placer.feed.records.get(device) or {}
+                status["owner"].update(isr=rec.get("isr"), replicas=rec.get("replicas"))
         return web.json_response(status)
 
     node.admin.app.router.add_get("/api/v1/cluster", cluster_status)
@@ -64,6 +75,80 @@ async def attach_mesh(node: Any) -> Any:
     attach_cluster(node.admin.app, MeshView(mesh))
     node.metrics.add_collector(lambda: mesh_metrics(mesh), "mesh")
     return mesh
+
+
+async def _attach_raft(node: Any, mesh: Any) -> Any:
+    """Raft placement (cluster/raftplace.py): feed the placement from this node's metadata
+    process, register the logs already on disk, then place new logs on their first publish.
+    Before any listener opens (the node starts them after this), so no publish or read of a
+    log on disk is served as leader before Raft agrees; bounded by cluster.append_timeout x 2
+    so a node without a Raft majority still starts (its unregistered logs are not served
+    until Raft answers: a publish places them then)."""
+    import os
+
+    from cluster.raftplace import RaftFeed, RaftPlacer, append_here
+    from meshmq.metadata_proc import metadata_socket
+
+    settings = node.config.cluster
+    # a router's data_dir is <node data_dir>/router-<i> (meshmq/router_proc.py, router_dir)
+    node_dir = os.path.dirname(os.path.normpath(node.config.data_dir))
+    feed = RaftFeed(mesh.placement, metadata_socket(node_dir))
+    placer = RaftPlacer(settings, mesh.rid, feed, mesh.append_at,
+                        functools.partial(append_here, node.router))
+    mesh.placer = placer
+    feed.start()
+    wait = 2 * settings.append_timeout
+    try:
+        await asyncio.wait_for(feed.synced.wait(), wait)
+    except TimeoutError:
+        log.error("no placement snapshot from this node's metadata process in %.0f s: device "
+                  "logs stay unplaced (not served) until it answers", wait)
+    if node.store is not None:
+        await placer.register(node.store.keys(), wait)
+    node.metrics.add_collector(lambda: placement_metrics(placer), "placement")
+
+    closing = node.admin.app.on_cleanup
+
+    async def close_raft(_app: web.Application) -> None:
+        await placer.close()
+        await feed.close()
+
+    closing.append(close_raft)
+    return placer
+
+
+def placement_metrics(placer: Any) -> Iterable[Metric]:
+    """Raft placement's counters and the first-publish wait (cluster/raftplace.py)."""
+    stats = placer.stats
+    placed = CounterMetricFamily("meshmq_placement_logs_placed", "Device logs this router "
+                                 "proposed to Raft on their first publish, by where Raft placed "
+                                 "them (here, or another router placed them first).",
+                                 labels=["where"])
+    placed.add_metric(["here"], stats["placed"])
+    placed.add_metric(["elsewhere"], stats["placed_elsewhere"])
+    refused = CounterMetricFamily("meshmq_placement_refused", "Publishes of unplaced device "
+                                  "logs refused, never acked: held_full (cluster."
+                                  "placement_max_held), no_majority (Raft did not place the log "
+                                  "within cluster.append_timeout; counted per log).",
+                                  labels=["reason"])
+    refused.add_metric(["held_full"], stats["held_full"])
+    refused.add_metric(["no_majority"], stats["no_majority"])
+    conflicts = CounterMetricFamily("meshmq_placement_conflicts", "Device logs on this "
+                                    "router's disk that Raft places on another router: not "
+                                    "served here (see the ERROR naming both routers).",
+                                    value=stats["conflicts"])
+    retries = CounterMetricFamily("meshmq_placement_proposal_retries", "Placement proposals "
+                                  "sent again: no Raft leader, or an unknown outcome (the "
+                                  "leader lost mid-proposal; the same compare-and-set again).",
+                                  value=stats["retries"])
+    held = GaugeMetricFamily("meshmq_placement_held", "Publishes waiting for their device "
+                             "log to be placed by Raft (bounded by cluster.placement_max_held).",
+                             value=placer.held_count)
+    lat = sorted(placer.latency)
+    wait = GaugeMetricFamily("meshmq_placement_wait_seconds", "Median wait of a new device's "
+                             "first publish for its placement (one Raft commit), last 256.",
+                             value=lat[len(lat) // 2] if lat else 0.0)
+    return [placed, refused, conflicts, retries, held, wait]
 
 
 def placement_of(node: Any) -> Any:
@@ -75,8 +160,10 @@ def placement_of(node: Any) -> Any:
         from cluster.settings import router_id
 
         settings = node.config.cluster
+        # under Raft placement no hash: a log Raft has not placed has no leader yet
         placement = Placement(settings.router_ids(), router_id(settings.node_id,
-                                                               node.router_index))
+                                                               node.router_index),
+                              static=settings.placement != "raft")
         node.placement = placement
     return placement
 

@@ -180,6 +180,15 @@ def render_status(doc: dict[str, Any], out: TextIO, now: float | None = None) ->
     if isinstance(owner, dict):
         where = "this node" if owner.get("local") else \
             f"node {str(owner.get('router')).rpartition('/')[0]}"
+        # scripts read this line (issue 24): the leader, then its epoch and, under Raft
+        # placement, the in-sync replicas
+        isr = f", isr {','.join(owner['isr'])}" if owner.get("isr") else ""
+        if owner.get("router") is None:  # Raft placement: not placed yet, or no leader now
+            print(f"leader of device {owner.get('device')!r}: none (no log placed, or no "
+                  "leader now: its first publish places it)", file=out)
+        else:
+            print(f"leader of device {owner.get('device')!r}: {owner.get('router')} ({where}, "
+                  f"epoch {owner.get('epoch')}{isr})", file=out)
         print(f"owner of device {owner.get('device')!r}: {owner.get('router')} ({where})",
               file=out)
     return healthy

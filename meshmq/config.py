@@ -524,6 +524,10 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "link_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.link_timeout),
         "append_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.append_timeout),
         "placement": (_Choice(PLACEMENTS), _CLUSTER_DEFAULTS.placement),
+        # Raft placement only: nodes holding each new device log (capped by the node count)
+        "replication_factor": (_Int(1, 5), _CLUSTER_DEFAULTS.replication_factor),
+        # Raft placement only: publishes held per router while their logs are being placed
+        "placement_max_held": (_Int(1), _CLUSTER_DEFAULTS.placement_max_held),
         # Raft port of this node's metadata process when [[cluster.nodes]] is absent (0: the
         # first port after the routers' mesh ports).
         "raft_port": (_Int(0, _U16), 0),
@@ -838,6 +842,8 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         reconnect_min=float(get("reconnect_min")), reconnect_max=float(get("reconnect_max")),
         link_timeout=float(get("link_timeout")),
         append_timeout=float(get("append_timeout")), placement=str(get("placement")),
+        replication_factor=get("replication_factor"),
+        placement_max_held=get("placement_max_held"),
         protocol_version=get("protocol_version"))
 
 

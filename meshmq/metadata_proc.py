@@ -121,6 +121,12 @@ class MetadataProcess:
         return out
 
 
+def metadata_socket(node_data_dir: str) -> str:
+    """The metadata process's socket for the node whose data_dir is ``node_data_dir``: what
+    its routers and node admin connect to."""
+    return socket_path(os.path.join(node_data_dir, "metadata"))
+
+
 def socket_path(directory: str) -> str:
     """``<dir>/meta.sock``, or, when that is longer than a Unix socket path may be (108 bytes
     on Linux, with deep data directories), a socket in a private (0700) directory under the

@@ -52,6 +52,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from broker.auth import Authenticator
 from broker.logrules import LogRules
 from cluster.placement import Placement
+from cluster.raftplace import RaftFeed
 from cluster.settings import ClusterSettings
 from meshmq.admin import METRICS_CONTENT_TYPE, bound_port
 from meshmq.admin_auth import AdminAuth
@@ -158,8 +159,13 @@ class NodeAdmin:
         self.cluster: ClusterSettings = config.cluster
         self.supervisor = supervisor
         self.metadata = metadata  # the node's Raft voter (cluster.placement = "raft")
-        # this process's one placement (cluster/placement.py), seen from no router
-        self.placement = Placement(self.cluster.router_ids())
+        # this process's one placement (cluster/placement.py), seen from no router; under
+        # Raft placement fed from the node's metadata process, as every router's is, so
+        # ``?device=`` and the proxy's pick give the routers' answer (cluster/raftplace.py)
+        self.placement = Placement(self.cluster.router_ids(), static=metadata is None)
+        self.feed: RaftFeed | None = None
+        if metadata is not None:
+            self.feed = RaftFeed(self.placement, metadata.socket)
         self.host, self._port = parse_bind(config.admin_bind)
         self._ssl: ssl.SSLContext | None = None
         if config.admin_certfile and config.admin_keyfile:
@@ -203,6 +209,8 @@ class NodeAdmin:
     async def start(self) -> None:
         """Bind ``admin.bind``; raises OSError when it is taken (before any router starts)."""
         self._build_auth()
+        if self.feed is not None:
+            self.feed.start()
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=PROXY_TIMEOUT_S),
             connector=aiohttp.TCPConnector(limit=64), auto_decompress=False)
@@ -226,6 +234,8 @@ class NodeAdmin:
             await self._session.close()
         if self.auth is not None:
             self.auth.close()
+        if self.feed is not None:
+            await self.feed.close()
 
     # -- helpers ------------------------------------------------------------------------------
     def _base(self, index: int) -> str | None:
@@ -340,6 +350,9 @@ class NodeAdmin:
             doc["owner"] = {"device": device, "router": owner, "epoch": leader.epoch,
                             "local": owner is not None
                             and owner.rpartition("/")[0] == c.node_id}
+            if self.feed is not None:  # Raft's record: the log's ISR and replicas too
+                rec = self.feed.records.get(device) or {}
+                doc["owner"].update(isr=rec.get("isr"), replicas=rec.get("replicas"))
         return web.json_response(doc)
 
     def _pick(self, device: str | None) -> int | None:

@@ -173,6 +173,10 @@ CASES = [
      "cluster.placement", "at most 5"),
     ("raft-port-with-nodes-list", _config(cluster="raft_port = 9000"), {}, "cluster.raft_port",
      "only for one node"),
+    ("replication-factor-zero", _config(cluster="replication_factor = 0"), {},
+     "cluster.replication_factor", "between 1 and 5"),
+    ("placement-max-held-zero", _config(cluster="placement_max_held = 0"), {},
+     "cluster.placement_max_held", ">= 1"),
 ]
 
 
