@@ -45,6 +45,6 @@ def review3_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/frames.py", "VERSION = 2\n", "VERSION = 1\n", (PROTO,)),
         m("review3-catchup-unpaced", "broker/catchup.py: every catch-up read of an owner's "
           "logs goes out at once after a link comes back; the owner refuses past 64 as busy",
-          "broker/catchup.py", "_FETCHES_PER_OWNER = 32\n", "_FETCHES_PER_OWNER = 1 << 30\n",
+          "broker/cursors.py", "FETCHES_PER_OWNER = 32\n", "FETCHES_PER_OWNER = 1 << 30\n",
           (FLAP,)),
     )
