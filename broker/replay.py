@@ -7,6 +7,12 @@ cursor hands over to live delivery at the log end. In a cluster the log may be a
 router's: ``Replays.resolve`` asks the owner where the subscription starts before the SUBACK
 (so a bad offset is refused as on one node), then the source reads it over the mesh a chunk at
 a time, with the one retry policy and the same seam (see ``broker/cursors.py``).
+
+A live replay cursor on another router's log is read back from where it is when the link to
+that router comes up again (``owner_back``, called with the sessions' positions by
+``broker/positions.py``): what the owner stored and routed while the link was down, or just
+before it was killed, never reached this router, and a replay delivery is not a session
+position (``broker/delivery.py`` records those only for the session's own subscriptions).
 """
 
 from __future__ import annotations
@@ -98,6 +104,25 @@ class Replays:
             router.loop.call_soon(self.pump, session)
         elif all(s.replay is None or s.replay.live for s in session.subscriptions.values()):
             self.replaying.discard(session)  # every cursor ran out of history: all live now
+
+    def owner_back(self, owner: str) -> int:
+        """The link to router ``owner`` came up (again): every live replay cursor on a log it
+        leads reads back from where it is (nothing new: it goes live again at once). Returns
+        how many cursors read back."""
+        started = 0
+        for session in list(self.router.sessions.values()):
+            back = False
+            for sub in session.subscriptions.values():
+                cursor = sub.replay
+                if cursor is not None and cursor.live and cursor.owner == owner:
+                    cursor.live = False
+                    back = True
+            if back:
+                started += 1
+                self.replaying.add(session)
+                if session.conn is not None:
+                    self.pump(session)
+        return started
 
     def resolve(self, conn: Connection, session: Session,
                 resolving: list[tuple[int, str, Subscription, Subscription | None]],

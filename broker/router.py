@@ -134,7 +134,7 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
                                       (self.mqtt.max_queued_messages,
                                        self.mqtt.max_queued_bytes),
                                       self.mqtt.max_lagging_devices, self.loop.call_soon)
-        self.positions = DeliveredPositions(self.sessions, self.catchup, stats,
+        self.positions = DeliveredPositions(self.sessions, self.catchup, self.replays, stats,
                                             self.mqtt.max_lagging_devices)
         self._paused_publishers: set[Connection] = set()
         self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster

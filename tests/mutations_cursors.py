@@ -10,6 +10,7 @@ from typing import Any
 
 CR = "tests/cluster/test_cursor_reads.py"
 RETRY = CR + "::test_reads_failing_while_the_owner_is_down_are_retried_for_replay_and_catch_up"
+BACK = CR + "::test_a_live_replay_cursor_reads_back_what_a_killed_owner_never_routed"
 
 
 def cursors_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -26,4 +27,9 @@ def cursors_mutations(mutation: Any) -> tuple[Any, ...]:
         m("cursors-retry-uncounted", "broker/cursors.py LogSource: a retried read is not "
           "counted in meshmq_log_read_retries_total", "broker/cursors.py",
           "        self.stats.log_read_retries += 1\n", "        pass\n", (RETRY,)),
+        m("cursors-live-replay-not-read-back", "broker/positions.py owner_back: a live replay "
+          "cursor is not read back when its owner's link comes back (what the owner stored "
+          "and never routed is lost to the offset subscriber: chaos run 20261126-034209-23)",
+          "broker/positions.py", "        started = self._replays.owner_back(owner)\n",
+          "        started = 0\n", (BACK,)),
     )

@@ -1,12 +1,16 @@
 """The one cursor engine's remote reads (``broker/cursors.py``): an offset replay and a lagging
 session at a router that does not own the device log read it over the mesh with one retry
-policy (issue 26).
+policy, and a live replay cursor is read back when the owner's link comes back (issue 26).
 
 - The retry path of remote replay was never run by a test: after the rooms split it called
   ``self.self.pump`` (an AttributeError at the first failed remote read). Here both readers
   lose their owner mid-read, their reads fail for as long as it is down (each retried after
   1 s and counted in ``meshmq_log_read_retries_total``), and both get every message, once, in
   order, once it is back.
+- The chaos suite lost offset 8 of ``d001`` for the offset-replay subscriber ``replay-d001``: its
+  owner stored the record from its own client and was killed before routing it, and when the
+  link came back only sessions holding *positions* read back (a replay delivery is not one).
+  Here the same fault, made deterministic with a proxy that loses the owner's DELIVERs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pytest
 from helpers.broker import wait_for
 from helpers.clients import V5, ClientFactory, PacketTypes, props, unique
 from helpers.cluster import Cluster
+from helpers.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -115,3 +120,56 @@ def test_reads_failing_while_the_owner_is_down_are_retried_for_replay_and_catch_
                                 f"{sorted(set(want) - set(got_replay))[:5]}")
     assert got_lag == want, (f"lagging session: {len(got_lag)} messages, first missing "
                              f"{sorted(set(want) - set(got_lag))[:5]}")
+
+
+@pytest.fixture
+def pair_via_proxy(tmp_path) -> Iterator[tuple[Cluster, TcpProxy]]:
+    """Two nodes; node 0 reaches node 1 through a proxy the test can cut."""
+    cluster = Cluster(tmp_path, n=2)
+    proxy = TcpProxy(cluster.mesh_ports[1])
+    cluster.dial_via(0, 1, proxy.port)
+    try:
+        cluster.start()
+        yield cluster, proxy
+    finally:
+        proxy.close()
+        cluster.stop()
+
+
+def test_a_live_replay_cursor_reads_back_what_a_killed_owner_never_routed(
+        pair_via_proxy: tuple[Cluster, TcpProxy], clients: ClientFactory) -> None:
+    """Node 0 owns the log; an offset replay at node 1 has read it and follows it live. Node 0
+    stores 10 messages from its own client (every PUBACK arrives) while its link to node 1
+    loses every byte, and is killed (-9): those DELIVERs die with it. It restarts, the link
+    comes back, and the replay subscriber gets the 10 (read back from where its cursor was)
+    before the next live message."""
+    cluster, proxy = pair_via_proxy
+    n0, n1 = cluster.nodes
+    device = cluster.device_owned_by(0, unique("back"))
+    topic = f"devices/{device}/t"
+    pub = clients.connected(n0, protocol=V5)
+    for i in range(5):
+        pub.publish(topic, f"a{i}", 1)
+    sub = _replay_sub(clients, n1, device)
+    cluster.wait_routes(1, 1)
+    pub.publish(topic, "l0", 1)  # live: the cursor read the log and follows it
+    first = [f"a{i}" for i in range(5)] + ["l0"]
+    got = _collect(sub, first, 30)
+    assert got == first
+
+    proxy.blackhole()
+    for i in range(10):
+        pub.publish(topic, f"h{i}", 1)  # stored; the DELIVER to node 1 never arrives
+    _kill_node(cluster, 0)
+    proxy.cut()
+    n0.start(wait=False)
+    n0.wait_ready()
+    proxy.heal()
+    cluster.wait_links_up(60)
+    again = clients.connected(n0, protocol=V5)
+    again.publish(topic, "c0", 1)
+    want = [f"h{i}" for i in range(10)] + ["c0"]
+    got = _collect(sub, want, 30)
+    assert [p for p in got if p in want] == want, (
+        f"stored, acknowledged, never delivered to the replay: "
+        f"{[p for p in want if p not in got]}; got {got}")
