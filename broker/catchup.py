@@ -20,7 +20,7 @@ How it works, per session:
   subscription id, No Local, Retain As Published). Per-device order is log order.
 - At the log end a cursor goes *live*: it keeps its next offset until the next live message of
   that device arrives, so a message routed after the read found it (or before) is delivered
-  exactly once; then it is dropped. That is the replay cursor's seam (``devicelogs.ReplayCursor``).
+  exactly once; then it is dropped. That is the replay cursor's seam (``cursors.LogCursor``).
 
 Not covered (they keep the bounded queue and its policy, documented in config.example.toml):
 unlogged topics (``log = false`` rules, ``$`` topics), shared subscriptions (a share is chosen

@@ -9,7 +9,7 @@ Replay (subscriber-held offsets) is a cursor per subscription: it reads committe
 offset, paced by the subscriber's window and socket, and hands over to live delivery at the log end.
 The seam has no gap and no duplicate because live delivery to a cursor's subscription is accepted
 only in order: an offset below the cursor's next offset was already replayed, one above it while
-still replaying is left for the cursor to read.
+still replaying is left for the cursor to read (``broker/cursors.py``, ``LogCursor``).
 """
 
 from __future__ import annotations

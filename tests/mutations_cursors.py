@@ -27,6 +27,12 @@ def cursors_mutations(mutation: Any) -> tuple[Any, ...]:
         m("cursors-retry-uncounted", "broker/cursors.py LogSource: a retried read is not "
           "counted in meshmq_log_read_retries_total", "broker/cursors.py",
           "        self.stats.log_read_retries += 1\n", "        pass\n", (RETRY,)),
+        m("cursors-retry-path-raises", "broker/cursors.py LogSource: the retry after a failed "
+          "remote read raises AttributeError (defect 1: after the rooms split replay's retry "
+          "called self.self.pump, and no test ran that path)", "broker/cursors.py",
+          "        if reader.wants(session, c):\n            reader.resume(session)\n",
+          "        if reader.wants(session, c):\n            reader.self.resume(session)\n",
+          (RETRY,)),
         m("cursors-live-replay-not-read-back", "broker/positions.py owner_back: a live replay "
           "cursor is not read back when its owner's link comes back (what the owner stored "
           "and never routed is lost to the offset subscriber: chaos run 20261126-034209-23)",
