@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from broker.connection import Connection
 from broker.message import Delivery, Message, aliased_parts
@@ -132,10 +133,10 @@ class DeliveryRoom:
             delivery.live = True
         self._enqueue(session, delivery)
 
-    def _remote_logs(self) -> tuple | None:
-        """(owner_of, fetch) in a cluster: catch-up reads logs other routers own from them."""
-        fw = self.forwarder
-        return None if fw is None else (fw.owner_of, fw.fetch)
+    def _forwarder(self) -> Any:
+        """The mesh in a cluster (set by the node wiring after the router is made), for the
+        log reader (broker/cursors.py): logs other routers lead are read from them."""
+        return self.forwarder
 
     def _deliver_from_log(self, session: Session, msg: Message, granted: int, retain: bool,
                           sub_ids: tuple[int, ...] | None, position: bool) -> None:

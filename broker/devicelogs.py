@@ -21,7 +21,7 @@ Replay (subscriber-held offsets) is a cursor per subscription: it reads committe
 offset, paced by the subscriber's window and socket, and hands over to live delivery at the log end.
 The seam has no gap and no duplicate because live delivery to a cursor's subscription is accepted
 only in order: an offset below the cursor's next offset was already replayed, one above it while
-still replaying is left for the cursor to read.
+still replaying is left for the cursor to read (``broker/cursors.py``, ``LogCursor``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
+from broker.cursors import LogCursor
 from broker.logrules import LogRules
 from broker.protocol.properties import Prop
 from commitlog.groupcommit import GroupCommitter
@@ -243,10 +244,10 @@ class DeviceLogs:
         return offset
 
     def open_cursor(self, real: str, group: str | None, spec: str,
-                    reset: str) -> tuple[ReplayCursor | None, str]:
+                    reset: str) -> tuple[LogCursor | None, str]:
         """Resolve a held offset ("earliest" | "latest" | N | "@unix_ms") against the log:
         a cursor, or None and the reason string the SUBACK carries. In a cluster, for a log
-        another router owns: a ``RemoteReplayCursor`` not yet resolved (the router asks the
+        another router owns: a ``LogCursor`` not yet resolved (the router asks the
         owner before its SUBACK, ``broker/replay.py``)."""
         if group is not None:
             return None, "offset replay is not available on shared subscriptions"
@@ -257,20 +258,17 @@ class DeviceLogs:
         owner_of = self.remote_owner
         if owner_of is not None and owner_of(key) is not None:
             # a cluster: another router leads this log and resolves it
-            return RemoteReplayCursor(key, -1, owner_of, (spec, reset)), ""
+            return LogCursor(key, -1, owner_of, (spec, reset)), ""
         offset, why = resolve_offset(self.store, key, spec, reset)
         if offset is None:
             return None, why
-        return (ReplayCursor(key, offset) if owner_of is None
-                else RemoteReplayCursor(key, offset, owner_of)), ""
+        return LogCursor(key, offset, owner_of), ""
 
-    def cursor(self, device: str, next_offset: int) -> ReplayCursor:
+    def cursor(self, device: str, next_offset: int) -> LogCursor:
         """A replay cursor restored at a known position (a restart, or a session handed over
         by another router): in a cluster it reads from whichever router leads the log at
         each read (here or another)."""
-        if self.remote_owner is not None:
-            return RemoteReplayCursor(device, next_offset, self.remote_owner)
-        return ReplayCursor(device, next_offset)
+        return LogCursor(device, next_offset, self.remote_owner)
 
     def _seal(self) -> None:
         """Before-flush hook: each device's publishes of this write wait for its high-water
@@ -344,56 +342,10 @@ def resolve_offset(store: LogStore, key: str, spec: str, reset: str) -> tuple[in
                   f" offset-reset=earliest")
 
 
-class ReplayCursor:
-    """A subscription reading one device log from a held offset, then following it live."""
-
-    __slots__ = ("device", "next", "live")
-    owner: str | None = None  # the router holding the log, when not this one
-
-    def __init__(self, device: str, next_offset: int) -> None:
-        self.device = device
-        self.next = next_offset
-        self.live = False
-
-    def accept_live(self, msg: Message) -> bool:
-        """Whether a live (just durable) message goes to this subscription now."""
-        if msg.device != self.device:
-            return True
-        if self.live and msg.offset >= self.next:
-            self.next = msg.offset + 1
-            return True
-        return False  # already replayed, or the cursor will read it
-
-
-class RemoteReplayCursor(ReplayCursor):
-    """A replay cursor in a cluster: each read goes where the log's leader is at that moment
-    (``owner``, asked of the cluster's placement every time, never kept from the subscribe:
-    a leader moves), here from the store or at another router over the mesh link
-    (FETCH/RECORDS), a chunk at a time, and hands over to live delivery the same way; live
-    messages from the owner carry their device and offset for that seam (cluster/mesh.py).
-
-    ``next`` is -1 until the owner resolved the subscription's offset (``pending_spec``)."""
-
-    __slots__ = ("owner_of", "pending_spec", "buffer", "reading", "retrying")
-
-    def __init__(self, device: str, next_offset: int, owner_of: Callable[[str], str | None],
-                 pending_spec: tuple[str, str] | None = None) -> None:
-        super().__init__(device, next_offset)
-        self.owner_of = owner_of  # device -> leading router, None when this one
-        self.pending_spec = pending_spec
-        self.buffer: deque[Record] = deque()  # fetched, not yet delivered (one FETCH's worth)
-        self.reading = False  # a FETCH is out
-        self.retrying = False  # a read failed: tried again after a pause (broker/replay.py)
-
-    @property
-    def owner(self) -> str | None:  # type: ignore[override]
-        """The router leading the log now (None: this one)."""
-        return self.owner_of(self.device)
-
-    def accept_live(self, msg: Message) -> bool:
-        if self.pending_spec is not None and msg.device == self.device:
-            return False  # routed before the owner resolved: below where this one starts
-        return super().accept_live(msg)
+# The cursor of an offset subscription is the one cursor type (broker/cursors.py); these names
+# stay for the code and tests that spell it by its old role.
+ReplayCursor = LogCursor
+RemoteReplayCursor = LogCursor
 
 
 def record_message(rec: Record, message_cls: type) -> Message:

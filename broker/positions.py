@@ -60,6 +60,7 @@ from broker.limits import LimitLog
 
 if TYPE_CHECKING:
     from broker.catchup import LogCatchUp
+    from broker.replay import Replays
     from broker.session import Session
     from broker.stats import BrokerStats
 
@@ -70,9 +71,10 @@ class DeliveredPositions:
     """Bounds the sessions' positions and turns them back into log reads when needed."""
 
     def __init__(self, sessions: dict[str, Session], catchup: LogCatchUp | None,
-                 stats: BrokerStats, max_devices: int) -> None:
+                 replays: Replays, stats: BrokerStats, max_devices: int) -> None:
         self._sessions = sessions
         self._catchup = catchup
+        self._replays = replays
         self.max_devices = max_devices
         self._limit = LimitLog(stats)
 
@@ -90,12 +92,15 @@ class DeliveredPositions:
 
     def owner_back(self, owner: str, owner_of: Callable[[str], str | None]) -> int:
         """The link to router ``owner`` came up (again): every session with a position in a
-        log it owns reads that log back from its position (nothing new: the cursor goes live
-        at once). Returns how many reads were started."""
+        log it owns reads that log back from its position, and every live replay cursor on
+        such a log from where it is (nothing new: the cursor goes live at once). Returns how
+        many reads were started."""
         catchup = self._catchup
         if catchup is None:
             return 0
-        started = 0
+        # Offset subscriptions hold no position (a replay delivery is not one): their live
+        # cursors on that router's logs read back from where they are (broker/replay.py).
+        started = self._replays.owner_back(owner)
         # Synchronous on purpose: a position read after this link's first DELIVER could already
         # have moved past what was lost. The cost is one (cached) owner lookup per position.
         owners: dict[str, str | None] = {}

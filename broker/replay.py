@@ -1,55 +1,39 @@
 """Offset replay: a subscription that asked for an offset reads its device log from there.
 
-The reading half of ``devicelogs.ReplayCursor`` (the seam with live delivery lives there): read
-committed records from the cursor's offset, in chunks, at the pace the subscriber's window and
-socket allow, and hand over to live delivery at the log end.
+The subscription holds a ``LogCursor`` (``broker/cursors.py``, the seam with live delivery in
+``LogCursor.accept_live``); ``Replays`` delivers what the router's ``LogSource`` reads from
+the cursor's offset, in chunks, at the pace the subscriber's window and socket allow, and the
+cursor hands over to live delivery at the log end. In a cluster the log may be another
+router's: ``Replays.resolve`` asks the owner where the subscription starts before the SUBACK
+(so a bad offset is refused as on one node), then the source reads it over the mesh a chunk at
+a time, with the one retry policy and the same seam (see ``broker/cursors.py``).
 
-In a cluster the log may be another router's (``RemoteReplayCursor``): ``RemoteReplays`` asks
-the owner where the subscription starts before the SUBACK (so a bad offset is refused as on one
-node), then the pump reads over the mesh link a chunk at a time. The seam is the same one: the
-owner routes every stored message to this router once it has the subscription's route, with
-its device and offset, and the router sent that route before any of its reads (the link writes
-routes before requests), so a message is either below the offset where a read ended (read) or
-routed after it (live), never neither; an answer with no records means the read reached the
-owner's committed end, and the cursor goes live there at once.
+A live replay cursor on another router's log is read back from where it is when the link to
+that router comes up again (``owner_back``, called with the sessions' positions by
+``broker/positions.py``): what the owner stored and routed while the link was down, or just
+before it was killed, never reached this router, and a replay delivery is not a session
+position (``broker/delivery.py`` records those only for the session's own subscriptions).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from broker.auth import topic_matches
-from broker.devicelogs import RemoteReplayCursor, record_message
-from broker.lograte import RateLimitedLog
+from broker.devicelogs import record_message
 from broker.message import Message
 from broker.protocol.reasons import SUBACK_FAILURE_V3, Reason
-from broker.stats import DropReason
-from commitlog.store import OffsetOutOfRangeError
 
 if TYPE_CHECKING:
     from broker.connection import Connection
-    from broker.forwarding import FetchResult
+    from broker.cursors import LogCursor, LogSource
     from broker.port import RouterPort
     from broker.session import Session, Subscription
 
 log = logging.getLogger("broker.router")
 
-_REPLAY_CHUNK = 500  # records read per replay step
 _REPLAY_STEP = 5_000  # records replayed per loop turn before yielding to other work
-_RETRY_S = 1.0  # a failed read of another router's log is tried again after this
-
-
-def _skip_lost(router: RouterPort, session: Session, cursor: Any, to: int) -> None:
-    """Move a replay cursor over offsets a corrupt record took (the store quarantined them
-    and logged them at ERROR): counted as dropped, reason ``corrupt``, never a stall."""
-    if to > cursor.next:
-        log.warning("replay skips offsets lost to a corrupt record in the device log",
-                    extra={"client_id": session.client_id, "device": cursor.device,
-                           "from": cursor.next, "to": to})
-        router.stats.dropped(DropReason.CORRUPT, to - cursor.next)
-    cursor.next = to
 
 
 def _nothing() -> None:
@@ -57,70 +41,56 @@ def _nothing() -> None:
 
 
 class Replays:
-    """Offset replay for one router: the sessions still reading history, the pump that reads
-    their cursors (local logs from the store, other routers' over the mesh), and the owner
-    questions a remote cursor needs before its SUBACK."""
+    """Offset replay for one router: the sessions still reading history, the pump that delivers
+    their cursors' records, and the owner questions a remote cursor needs before its SUBACK."""
+
+    kind = "replay"
+    chunk = 500  # records read per replay step
 
     def __init__(self, router: RouterPort) -> None:
         self.router = router
         self.replaying: set[Session] = set()  # sessions with a cursor still reading history
-        self._failed_log = RateLimitedLog(log, logging.WARNING,
-                                          "reads of other routers' logs failed",
-                                          burst=3, window=10.0)
+        self.source: LogSource | None = None  # set with the commit log (Router.__init__)
+
+    # -- what broker/cursors.py's LogSource asks (its Reader) -----------------------------------
+    def wants(self, session: Session, cursor: LogCursor) -> bool:
+        return not cursor.live
+
+    def went_live(self, session: Session, cursor: LogCursor) -> None:
+        pass  # the pump sees it live, and drops the session once every cursor is
+
+    def resume(self, session: Session) -> None:
+        self.pump(session)
+        self.router.flush_writes()
 
     def pump(self, session: Session) -> None:
         """Advance this session's replay cursors while its window and socket have room.
 
         The router calls it when the window or socket frees room (a bound method it holds, no
-        extra call per message); local logs are read here, another router's through ``read``."""
+        extra call per message); an answer from another router's log calls it again."""
         router = self.router
         conn = session.conn
-        logs = router.logs
-        if conn is None or logs is None or conn.closing or session not in self.replaying:
+        source = self.source
+        if conn is None or source is None or conn.closing or session not in self.replaying:
             return
-        store = logs.store
         budget = _REPLAY_STEP
-        waiting = False  # a read of another router's log is out: its answer pumps again
         for sub in list(session.subscriptions.values()):
             cursor = sub.replay
             if cursor is None or cursor.live:
                 continue
-            remote = cursor.owner is not None
             while budget > 0:
                 if conn.congested or len(session.queue) >= session.window:
                     return  # resumed by acks (window_freed) or the socket draining (writable)
-                if remote:
-                    buffer = cursor.buffer
-                    if not buffer:
-                        self.read(session, cursor)
-                        waiting = True
-                        break
-                    records: deque = buffer  # consumed from the left; the rest waits for room
-                else:
-                    try:
-                        records = store.read(cursor.device, cursor.next, _REPLAY_CHUNK)
-                    except OffsetOutOfRangeError as err:
-                        start = store.log_range(cursor.device)[0]
-                        log.warning("replay cursor fell behind retention; skipping ahead",
-                                    extra={"client_id": session.client_id,
-                                           "device": cursor.device, "from": cursor.next,
-                                           "to": start, "error": str(err)})
-                        router.stats.dropped(DropReason.EXPIRED, max(0, start - cursor.next))
-                        cursor.next = start
-                        continue
-                    if not records:
-                        # caught up (past a quarantined gap, if any): live delivery takes over
-                        _skip_lost(router, session, cursor,
-                                   store.past_gap(cursor.device, cursor.next))
-                        cursor.live = True
-                        break
-                    records = deque(records)
+                records = source.take(session, cursor, self.chunk, self)
+                if records is None:
+                    break  # live now, or a read of the owner is out (its answer pumps again)
+                remote = cursor.owner is not None
                 ids = (sub.sub_id,) if sub.sub_id else None
                 while records:
                     rec = records.popleft()
                     budget -= 1
                     if rec.offset > cursor.next:  # offsets lost to a corrupt record: skipped
-                        _skip_lost(router, session, cursor, rec.offset)
+                        source.skip_lost(session, cursor, rec.offset)
                     cursor.next = rec.offset + 1
                     if not topic_matches(sub.filter, rec.topic):
                         continue
@@ -132,9 +102,27 @@ class Replays:
                         break
         if budget <= 0:
             router.loop.call_soon(self.pump, session)
-        elif not waiting:
-            # every cursor ran out of history without returning early: all are live now
-            self.replaying.discard(session)
+        elif all(s.replay is None or s.replay.live for s in session.subscriptions.values()):
+            self.replaying.discard(session)  # every cursor ran out of history: all live now
+
+    def owner_back(self, owner: str) -> int:
+        """The link to router ``owner`` came up (again): every live replay cursor on a log it
+        leads reads back from where it is (nothing new: it goes live again at once). Returns
+        how many cursors read back."""
+        started = 0
+        for session in list(self.router.sessions.values()):
+            back = False
+            for sub in session.subscriptions.values():
+                cursor = sub.replay
+                if cursor is not None and cursor.live and cursor.owner == owner:
+                    cursor.live = False
+                    back = True
+            if back:
+                started += 1
+                self.replaying.add(session)
+                if session.conn is not None:
+                    self.pump(session)
+        return started
 
     def resolve(self, conn: Connection, session: Session,
                 resolving: list[tuple[int, str, Subscription, Subscription | None]],
@@ -158,7 +146,6 @@ class Replays:
                      offset: int | None, why: str) -> None:
             index, key_flt, sub, old = item
             cursor = sub.replay
-            assert isinstance(cursor, RemoteReplayCursor)
             if offset is None:
                 cid = session.client_id
                 if session.subscriptions.get(key_flt) is sub:
@@ -203,57 +190,3 @@ class Replays:
             spec, reset = cursor.pending_spec
             router.forwarder.resolve(cursor.owner, cursor.device, spec, reset,
                                      lambda offset, why, item=item: answered(item, offset, why))
-
-    def read(self, session: Session, cursor: RemoteReplayCursor) -> None:
-        """Fetch the cursor's next chunk from its owner, unless a read is out or waiting to
-        be tried again; the answer fills ``cursor.buffer`` and pumps the session again."""
-        if cursor.reading or cursor.retrying or cursor.pending_spec is not None:
-            return  # an answer, or the failed read's retry, pumps again
-        cursor.reading = True
-        owner = cursor.owner
-        self.router.forwarder.fetch(owner, cursor.device, cursor.next, _REPLAY_CHUNK,
-                                    lambda result: self._fetched(session, cursor, result, owner))
-
-    def _retry(self, session: Session, cursor: RemoteReplayCursor) -> None:
-        cursor.retrying = False
-        self.pump(session)
-        self.router.flush_writes()
-
-    def _fetched(self, session: Session, cursor: RemoteReplayCursor,
-                 result: FetchResult, owner: str | None) -> None:
-        router = self.router
-        cursor.reading = False
-        if cursor.owner != owner:
-            # the log's leader moved while this read was out: what the former one answered
-            # (its end, its records) is not the log's now; read again, from the new leader
-            self.pump(session)
-            router.flush_writes()
-            return
-        if result.status == "ok":
-            if result.records:
-                cursor.buffer = deque(r for r in result.records if r.offset >= cursor.next)
-            else:
-                # the owner's committed end: the messages it stores from here are routed
-                # here live (after this answer, on the same link), so live delivery takes over
-                # now, not when the window next has room (past offsets the owner lost to a
-                # corrupt record at its end, if any: counted as dropped)
-                if result.next_offset > cursor.next:
-                    _skip_lost(router, session, cursor, result.next_offset)
-                cursor.live = True
-        elif result.status == "out_of_range":
-            start, hw = result.start, result.high_watermark
-            to = start if cursor.next < start else hw
-            log.warning("replay cursor outside the owner's log; skipping ahead",
-                        extra={"client_id": session.client_id, "device": cursor.device,
-                               "from": cursor.next, "to": to, "owner": cursor.owner})
-            router.stats.dropped(DropReason.EXPIRED, max(0, to - cursor.next))
-            cursor.next = to
-        else:
-            self._failed_log("reading %r from its owner router %s failed (retried in %.0f s): "
-                             "%s", cursor.device, cursor.owner, _RETRY_S, result.why,
-                             extra={"client_id": session.client_id})
-            cursor.retrying = True
-            router.loop.call_later(_RETRY_S, self._retry, session, cursor)
-            return
-        self.pump(session)
-        router.flush_writes()

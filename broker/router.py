@@ -43,6 +43,7 @@ from broker.authgate import PasswordCheckGate
 from broker.catchup import LogCatchUp
 from broker.clientid import ClientIdPolicy
 from broker.connection import Connection, fail_client
+from broker.cursors import LogSource
 from broker.delivery import DeliveryRoom
 from broker.devicelogs import DeviceLogs
 from broker.forwarding import Forwarder, RemotePublishes, RemoteSessions
@@ -123,20 +124,22 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
         self.logs: DeviceLogs | None = None
         self.catchup: LogCatchUp | None = None
         self.persist: SessionHooks = NO_PERSISTENCE  # broker/sessionstore.attach replaces it
+        self.replays = Replays(self)  # offset replay (broker/replay.py)
         if committer is not None:
             self.logs = DeviceLogs(committer, log_rules or LogRules(), self._on_durable, self.loop)
-            self.catchup = LogCatchUp(committer.store, stats, self._deliver_from_log,
+            # one reader of device logs, here or at their leader (broker/cursors.py)
+            self.replays.source = source = LogSource(committer.store, stats, self.loop,
+                                                     self._forwarder)
+            self.catchup = LogCatchUp(source, stats, self._deliver_from_log,
                                       (self.mqtt.max_queued_messages,
                                        self.mqtt.max_queued_bytes),
-                                      self.mqtt.max_lagging_devices, self.loop.call_soon,
-                                      self._remote_logs, self.loop.call_later)
-        self.positions = DeliveredPositions(self.sessions, self.catchup, stats,
+                                      self.mqtt.max_lagging_devices, self.loop.call_soon)
+        self.positions = DeliveredPositions(self.sessions, self.catchup, self.replays, stats,
                                             self.mqtt.max_lagging_devices)
         self._paused_publishers: set[Connection] = set()
         self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
         self.remote = RemotePublishes(self)
         self.sessions_remote = RemoteSessions(self)
-        self.replays = Replays(self)  # offset replay (broker/replay.py)
         self._pump_replays = self.replays.pump  # bound once: called per ack and drain
         self._replaying = self.replays.replaying  # the same set, read per ack
         self.shared = SharedDelivery(self)

@@ -13,14 +13,13 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from broker.devicelogs import ReplayCursor
+from broker.cursors import LogCursor
 from broker.message import Delivery
 from broker.protocol.packets import Will
 from broker.stats import DropReason
 
 if TYPE_CHECKING:
     from broker.connection import Connection
-    from commitlog.record import Record
 
 NEVER = 0xFFFFFFFF  # v5 session expiry interval meaning "does not expire"
 
@@ -107,7 +106,7 @@ class Subscription:
         self.retain_handling = retain_handling
         self.sub_id = sub_id
         self.group = group
-        self.replay: ReplayCursor | None = None  # set when the subscriber asked for an offset
+        self.replay: LogCursor | None = None  # set when the subscriber asked for an offset
         # When it was made (wall clock, the records' timestamp scale): a session fed from the
         # log skips records older than the subscription, as live routing would have.
         self.since_us = time.time_ns() // 1000
@@ -140,9 +139,9 @@ class Session:
         self.will: Will | None = None  # pending delayed will (v5 Will Delay Interval)
         self.will_due: float | None = None
         self.username: str | None = None  # for per-message read ACL checks
-        # device -> LagCursor while this session is fed from the logs (broker/catchup.py);
+        # device -> LogCursor while this session is fed from the logs (broker/catchup.py);
         # lag_behind counts the cursors not yet caught up.
-        self.lag: dict[str, LagCursor] = {}
+        self.lag: dict[str, LogCursor] = {}
         self.lag_behind = 0
         self.has_no_local = False  # holds a No Local subscription: its publishes keep an origin
         # device -> the offset after the last logged QoS>0 message handed to this session (in
@@ -175,19 +174,3 @@ class Session:
             pid = pid + 1 if pid < 65535 else 1
         self.next_pid = pid + 1 if pid < 65535 else 1
         return pid
-
-
-class LagCursor:
-    """Where one session is in one device log while it is behind (or just caught up); read and
-    moved by ``broker/catchup.py``, kept here with the rest of the session's state."""
-
-    __slots__ = ("next", "live", "buffer", "reading", "retrying", "high_watermark")
-
-    def __init__(self, next_offset: int) -> None:
-        self.next = next_offset
-        self.live = False  # True: caught up; kept only to drop a duplicate at the seam
-        # a log another router owns (a cluster) is read over the mesh, a chunk at a time:
-        self.buffer: deque[Record] | None = None  # fetched, not yet delivered
-        self.reading = False  # a fetch is out: its answer pumps the session again
-        self.retrying = False  # a fetch failed: tried again after catchup's _RETRY_S
-        self.high_watermark = -1  # the owner's, at the last answer (for the lag gauge)

@@ -70,6 +70,9 @@ class BrokerStats:
     # Sessions behind on mqtt.max_lagging_devices logs that had a logged message queued in memory
     # instead (broker/catchup.py): the queue's policy then applies to them.
     lag_limit_hits: int = 0
+    # Reads of another router's device log (offset replay, catch-up) that failed and were
+    # tried again (broker/cursors.py: the one retry policy).
+    log_read_retries: int = 0
     # Connections closed because handling their packet raised (a broker bug or an input the
     # broker did not foresee): the client is closed, every other flow goes on.
     client_errors: int = 0

@@ -172,6 +172,12 @@ class _BrokerCollector(Collector):
             "Logged messages queued in memory instead of read from the log because their session "
             "was already behind on mqtt.max_lagging_devices device logs (the queue's policy then "
             "applies to them).", value=s.lag_limit_hits)
+        log_read_retries = CounterMetricFamily(
+            "meshmq_log_read_retries_total",
+            "Reads of a device log another router leads (offset replay, catch-up) that failed "
+            "(owner unreachable, link down, no answer) and are tried again after 1 s. A rising "
+            "rate means an owner router is down or its link is failing: see the WARNING lines "
+            "naming it.", value=s.log_read_retries)
         for q in range(3):
             qos_in.add_metric([str(q)], s.messages_in_qos[q])
             qos_out.add_metric([str(q)], s.messages_out_qos[q])
@@ -191,7 +197,8 @@ class _BrokerCollector(Collector):
             limits.add_metric([limit], s.limit_hits.get(limit, 0))
         families: list[Metric] = [conns, conns_total, rejected, bytes_in, bytes_out, pk_in, pk_out,
                                   msg_in, msg_out, qos_in, qos_out, acl, peak, dropped, proto,
-                                  auth, tls_failed, long_reads, lag_limit, client_errors, limits]
+                                  auth, tls_failed, long_reads, lag_limit, log_read_retries,
+                                  client_errors, limits]
         gauges = [(key, GaugeMetricFamily(name, doc)) for key, name, doc in _ROUTER_GAUGES]
         families.extend(g for _, g in gauges)
 

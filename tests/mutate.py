@@ -111,8 +111,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "replay-seam-live-check",
-        "broker/devicelogs.py ReplayCursor.accept_live: live messages taken while still replaying",
-        "broker/devicelogs.py",
+        "broker/cursors.py LogCursor.accept_live: live messages taken while still replaying",
+        "broker/cursors.py",
         "        if self.live and msg.offset >= self.next:\n",
         "        if msg.offset >= self.next:\n",
         ("tests/broker/test_devicelog_replay.py",),
@@ -229,11 +229,10 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "retention-skip-not-counted",
-        "broker/replay.py Replays.pump: offsets skipped after retention not counted as expired",
-        "broker/replay.py",
-        "                        router.stats.dropped(DropReason.EXPIRED, "
-        "max(0, start - cursor.next))\n",
-        "                        pass\n",
+        "broker/cursors.py LogSource: offsets skipped after retention not counted as expired",
+        "broker/cursors.py",
+        "        self.stats.dropped(DropReason.EXPIRED, max(0, start - c.next))\n",
+        "        pass\n",
         ("tests/broker/test_devicelog_replay_window.py",),
     ),
     Mutation(

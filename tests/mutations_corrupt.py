@@ -46,20 +46,19 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
           (RD + "::test_offline_persistent_session_catches_up_around_a_corrupt_record",)),
         m("corrupt-read-remote-catchup-stalls", "remote catch-up: a read answered from past "
           "where it asked (the owner skipped lost offsets) is taken for a cursor that moved "
-          "back, read again forever", "broker/catchup.py",
+          "back, read again forever", "broker/cursors.py",
           "offset > c.next and asked != c.next:", "offset > c.next:", (XR + "[256]",)),
         m("corrupt-read-remote-no-salvage", "the same, read from another node over the mesh",
           ST, "                if not self._salvage(dev, getattr(exc, \"want\", offset), exc):\n",
           "                if True:\n", (XF,)),
         m("corrupt-read-remote-replay-uncounted", "remote replay: offsets lost in the owner's "
-          "log skipped without counting them as dropped", "broker/replay.py",
-          "        router.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
+          "log skipped without counting them as dropped", "broker/cursors.py",
+          "            self.stats.dropped(DropReason.CORRUPT, to - c.next)\n",
           "        pass\n", (XF,)),
         m("corrupt-read-remote-replay-tail-uncounted", "remote replay: offsets the owner lost "
-          "at its log's end skipped without counting them as dropped", "broker/replay.py",
-          "                if result.next_offset > cursor.next:\n"
-          "                    _skip_lost(router, session, cursor, result.next_offset)\n",
-          "                cursor.next = max(cursor.next, result.next_offset)\n",
+          "at its log's end skipped without counting them as dropped", "broker/cursors.py",
+          "        self.skip_lost(session, c, at)\n",
+          "        c.next = max(c.next, at)\n",
           (XF + "[299]",)),
         m("corrupt-read-tail-gap-stops", "fetch API: a gap that ends the read is not followed "
           "(next_offset stays on the lost offset)", "meshmq/fetch_api.py",
@@ -71,8 +70,8 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
           "            pass\n        except OSError as err:\n"
           "            log.error(\"commitlog %s: cannot record the gap", (f"{CASE}[payload]",)),
         m("corrupt-read-replay-uncounted", "replay: offsets lost to corruption skipped without "
-          "counting them as dropped", "broker/replay.py",
-          "        router.stats.dropped(DropReason.CORRUPT, to - cursor.next)\n",
+          "counting them as dropped", "broker/cursors.py",
+          "            self.stats.dropped(DropReason.CORRUPT, to - c.next)\n",
           "        pass\n", (f"{CASE}[payload]",)),
         m("corrupt-read-pidx-walk-unchecked", "store: a sealed segment's rebuilt position "
           "index stops at a damaged header (the records after it unread)", ST,

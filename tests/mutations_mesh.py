@@ -31,9 +31,9 @@ def mesh_mutations(mutation: Any) -> tuple[Any, ...]:
           "        rid = self._hashed(device)\n",
           (f"{PL}::test_a_leader_change_is_seen_at_once_and_fires_the_event",
            f"{PL}::test_a_replay_cursor_reads_the_leader_at_each_read")),
-        m("mesh-cursor-owner-fixed-at-subscribe", "broker/devicelogs.py RemoteReplayCursor: "
+        m("mesh-cursor-owner-fixed-at-subscribe", "broker/cursors.py LogCursor: "
           "the owner is read once when the cursor is made and kept (the cache issue 26 removes)",
-          "broker/devicelogs.py",
+          "broker/cursors.py",
           "        self.owner_of = owner_of  # device -> leading router, None when this one\n",
           "        self.owner_of = (lambda _d, o=owner_of(device): o)  # fixed at subscribe\n",
           (f"{PL}::test_a_replay_cursor_reads_the_leader_at_each_read",)),

@@ -43,8 +43,8 @@ def review3_mutations(mutation: Any) -> tuple[Any, ...]:
         m("review3-mesh-protocol-1", "cluster/frames.py: the mesh protocol stays at 1 with "
           "SHARE_ON and ':src', so an older build links and silently drops handed-on shares",
           "cluster/frames.py", "VERSION = 2\n", "VERSION = 1\n", (PROTO,)),
-        m("review3-catchup-unpaced", "broker/catchup.py: every catch-up read of an owner's "
+        m("review3-catchup-unpaced", "broker/cursors.py: every catch-up read of an owner's "
           "logs goes out at once after a link comes back; the owner refuses past 64 as busy",
-          "broker/catchup.py", "_FETCHES_PER_OWNER = 32\n", "_FETCHES_PER_OWNER = 1 << 30\n",
+          "broker/cursors.py", "FETCHES_PER_OWNER = 32\n", "FETCHES_PER_OWNER = 1 << 30\n",
           (FLAP,)),
     )
