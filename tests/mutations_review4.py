@@ -1,0 +1,37 @@
+"""Planted bugs for review4's fault tests (the per-device high-water-mark acks, Raft placement,
+cursors and fencing merged at d852b0d), run by ``tests/mutate.py review4-`` like every other
+guard. Each names the test that caught it when it was planted by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+HWQ2 = ("tests/broker/test_review4_hwm_faults.py::"
+        "test_held_qos2_answered_once_on_the_resumed_connection")
+META = ("tests/cluster/test_review4_raftplace_faults.py::"
+        "test_held_publishes_survive_their_metadata_process_killed_mid_proposal")
+
+
+def review4_mutations(mutation: Any) -> tuple[Any, ...]:
+    """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
+    m = mutation
+    return (
+        m("review4-held-qos2-resumed-unanswered", "broker/forwarding.py: a QoS 2 publish "
+          "settled after its connection closed is marked stored but its resumed connection "
+          "never hears the PUBREC (the client waits on that packet id forever)",
+          "broker/forwarding.py",
+          "            if live is not None:\n                self.router.ack_publish(live, 2, "
+          "packet_id, 0)\n",
+          "            if False and live is not None:\n                self.router.ack_publish("
+          "live, 2, packet_id, 0)\n", (HWQ2,)),
+        m("review4-placement-gives-up-on-lost-metadata", "cluster/raftplace.py: a proposal "
+          "whose metadata process connection is lost (killed -9, restarted by its node) is "
+          "taken as failed: the held publishes are refused although Raft could still place "
+          "the log within cluster.append_timeout",
+          "cluster/raftplace.py",
+          "                why = f\"this node's metadata process is not reachable ({err!r})\"\n"
+          "                self._redial(client)\n",
+          "                why = f\"this node's metadata process is not reachable ({err!r})\"\n"
+          "                self._redial(client)\n                return why\n", (META,)),
+    )
