@@ -12,6 +12,9 @@ HWQ2 = ("tests/broker/test_review4_hwm_faults.py::"
 META = ("tests/cluster/test_review4_raftplace_faults.py::"
         "test_held_publishes_survive_their_metadata_process_killed_mid_proposal")
 
+FLAPS = ("tests/cluster/test_review4_cursor_flaps.py::"
+         "test_a_slow_replay_across_three_owner_link_cuts_misses_nothing_and_keeps_order")
+
 
 def review4_mutations(mutation: Any) -> tuple[Any, ...]:
     """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
@@ -34,4 +37,10 @@ def review4_mutations(mutation: Any) -> tuple[Any, ...]:
           "                self._redial(client)\n",
           "                why = f\"this node's metadata process is not reachable ({err!r})\"\n"
           "                self._redial(client)\n                return why\n", (META,)),
+        m("review4-cursor-read-never-retried", "broker/cursors.py: a failed read of the "
+          "owner's log (the link cut mid-replay) marks the cursor retrying and never retries: "
+          "the replay stalls for good",
+          "broker/cursors.py",
+          "        self._loop.call_later(RETRY_S, self._retry, session, c, reader)\n",
+          "        pass\n", (FLAPS,)),
     )
