@@ -9,6 +9,8 @@ from typing import Any
 
 HWQ2 = ("tests/broker/test_review4_hwm_faults.py::"
         "test_held_qos2_answered_once_on_the_resumed_connection")
+HWFULL = ("tests/broker/test_review4_hwm_faults.py::"
+          "test_a_full_disk_while_a_device_is_held_refuses_the_new_and_keeps_the_held")
 META = ("tests/cluster/test_review4_raftplace_faults.py::"
         "test_held_publishes_survive_their_metadata_process_killed_mid_proposal")
 
@@ -28,6 +30,13 @@ def review4_mutations(mutation: Any) -> tuple[Any, ...]:
           "packet_id, 0)\n",
           "            if False and live is not None:\n                self.router.ack_publish("
           "live, 2, packet_id, 0)\n", (HWQ2,)),
+        m("review4-rollback-fails-held-durable", "commitlog/store.py: a failed write's rollback "
+          "fails the commit waiters from the high-water mark instead of the durable end: a "
+          "held device's durable record is refused (and delivered later anyway)",
+          "commitlog/store.py",
+          "                self._fail_waiters(dev, dev.durable_end, dev.next, exc)\n",
+          "                self._fail_waiters(dev, dev.high_watermark, dev.next, exc)\n",
+          (HWFULL,)),
         m("review4-placement-gives-up-on-lost-metadata", "cluster/raftplace.py: a proposal "
           "whose metadata process connection is lost (killed -9, restarted by its node) is "
           "taken as failed: the held publishes are refused although Raft could still place "

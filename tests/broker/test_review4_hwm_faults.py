@@ -12,6 +12,9 @@ connection are untouched meanwhile (and are the sentinel that the resend was rea
 
 from __future__ import annotations
 
+import errno
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -83,3 +86,92 @@ def test_held_qos2_answered_once_on_the_resumed_connection(start_broker, raw,
     assert (got.topic, got.payload) == (held_topic, b"q2"), got
     sub.ack(got)
     sub.expect_none(1.5)  # stored once: the resend of a pending id is not a new message
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path):
+    """A 2 MiB tmpfs for the commit log (root only; skipped with the reason otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs (runs as root in CI)")
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(vol)],
+                         capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
+    try:
+        yield vol
+    finally:
+        subprocess.run(["umount", "-l", str(vol)], check=False)
+
+
+def _fill(path: Path) -> None:
+    """Take every byte left on the volume."""
+    with open(path, "ab", buffering=0) as f:
+        while True:
+            try:
+                f.write(b"\0" * 4096)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                return
+
+
+def test_a_full_disk_while_a_device_is_held_refuses_the_new_and_keeps_the_held(
+        start_broker, raw, tmp_path: Path, tmpfs: Path) -> None:
+    """The disk fills while a device's mark is held over a durable record: the publishes that
+    hit the full disk are refused (v5 0x80, no offset taken), and the rollback of their failed
+    write must not touch the held, durable record: it is acknowledged with its offset and
+    delivered once the mark passes, and the refused ones never are."""
+    hold = tmp_path / "hwm-hold"
+    (tmpfs / "topfill").touch()  # created now: a full tmpfs refuses even a new name
+    b = start_broker(env={ENV: str(hold)},
+                     commitlog={"dir": str(tmpfs / "log"), "segment_bytes": 1 << 20})
+    held_id, free_id = unique("held"), unique("free")
+    held_topic, free_topic = f"devices/{held_id}/t", f"devices/{free_id}/t"
+    sub = raw(b, version=5)
+    sub.connect(unique("hwsub"))
+    sub.subscribe([(f"devices/{held_id}/#", 1), (f"devices/{free_id}/#", 1)], packet_id=1)
+    pub = raw(b, version=5)
+    pub.connect(unique("hwpub"), properties=RESUME)
+    device = _position(pub.publish(held_topic, b"m0", 1, packet_id=1))["device"]
+    sub.ack(sub.expect(R.PUBLISH))
+    hold.write_text(device + "\n")
+    wait_for(lambda: f"high-water mark of {device!r} held" in b.log_text(), timeout=30,
+             message="the failpoint to hold the mark")
+
+    pub.send(R.publish(held_topic, b"m1", qos=1, packet_id=2, version=5))
+    pub.send(R.publish(free_topic, b"f1", qos=1, packet_id=3, version=5))
+    first = pub.expect(R.PUBACK, timeout=30)  # sentinel: m1 is durable (an earlier write)
+    assert first.packet_id == 3 and not first.reason_code, first
+    sub.ack(sub.expect(R.PUBLISH, timeout=30))  # f1
+
+    _fill(tmpfs / "topfill")
+    # larger than the page slack at the segment's end: this write needs new blocks (ENOSPC)
+    big = b"x" * 16384
+    pub.send(R.publish(held_topic, b"m2" + big, qos=1, packet_id=4, version=5))
+    pub.send(R.publish(free_topic, b"f2" + big, qos=1, packet_id=5, version=5))
+    refused = [pub.expect(R.PUBACK, timeout=30) for _ in range(2)]
+    assert sorted(a.packet_id for a in refused) == [4, 5], (
+        f"on a full disk, with {device!r} held, the only answers must be the refusals of "
+        f"pids 4 and 5, got {refused!r}: the held publish (pid 2) was answered early")
+    for ack in refused:
+        assert ack.reason_code == 0x80 and "device" not in _position(ack), ack
+    pub.expect_none(1.0)
+    sub.expect_none(0.5)
+
+    (tmpfs / "topfill").unlink()
+    wait_for(lambda: b.http_get("/readyz")[0] == 200, timeout=60,
+             message="/readyz to come back after space was freed")
+    hold.unlink()
+    ack = pub.expect(R.PUBACK, timeout=30)
+    assert ack.packet_id == 2 and not ack.reason_code, (
+        f"the held, durable publish must be acknowledged once its mark passes, even after a "
+        f"failed write rolled the log back meanwhile; got {ack!r}")
+    assert _position(ack) == {"device": device, "offset": "1"}, ack
+    got = sub.expect(R.PUBLISH, timeout=30)
+    assert (got.topic, got.payload) == (held_topic, b"m1"), got
+    sub.ack(got)
+    sub.expect_none(1.0)  # the refused m2 and f2 are never delivered
+    after = pub.publish(held_topic, b"m3", 1, packet_id=6)
+    assert _position(after) == {"device": device, "offset": "2"}, (
+        f"the refused m2 took an offset: {after!r}")
