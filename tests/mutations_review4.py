@@ -17,6 +17,8 @@ META = ("tests/cluster/test_review4_raftplace_faults.py::"
 FLAPS = ("tests/cluster/test_review4_cursor_flaps.py::"
          "test_a_slow_replay_across_three_owner_link_cuts_misses_nothing_and_keeps_order")
 
+MOVES = "tests/cluster/test_review4_cursor_moves.py"
+
 
 def review4_mutations(mutation: Any) -> tuple[Any, ...]:
     """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
@@ -46,6 +48,12 @@ def review4_mutations(mutation: Any) -> tuple[Any, ...]:
           "                self._redial(client)\n",
           "                why = f\"this node's metadata process is not reachable ({err!r})\"\n"
           "                self._redial(client)\n                return why\n", (META,)),
+        m("review4-moved-replay-skips", "broker/sessionstore.py: a replay cursor handed over "
+          "with its session (or restored) resumes 10 offsets past where it was: a gap",
+          "broker/sessionstore.py",
+          "                sub.replay = (router.logs.cursor(replay[0], replay[1])\n",
+          "                sub.replay = (router.logs.cursor(replay[0], replay[1] + 10)\n",
+          (MOVES,)),
         m("review4-cursor-read-never-retried", "broker/cursors.py: a failed read of the "
           "owner's log (the link cut mid-replay) marks the cursor retrying and never retries: "
           "the replay stalls for good",
