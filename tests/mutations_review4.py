@@ -9,6 +9,8 @@ from typing import Any
 
 HWQ2 = ("tests/broker/test_review4_hwm_faults.py::"
         "test_held_qos2_answered_once_on_the_resumed_connection")
+FENCE = ("tests/cluster/test_review4_raftplace_faults.py::"
+         "test_appends_in_flight_across_a_raft_leader_restart_are_stored_not_fenced")
 HWFULL = ("tests/broker/test_review4_hwm_faults.py::"
           "test_a_full_disk_while_a_device_is_held_refuses_the_new_and_keeps_the_held")
 META = ("tests/cluster/test_review4_raftplace_faults.py::"
@@ -54,6 +56,11 @@ def review4_mutations(mutation: Any) -> tuple[Any, ...]:
           "                sub.replay = (router.logs.cursor(replay[0], replay[1])\n",
           "                sub.replay = (router.logs.cursor(replay[0], replay[1] + 10)\n",
           (MOVES,)),
+        m("review4-inflight-appends-not-resent", "cluster/link.py: APPENDs in flight when the "
+          "link reconnects (the owner frozen, killed -9, restarted) are dropped, not resent: "
+          "their publishers wait out cluster.append_timeout and are refused",
+          "cluster/link.py", "            resend.append(out)\n            unacked += 1\n",
+          "            self.queued_bytes -= out.size\n", (FENCE,)),
         m("review4-cursor-read-never-retried", "broker/cursors.py: a failed read of the "
           "owner's log (the link cut mid-replay) marks the cursor retrying and never retries: "
           "the replay stalls for good",

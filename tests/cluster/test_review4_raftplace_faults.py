@@ -7,6 +7,13 @@ its node restarts it. The outcome of the first proposal is unknown to the router
 the same compare-and-set (never take the lost proposal as applied, never place the log twice),
 and once the voters resume, the held publishes (QoS 1 and QoS 2) are stored once, in order, and
 answered once: PUBACK/PUBREC with offsets 0 and 1, nothing refused, nothing acked before.
+
+Fencing (cluster/fencing.py) across an owner's restart: APPENDs forwarded to a Raft-placed log's
+leader, in flight when that router is frozen and killed (-9), are resent by the publisher's
+router to the restarted leader. They name the epoch the log was placed at, which the restarted
+router leads again once its placement is fed: they must be stored (in order, once) and acked,
+never fenced as stale (a false refusal) nor refused because the restarted router had not heard
+its placement yet.
 """
 
 from __future__ import annotations
@@ -86,3 +93,38 @@ def test_held_publishes_survive_their_metadata_process_killed_mid_proposal(
     wait_for(lambda: trio.status(1, device)["owner"]["router"] == "n0/0", 30,
              message="n1 names n0/0, the publisher's router, as the leader")
     assert [bytes(r.payload) for r in fetch_all(trio.nodes[0], device)] == [b"a", b"b"]
+
+
+def test_appends_in_flight_across_a_raft_leader_restart_are_stored_not_fenced(
+        trio: Cluster, raw) -> None:
+    device = unique("r4fence")
+    topic = f"devices/{device}/t"
+    first = raw(trio.nodes[1], version=5)
+    first.connect(unique("r4own"), properties=ACK_OFFSETS)
+    first.send(R.publish(topic, b"p0", qos=1, packet_id=1, version=5))
+    ack = first.expect(R.PUBACK, timeout=60)
+    assert ack.reason_code == 0 and _offset(ack) == 0, ack
+    wait_for(lambda: trio.status(0, device)["owner"]["router"] == "n1/0", 30,
+             message="n0 names n1/0 as the leader")
+
+    pub = raw(trio.nodes[0], version=5)
+    pub.connect(unique("r4fwd"), properties=ACK_OFFSETS)
+    owner = trio.router_pid(1)
+    os.kill(owner, signal.SIGSTOP)
+    try:
+        for k in range(1, 6):
+            pub.send(R.publish(topic, f"p{k}".encode(), qos=1, packet_id=k, version=5))
+        pub.expect_none(1.0)  # the leader is frozen: nothing can be acked
+    finally:
+        os.kill(owner, signal.SIGKILL)
+        os.kill(owner, signal.SIGCONT)
+    trio.wait_router_restarted(1, owner)
+    acks = [pub.expect(R.PUBACK, timeout=60) for _ in range(5)]
+    assert [(a.packet_id, a.reason_code) for a in acks] == [(k, 0) for k in range(1, 6)], (
+        f"APPENDs in flight across the leader's restart must be stored and acked, in order; "
+        f"got {acks!r}")
+    assert [_offset(a) for a in acks] == [1, 2, 3, 4, 5], acks
+    assert [bytes(r.payload) for r in fetch_all(trio.nodes[1], device)] == [
+        f"p{k}".encode() for k in range(6)]
+    fenced = trio.nodes[1].metric("meshmq_link_appends_fenced_total", peer="n0/0") or 0
+    assert not fenced, f"the restarted leader fenced {fenced} legitimate resends"
