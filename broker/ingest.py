@@ -43,6 +43,12 @@ _ACK_HEAD = {_PUBACK: b"\x40\x02", _PUBREC: b"\x50\x02", _PUBCOMP: b"\x70\x02"}
 # Publishes waiting for the disk beyond which publishers' sockets stop being read: a fast QoS 0
 # publisher cannot grow memory faster than fsync drains it (v5 Receive Maximum bounds QoS>0 too).
 HELD_LIMIT = 50_000
+# ...and only a publisher holding at least this many of them itself is paused (review4): a device
+# whose high-water mark is held (a lagging follower, broker/devicelogs.py) may hold HELD_LIMIT
+# publishes alone, and pausing every publisher then stopped every other device's publishers too,
+# for as long as that one device lagged (Kafka's purgatory delays only the produce requests of
+# the lagging partition). Memory stays bounded: HELD_LIMIT plus this many per connection.
+PAUSE_MIN_UNSETTLED = 64
 _NOT_STORED = "message not stored: the commit log cannot write (disk full or failing?)"
 
 
@@ -70,7 +76,8 @@ class IngestRoom:
         conn.unsettled += 1
         if pkt.qos == 2:
             conn.session.incoming_qos2[pkt.packet_id] = False
-        if logs.held > HELD_LIMIT and conn not in self._paused_publishers:
+        if logs.held > HELD_LIMIT and conn.unsettled >= PAUSE_MIN_UNSETTLED \
+                and conn not in self._paused_publishers:
             conn.transport.pause_reading()
             self._paused_publishers.add(conn)
 
@@ -78,14 +85,20 @@ class IngestRoom:
         """One device's publishes of a group commit are below its high-water mark (or were not
         stored: ``exc``): route them and answer their publishers, in log order."""
         settled: list[Connection] = []
+        paused = self._paused_publishers  # almost always empty: one truth test per message
         for conn, packet_id, msg in batch:
             if conn is None and packet_id is not None:  # stored for a peer router
                 self.remote.stored(packet_id, msg, exc)
                 continue
             if conn is not None:
                 conn.unsettled -= 1
-                if not conn.unsettled and conn.pending is not None:
-                    settled.append(conn)
+                if not conn.unsettled:
+                    if conn.pending is not None:
+                        settled.append(conn)
+                    if paused and conn in paused:
+                        # nothing of its own held any more: it costs no memory (see
+                        # PAUSE_MIN_UNSETTLED), whatever other devices still hold
+                        self._resume_publisher(conn)
                 if msg.qos == 2 and conn.closing and conn.session is not None:
                     # its resumed session must not keep the id pending forever
                     self.remote.settle_resumed_qos2(conn.session, packet_id, exc)
@@ -106,11 +119,15 @@ class IngestRoom:
             self.release_held(conn)
         if self._paused_publishers and self.logs is not None \
                 and self.logs.held <= HELD_LIMIT // 2:
-            for paused in self._paused_publishers:
-                if not paused.closing:
-                    paused.partial_since = None  # packet_timeout counts from the resume
-                    paused.transport.resume_reading()
-            self._paused_publishers.clear()
+            for paused in list(self._paused_publishers):
+                self._resume_publisher(paused)
+
+    def _resume_publisher(self, conn: Connection) -> None:
+        """Read a publisher paused by HELD_LIMIT again."""
+        self._paused_publishers.discard(conn)
+        if not conn.closing:
+            conn.partial_since = None  # packet_timeout counts from the resume
+            conn.transport.resume_reading()
 
     def not_stored(self, conn: Connection | None, packet_id: int | None, qos: int,
                     err: BaseException) -> None:

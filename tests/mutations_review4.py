@@ -19,6 +19,74 @@ META = ("tests/cluster/test_review4_raftplace_faults.py::"
 FLAPS = ("tests/cluster/test_review4_cursor_flaps.py::"
          "test_a_slow_replay_across_three_owner_link_cuts_misses_nothing_and_keeps_order")
 
+HWLIM = ("tests/broker/test_review4_hwm_faults.py::"
+         "test_one_held_device_past_the_held_limit_does_not_pause_other_devices_publishers")
+# broker/ingest.py as it was before review4's fix (both halves: either alone fixes the stall)
+_PAUSE_OLD = (
+    '        if logs.held > HELD_LIMIT and conn.unsettled >= PAUSE_MIN_UNSE'
+    'TTLED \\\n'
+    '                and conn not in self._paused_publishers:\n'
+    '            conn.transport.pause_reading()\n'
+    '            self._paused_publishers.add(conn)\n'
+    '\n'
+    '    def _on_durable(self, batch: list[PendingPublish], exc: BaseExcept'
+    'ion | None) -> None:\n'
+    '        """One device\'s publishes of a group commit are below its high'
+    '-water mark (or were not\n'
+    '        stored: ``exc``): route them and answer their publishers, in l'
+    'og order."""\n'
+    '        settled: list[Connection] = []\n'
+    '        paused = self._paused_publishers  # almost always empty: one t'
+    'ruth test per message\n'
+    '        for conn, packet_id, msg in batch:\n'
+    '            if conn is None and packet_id is not None:  # stored for a'
+    ' peer router\n'
+    '                self.remote.stored(packet_id, msg, exc)\n'
+    '                continue\n'
+    '            if conn is not None:\n'
+    '                conn.unsettled -= 1\n'
+    '                if not conn.unsettled:\n'
+    '                    if conn.pending is not None:\n'
+    '                        settled.append(conn)\n'
+    '                    if paused and conn in paused:\n'
+    '                        # nothing of its own held any more: it costs n'
+    'o memory (see\n'
+    '                        # PAUSE_MIN_UNSETTLED), whatever other devices'
+    ' still hold\n'
+    '                        self._resume_publisher(conn)\n'
+)
+_PAUSE_NEW = (
+    '        if logs.held > HELD_LIMIT \\\n'
+    '                and conn not in self._paused_publishers:\n'
+    '            conn.transport.pause_reading()\n'
+    '            self._paused_publishers.add(conn)\n'
+    '\n'
+    '    def _on_durable(self, batch: list[PendingPublish], exc: BaseExcept'
+    'ion | None) -> None:\n'
+    '        """One device\'s publishes of a group commit are below its high'
+    '-water mark (or were not\n'
+    '        stored: ``exc``): route them and answer their publishers, in l'
+    'og order."""\n'
+    '        settled: list[Connection] = []\n'
+    '        paused = self._paused_publishers  # almost always empty: one t'
+    'ruth test per message\n'
+    '        for conn, packet_id, msg in batch:\n'
+    '            if conn is None and packet_id is not None:  # stored for a'
+    ' peer router\n'
+    '                self.remote.stored(packet_id, msg, exc)\n'
+    '                continue\n'
+    '            if conn is not None:\n'
+    '                conn.unsettled -= 1\n'
+    '                if not conn.unsettled:\n'
+    '                    if conn.pending is not None:\n'
+    '                        settled.append(conn)\n'
+    '                    if False:\n'
+    '                        # nothing of its own held any more: it costs n'
+    'o memory (see\n'
+    '                        # PAUSE_MIN_UNSETTLED), whatever other devices'
+    ' still hold\n'
+    '                        self._resume_publisher(conn)\n'
+)
 MOVES = "tests/cluster/test_review4_cursor_moves.py"
 
 
@@ -26,6 +94,14 @@ def review4_mutations(mutation: Any) -> tuple[Any, ...]:
     """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
     m = mutation
     return (
+        m("review4-held-limit-pauses-everyone", "broker/ingest.py: past HELD_LIMIT every "
+          "publisher is paused, and stays paused until the total falls to half: one device "
+          "whose mark is held stops every other device's publishers (the bug review4 fixed)",
+          "broker/ingest.py", _PAUSE_OLD, _PAUSE_NEW, (HWLIM,)),
+        m("review4-held-limit-never-pauses", "broker/ingest.py: the publisher flooding a held "
+          "device is never paused (memory grows without bound)",
+          "broker/ingest.py", "PAUSE_MIN_UNSETTLED = 64\n", "PAUSE_MIN_UNSETTLED = 1 << 62\n",
+          (HWLIM,)),
         m("review4-held-qos2-resumed-unanswered", "broker/forwarding.py: a QoS 2 publish "
           "settled after its connection closed is marked stored but its resumed connection "
           "never hears the PUBREC (the client waits on that packet id forever)",

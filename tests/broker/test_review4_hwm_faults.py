@@ -15,12 +15,15 @@ from __future__ import annotations
 import errno
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 from helpers import raw as R
 from helpers.broker import wait_for
 from helpers.clients import unique
+
+from broker.ingest import HELD_LIMIT
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -175,3 +178,47 @@ def test_a_full_disk_while_a_device_is_held_refuses_the_new_and_keeps_the_held(
     after = pub.publish(held_topic, b"m3", 1, packet_id=6)
     assert _position(after) == {"device": device, "offset": "2"}, (
         f"the refused m2 took an offset: {after!r}")
+
+
+def test_one_held_device_past_the_held_limit_does_not_pause_other_devices_publishers(
+        start_broker, raw, tmp_path: Path) -> None:
+    """A device whose mark is held (a lagging follower) may hold ``HELD_LIMIT`` publishes on
+    its own: the publisher flooding it is paused (memory stays bounded), and another device's
+    publisher must go on being read and acknowledged (devices settle independently). Before
+    review4 every publisher was paused until that one device's mark moved."""
+    hold = tmp_path / "hwm-hold"
+    b = start_broker(env={ENV: str(hold)})
+    held_id, free_id = unique("held"), unique("free")
+    flood = raw(b, version=5)
+    flood.connect(unique("flood"), properties=RESUME)
+    device = _position(flood.publish(f"devices/{held_id}/t", b"m0", 1, packet_id=1))["device"]
+    hold.write_text(device + "\n")
+    wait_for(lambda: f"high-water mark of {device!r} held" in b.log_text(), timeout=30,
+             message="the failpoint to hold the mark")
+    one = R.publish(f"devices/{held_id}/t", b"x", qos=0, version=5)
+    count = HELD_LIMIT + 2000
+    for _ in range(count // 1000):
+        flood.send(one * 1000)
+    wait_for(lambda: b.metric("meshmq_messages_received_total") > HELD_LIMIT, timeout=60,
+             message=f"the broker to hold more than {HELD_LIMIT} publishes of {device!r}")
+
+    other = raw(b, version=5)
+    other.connect(unique("other"))
+    for pid in range(1, 129):  # twice PAUSE_MIN_UNSETTLED
+        other.send(R.publish(f"devices/{free_id}/t", b"f", qos=1, packet_id=pid, version=5))
+        ack = other.expect(R.PUBACK, timeout=30)
+        assert (ack.packet_id, ack.reason_code) == (pid, 0), ack
+    # ...while the flooding publisher itself is paused: memory stays bounded. 50,000 more are
+    # sent (into the socket buffers); the broker reads at most one more read's worth of them
+    flood.sock.settimeout(2.0)
+    for _ in range(50):
+        if not flood.try_send(one * 1000):
+            break
+    time.sleep(2.0)
+    received = b.metric("meshmq_messages_received_total")
+    assert received < HELD_LIMIT + 20_000, (
+        f"{received:.0f} publishes read while {device!r} holds more than {HELD_LIMIT}: the "
+        f"publisher flooding the held device was not paused (memory unbounded)")
+    hold.unlink()  # the flood settles (its publisher resumes), then the test ends
+    ack = flood.publish(f"devices/{held_id}/t", b"last", 1, packet_id=2)
+    assert not ack.reason_code, ack
