@@ -131,7 +131,8 @@ class RemotePublishes:
         conn.unsettled -= 1
         if msg.qos == 2 and conn.closing and conn.session is not None:
             # first: not_stored forgets the id, and a live connection must hear the outcome
-            self.settle_resumed_qos2(conn.session, packet_id, exc)  # type: ignore[arg-type]
+            msg.offset = offset
+            self.settle_resumed_qos2(conn.session, packet_id, exc, msg)  # type: ignore[arg-type]
         if exc is not None:
             router.not_stored(conn, packet_id, msg.qos, exc)
         elif msg.qos and not conn.closing and conn.session is not None:
@@ -146,7 +147,7 @@ class RemotePublishes:
         # every other ack of the RESULTS frame (a flush per ack was a third of a router's CPU)
 
     def settle_resumed_qos2(self, session: Session, packet_id: int,
-                             exc: BaseException | None) -> None:
+                             exc: BaseException | None, msg: Message | None = None) -> None:
         """A QoS 2 publish's outcome came after its connection closed (the owner slow, frozen
         or cut off: up to cluster.append_timeout; or our own fsync slow, from
         ``_on_durable`` in broker/ingest.py). Its packet id must not stay pending in the
@@ -155,7 +156,9 @@ class RemotePublishes:
         ever answer it and the client would hang on that id. Stored: the id is the client's to
         release (PUBREC, now to the session's live connection if any, and to any resend).
         Not stored: the id is forgotten (a resend is a new publish) and a live connection hears
-        the refusal (v5 0x80; a 3.x one is closed, it resends after reconnecting)."""
+        the refusal (v5 0x80; a 3.x one is closed, it resends after reconnecting). The PUBREC
+        carries ``msg``'s log position when the live connection asked for ``ack-offsets``, as
+        every other PUBREC does (review4: it came without)."""
         if session.incoming_qos2.get(packet_id) is not False:
             return  # no longer pending: a takeover's clean start, or the id already settled
         live = session.conn
@@ -164,7 +167,9 @@ class RemotePublishes:
         if exc is None:
             session.incoming_qos2[packet_id] = True
             if live is not None:
-                self.router.ack_publish(live, 2, packet_id, 0)
+                props = ({Prop.USER_PROPERTY: msg.log_position()}
+                         if msg is not None and live.ack_offsets else None)
+                self.router.ack_publish(live, 2, packet_id, 0, props)
             return
         del session.incoming_qos2[packet_id]
         if live is None:

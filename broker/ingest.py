@@ -101,7 +101,7 @@ class IngestRoom:
                         self._resume_publisher(conn)
                 if msg.qos == 2 and conn.closing and conn.session is not None:
                     # its resumed session must not keep the id pending forever
-                    self.remote.settle_resumed_qos2(conn.session, packet_id, exc)
+                    self.remote.settle_resumed_qos2(conn.session, packet_id, exc, msg)
             try:
                 if exc is not None:
                     self.not_stored(conn, packet_id, msg.qos, exc)

@@ -25,8 +25,8 @@ def review2_mutations(mutation: Any) -> tuple[Any, ...]:
         m("review2-qos2-late-store-not-told", "a QoS 2 publish stored after its connection "
           "closed: the session's live connection is not sent its PUBREC",
           "broker/forwarding.py",
-          "            if live is not None:\n                self.router.ack_publish(",
-          "            if False:\n                self.router.ack_publish(",
+          "            if live is not None:\n                props = (",
+          "            if False:\n                props = (",
           (f"{Q2T}[stored-late]",)),
         m("review2-qos2-311-refused-pending", "a 3.1.1 QoS 2 publish refused as not stored "
           "(connection closed, no negative PUBREC in 3.1.1) leaves its packet id pending in "

@@ -9,6 +9,8 @@ from typing import Any
 
 HWQ2 = ("tests/broker/test_review4_hwm_faults.py::"
         "test_held_qos2_answered_once_on_the_resumed_connection")
+LATEQ2 = ("tests/cluster/test_review4_raftplace_faults.py::"
+          "test_a_placement_answered_after_its_qos2_publisher_reconnected_is_pubrecd_once")
 FENCE = ("tests/cluster/test_review4_raftplace_faults.py::"
          "test_appends_in_flight_across_a_raft_leader_restart_are_stored_not_fenced")
 HWFULL = ("tests/broker/test_review4_hwm_faults.py::"
@@ -106,10 +108,14 @@ def review4_mutations(mutation: Any) -> tuple[Any, ...]:
           "settled after its connection closed is marked stored but its resumed connection "
           "never hears the PUBREC (the client waits on that packet id forever)",
           "broker/forwarding.py",
-          "            if live is not None:\n                self.router.ack_publish(live, 2, "
-          "packet_id, 0)\n",
-          "            if False and live is not None:\n                self.router.ack_publish("
-          "live, 2, packet_id, 0)\n", (HWQ2,)),
+          "            if live is not None:\n                props = (",
+          "            if False and live is not None:\n                props = (", (HWQ2,)),
+        m("review4-resumed-pubrec-no-offsets", "broker/forwarding.py: the PUBREC of a QoS 2 "
+          "publish settled after its connection closed omits the log position the resumed "
+          "connection asked for (ack-offsets)",
+          "broker/forwarding.py",
+          "                         if msg is not None and live.ack_offsets else None)\n",
+          "                         if False else None)\n", (HWQ2, LATEQ2)),
         m("review4-rollback-fails-held-durable", "commitlog/store.py: a failed write's rollback "
           "fails the commit waiters from the high-water mark instead of the durable end: a "
           "held device's durable record is refused (and delivered later anyway)",

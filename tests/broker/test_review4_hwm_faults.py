@@ -80,6 +80,9 @@ def test_held_qos2_answered_once_on_the_resumed_connection(start_broker, raw,
     assert rec.packet_id == 7 and not rec.reason_code, (
         f"the held QoS 2 publish must be PUBREC'd (success) on the resumed connection once "
         f"its mark passed, got {rec!r}")
+    assert _position(rec) == {"device": device, "offset": "1"}, (
+        f"the resumed connection asked for ack-offsets: its PUBREC must say where the publish "
+        f"is stored, got {rec!r}")
     again.send(R.pubrel(7))
     comp = again.expect(R.PUBCOMP, timeout=30)
     assert comp.packet_id == 7 and not comp.reason_code, comp

@@ -128,3 +128,43 @@ def test_appends_in_flight_across_a_raft_leader_restart_are_stored_not_fenced(
         f"p{k}".encode() for k in range(6)]
     fenced = trio.nodes[1].metric("meshmq_link_appends_fenced_total", peer="n0/0") or 0
     assert not fenced, f"the restarted leader fenced {fenced} legitimate resends"
+
+
+def test_a_placement_answered_after_its_qos2_publisher_reconnected_is_pubrecd_once(
+        trio: Cluster, raw) -> None:
+    """The placement's answer comes after the publisher lost its connection and resumed its
+    session (its resend of the pending packet id meanwhile): one PUBREC, on the new connection,
+    one record in the log."""
+    device = unique("r4late")
+    topic = f"devices/{device}/t"
+    cid = unique("r4q2")
+    resume = {R.SESSION_EXPIRY_INTERVAL: 300, R.USER_PROPERTY: [("ack-offsets", "true")]}
+    pub = raw(trio.nodes[0], version=5)
+    pub.connect(cid, properties=resume)
+    voters = [_meta_pid(trio, i) for i in (1, 2)]
+    assert all(voters), voters
+    for pid in voters:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        pub.send(R.publish(topic, b"q", qos=2, packet_id=5, version=5))
+        pub.expect_none(1.0)  # held: no majority
+        pub.abort()
+        again = raw(trio.nodes[0], version=5)
+        ack = again.connect(cid, clean=False, properties=resume)
+        assert ack.session_present, ack
+        again.send(R.publish(topic, b"q", qos=2, dup=True, packet_id=5, version=5))
+        again.expect_none(1.0)  # the pending id: answered only once placed and stored
+    finally:
+        for pid in voters:
+            os.kill(pid, signal.SIGCONT)
+    rec = again.expect(R.PUBREC, timeout=90)
+    assert rec.packet_id == 5 and rec.reason_code == 0, rec
+    assert dict((rec.properties or {}).get(R.USER_PROPERTY, [])) == {
+        "device": device, "offset": "0"}, (
+        f"the resumed connection asked for ack-offsets: its PUBREC must say where the publish "
+        f"is stored, got {rec!r}")
+    again.send(R.pubrel(5))
+    comp = again.expect(R.PUBCOMP, timeout=30)
+    assert comp.packet_id == 5 and not comp.reason_code, comp
+    again.expect_none(1.5)  # once
+    assert [bytes(r.payload) for r in fetch_all(trio.nodes[0], device)] == [b"q"]
