@@ -41,6 +41,13 @@ def test_mutation_still_plants(m) -> None:
     assert text.count(m.old) == 1, (
         f"{m.name}: its text occurs {text.count(m.old)} times in {m.path} (expected once): "
         "the code it guards moved; update the mutation with the move")
+    at = text.find(m.old)
+    if at > 0 and (m.old[0].isalnum() or m.old[0] == "_"):
+        before = text[at - 1]
+        # "VERSION = 2" once matched inside "MIN_VERSION = 2": the plant changed another name
+        assert not (before.isalnum() or before == "_"), (
+            f"{m.name}: its text starts inside a longer name in {m.path} "
+            f"({text[max(0, at - 20):at + 20]!r}): anchor it on the whole name")
     assert m.new != m.old
     for test in m.tests:
         path = test.split("::")[0]
