@@ -88,7 +88,11 @@ def test_stopping_a_node_stops_its_metadata_process(trio: Cluster) -> None:
     trio.nodes[2].wait_ready()
     pid = _meta(trio, 2)["pid"]
     trio.nodes[2].kill()  # the supervisor, -9: its voter must not stay behind
-    wait_for(lambda: not _alive(pid), 15, message="the orphaned voter exits")
+    try:
+        wait_for(lambda: not _alive(pid), 15, message="the orphaned voter exits")
+    finally:
+        if _alive(pid):  # the bug under test: stop what we started, by its PID
+            os.kill(pid, signal.SIGKILL)
     trio.nodes[2].start(wait=False)
     trio.nodes[2].wait_ready()
     _one_leader(trio)
