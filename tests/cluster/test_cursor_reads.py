@@ -122,20 +122,6 @@ def test_reads_failing_while_the_owner_is_down_are_retried_for_replay_and_catch_
                              f"{sorted(set(want) - set(got_lag))[:5]}")
 
 
-@pytest.fixture
-def pair_via_proxy(tmp_path) -> Iterator[tuple[Cluster, TcpProxy]]:
-    """Two nodes; node 0 reaches node 1 through a proxy the test can cut."""
-    cluster = Cluster(tmp_path, n=2)
-    proxy = TcpProxy(cluster.mesh_ports[1])
-    cluster.dial_via(0, 1, proxy.port)
-    try:
-        cluster.start()
-        yield cluster, proxy
-    finally:
-        proxy.close()
-        cluster.stop()
-
-
 def test_a_live_replay_cursor_reads_back_what_a_killed_owner_never_routed(
         pair_via_proxy: tuple[Cluster, TcpProxy], clients: ClientFactory) -> None:
     """Node 0 owns the log; an offset replay at node 1 has read it and follows it live. Node 0

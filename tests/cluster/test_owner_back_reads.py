@@ -9,7 +9,6 @@ reads to one owner are now paced (``broker/catchup.py``): none is refused.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from helpers.broker import wait_for
@@ -21,20 +20,6 @@ pytestmark = pytest.mark.timeout(180)
 
 _SESSIONS = 12
 _DEVICES = 20  # 240 positions in node 0's logs: well past the 64 reads an owner answers at once
-
-
-@pytest.fixture
-def pair_via_proxy(tmp_path) -> Iterator[tuple[Cluster, TcpProxy]]:
-    """Two nodes; node 0 reaches node 1 through a proxy the test can cut."""
-    cluster = Cluster(tmp_path, n=2)
-    proxy = TcpProxy(cluster.mesh_ports[1])
-    cluster.dial_via(0, 1, proxy.port)
-    try:
-        cluster.start()
-        yield cluster, proxy
-    finally:
-        proxy.close()
-        cluster.stop()
 
 
 def test_a_link_flap_with_many_positions_has_no_read_refused_and_misses_nothing(

@@ -12,7 +12,6 @@ when the link went; and a cut once the cursor is live loses nothing stored meanw
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from helpers import raw as R
@@ -25,20 +24,6 @@ pytestmark = pytest.mark.timeout(240)
 _FIRST = 240  # stored before the replay starts
 _PER_CUT = 30  # stored at the owner during each cut
 _CUTS_AT = (40, 110, 180)  # first deliveries after which the link is cut
-
-
-@pytest.fixture
-def pair_via_proxy(tmp_path) -> Iterator[tuple[Cluster, TcpProxy]]:
-    """Two nodes; node 0 reaches node 1 through a proxy the test can cut."""
-    cluster = Cluster(tmp_path, n=2)
-    proxy = TcpProxy(cluster.mesh_ports[1])
-    cluster.dial_via(0, 1, proxy.port)
-    try:
-        cluster.start()
-        yield cluster, proxy
-    finally:
-        proxy.close()
-        cluster.stop()
 
 
 def _publish_n(pub: R.RawClient, topic: str, first: int, count: int) -> None:
