@@ -36,6 +36,11 @@ id, topic and payload lost before it was stored and resent (answered with the ea
 offset: an identical message counted once). A publisher that needs exactly once across
 everything sets ``meshmq-message-id``.
 
+Where it runs (``mqtt.publisher_dedupe``, ``for_router``): with ``[cluster]`` by default, on a
+single node only when set to "on": the header costs about 0.35 us of CPU a record (append +
+flush) and ~24 bytes on disk, and a single node's hot path stays as it was unless asked.
+Without it (None) no header is written and nothing is looked up.
+
 The session epoch: a random non-zero number for a session created by a clean start; 0 for a
 session created by ``clean_start = false`` where none was found (a client whose node died:
 its session's epoch died with it), restored after a restart or moved from another router
