@@ -120,6 +120,20 @@ def _client(pub: bytes) -> bytes:
     return pub[:8]
 
 
+def _names(rec: Any, pub: bytes | None, mid: str | None) -> bool:
+    """Whether ``rec`` is the one the index pointed at: its message id, or its client and
+    packet id (the epoch was compared by the index)."""
+    for name, value in rec.headers or ():
+        if mid is not None:
+            if name == MESSAGE_ID and bytes(value) == mid.encode():
+                return True
+        elif name == H_PUBLISHER and pub is not None:
+            value = bytes(value)
+            if value[:8] == pub[:8] and value[12:] == pub[12:]:
+                return True
+    return False
+
+
 class _Tail:
     """What one scan of a device's newest records found, extended by later lookups."""
 
@@ -217,6 +231,8 @@ class PublisherDedupe:
         rec = recs[0]
         if rec.topic != msg.topic or bytes(rec.payload) != msg.payload:
             return None  # the same ids, another message: not a resend of it
+        if not _names(rec, pub, mid):
+            return None  # an index entry gone stale (the log truncated and grown back)
         return offset, rec.timestamp_us < self.started_us
 
     def _latest(self, tail: _Tail, pub: bytes) -> int | None:
