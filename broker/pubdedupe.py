@@ -79,6 +79,7 @@ H_PUBLISHER = ":pub"
 MESSAGE_ID = "meshmq-message-id"
 _PUB = struct.Struct(">8sIH")
 _PREFIX = 12  # client hash + session epoch
+_UNKNOWN = bytes(4)  # session epoch 0: not known where the session was made (matches any)
 #: Device logs whose scanned tail is kept between lookups (least recently used dropped): a
 #: failover's resends come in a burst per device; memory is this times mqtt.dedupe_window
 #: entries at most.
@@ -244,7 +245,7 @@ class PublisherDedupe:
         epoch, pid = pub[8:12], pub[12:]
         for rest, offset in reversed(mine):
             if rest[4:] == pid:
-                if epoch == b"\0\0\0\0" or rest[:4] == epoch or rest[:4] == b"\0\0\0\0":
+                if rest[:4] == epoch or _UNKNOWN in (epoch, rest[:4]):
                     return offset
                 return None  # the latest use of this packet id is another session's
         return None

@@ -12,6 +12,7 @@ RESTART = ONE + "::test_resend_after_lost_connection_and_restart_is_stored_once"
 OTHER = ONE + "::test_another_clients_resend_with_the_same_packet_id_is_stored"
 MSGID = ONE + "::test_message_id_property_dedupes_across_client_ids"
 DEFAULT = ONE + "::test_a_single_node_keeps_no_publisher_header_by_default"
+CLEAN = ONE + "::test_a_new_clean_session_is_another_publisher"
 HELD = ONE + "::test_a_resend_of_a_copy_not_yet_committed_waits_for_it"
 MESH = ("tests/cluster/test_publish_dedupe_cluster.py::"
         "test_a_resend_at_another_node_after_the_publishers_node_died_is_stored_once")
@@ -47,6 +48,10 @@ def dedupe_mutations(mutation: Any) -> tuple[Any, ...]:
           "once, before its copy is committed", PD,
           "        self.committer.when_high_watermark(device, offset, callback)\n",
           "        callback(None)\n", (HELD,)),
+        m("dedupe-any-epoch", "publisher dedupe: the session epoch is ignored (a new clean "
+          "session's message matched against the previous session's record)", PD,
+          "                if rest[:4] == epoch or _UNKNOWN in (epoch, rest[:4]):\n",
+          "                if True:\n", (CLEAN,)),
         m("dedupe-single-node-default", "publisher dedupe on a single node by default (its "
           "header's cost on the single node's hot path)", "broker/settings.py",
           "    publisher_dedupe: DedupeMode = DedupeMode.CLUSTER\n",

@@ -185,3 +185,25 @@ def test_a_single_node_keeps_no_publisher_header_by_default(start_broker, raw) -
     assert c.expect(R.PUBACK, timeout=30).packet_id == 1
     recs = fetch_all(b, device)
     assert [(bytes(r.payload), list(r.headers)) for r in recs] == [(b"m0", []), (b"m0", [])]
+
+
+def test_a_new_clean_session_is_another_publisher(start_broker, raw) -> None:
+    """The session epoch is part of the key: a client that starts a clean session and sends
+    DUP=1 with a packet id, topic and payload its previous session last stored is another
+    session's message (a clean start discards the session [MQTT-3.1.2-4]): stored. Its own
+    resend within that session is then matched (the latest record is its own)."""
+    b = start_broker(mqtt=ON)
+    device = unique("dd")
+    topic = f"devices/{device}/t"
+    cid = unique("ddclean")
+    c = raw(b)
+    c.connect(cid, clean=True)
+    _stored_unanswered(b, c, device, topic, b"x", 5)
+    c = raw(b)
+    c.connect(cid, clean=True)
+    c.send(R.publish(topic, b"x", qos=1, dup=True, packet_id=5))
+    assert c.expect(R.PUBACK, timeout=30).packet_id == 5
+    assert _payloads(b, device) == [b"x", b"x"]
+    c.send(R.publish(topic, b"x", qos=1, dup=True, packet_id=5))  # same session: a resend
+    assert c.expect(R.PUBACK, timeout=30).packet_id == 5
+    assert _payloads(b, device) == [b"x", b"x"]
