@@ -13,6 +13,7 @@ OTHER = ONE + "::test_another_clients_resend_with_the_same_packet_id_is_stored"
 MSGID = ONE + "::test_message_id_property_dedupes_across_client_ids"
 DEFAULT = ONE + "::test_a_single_node_keeps_no_publisher_header_by_default"
 CLEAN = ONE + "::test_a_new_clean_session_is_another_publisher"
+WINDOWS = ONE + "::test_a_copy_outside_the_windows_is_stored_again"
 HELD = ONE + "::test_a_resend_of_a_copy_not_yet_committed_waits_for_it"
 MESH = ("tests/cluster/test_publish_dedupe_cluster.py::"
         "test_a_resend_at_another_node_after_the_publishers_node_died_is_stored_once")
@@ -52,6 +53,14 @@ def dedupe_mutations(mutation: Any) -> tuple[Any, ...]:
           "session's message matched against the previous session's record)", PD,
           "                if rest[:4] == epoch or _UNKNOWN in (epoch, rest[:4]):\n",
           "                if True:\n", (CLEAN,)),
+        m("dedupe-no-inflight-window", "publisher dedupe: a client's packet id matched "
+          "however many of its records came after (ids are reused once acknowledged)", PD,
+          "mine = by_client[client] = deque(maxlen=in_flight)",
+          "mine = by_client[client] = deque()",
+          (WINDOWS,)),
+        m("dedupe-no-window", "publisher dedupe: the whole log is read, mqtt.dedupe_window "
+          "ignored", PD, "        low = max(start, end - self.window)\n",
+          "        low = start\n", (WINDOWS,)),
         m("dedupe-single-node-default", "publisher dedupe on a single node by default (its "
           "header's cost on the single node's hot path)", "broker/settings.py",
           "    publisher_dedupe: DedupeMode = DedupeMode.CLUSTER\n",

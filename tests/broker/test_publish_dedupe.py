@@ -207,3 +207,33 @@ def test_a_new_clean_session_is_another_publisher(start_broker, raw) -> None:
     c.send(R.publish(topic, b"x", qos=1, dup=True, packet_id=5))  # same session: a resend
     assert c.expect(R.PUBACK, timeout=30).packet_id == 5
     assert _payloads(b, device) == [b"x", b"x"]
+
+
+def test_a_copy_outside_the_windows_is_stored_again(start_broker, raw) -> None:
+    """The two bounds: the client's in-flight window (its last mqtt.receive_maximum records in
+    the log; a packet id older than that was acknowledged and may be reused) and
+    mqtt.dedupe_window (how far back the log is read). A copy outside either is stored again
+    (at least once), one inside both is found."""
+    b = start_broker(mqtt={**ON, "receive_maximum": 2, "dedupe_window": 6})
+    device = unique("dd")
+    topic = f"devices/{device}/t"
+    cid = unique("ddwin")
+    c = raw(b)
+    c.connect(cid, clean=False)
+    _stored_unanswered(b, c, device, topic, b"a", 1)
+    c = raw(b)
+    c.connect(cid, clean=False)
+    c.publish(topic, b"b", 1, packet_id=2)
+    c.publish(topic, b"c", 1, packet_id=3)  # "a" is now 2 of this client's records back
+    _resend(b, raw, cid, topic, b"a", 1)
+    assert _payloads(b, device) == [b"a", b"b", b"c", b"a"]
+    # in both windows: found
+    _resend(b, raw, cid, topic, b"c", 3)
+    assert _payloads(b, device) == [b"a", b"b", b"c", b"a"]
+    # another client's records push "c" out of the device's last 6
+    other = raw(b)
+    other.connect(unique("ddother"))
+    for pid in range(1, 6):
+        other.publish(topic, b"o", 1, packet_id=pid)
+    _resend(b, raw, cid, topic, b"c", 3)
+    assert _payloads(b, device) == [b"a", b"b", b"c", b"a", *[b"o"] * 5, b"c"]
