@@ -18,6 +18,7 @@ HELD = ONE + "::test_a_resend_of_a_copy_not_yet_committed_waits_for_it"
 MESH = ("tests/cluster/test_publish_dedupe_cluster.py::"
         "test_a_resend_at_another_node_after_the_publishers_node_died_is_stored_once")
 PD = "broker/pubdedupe.py"
+CFG = "tests/meshmq/test_config.py::test_env_errors_name_key_value_and_source"
 
 
 def dedupe_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -61,6 +62,11 @@ def dedupe_mutations(mutation: Any) -> tuple[Any, ...]:
         m("dedupe-no-window", "publisher dedupe: the whole log is read, mqtt.dedupe_window "
           "ignored", PD, "        low = max(start, end - self.window)\n",
           "        low = start\n", (WINDOWS,)),
+        m("dedupe-cfg-window-zero", "config: mqtt.dedupe_window = 0 accepted (every lookup "
+          "reads nothing)", "meshmq/config.py", '"dedupe_window": _Int(1, 1 << 24)',
+          '"dedupe_window": _Int(0, 1 << 24)',
+          (f"{CFG}[MESHMQ_MQTT__DEDUPE_WINDOW-0-mqtt.dedupe_window-an integer between 1 and "
+           "16777216]",)),
         m("dedupe-single-node-default", "publisher dedupe on a single node by default (its "
           "header's cost on the single node's hot path)", "broker/settings.py",
           "    publisher_dedupe: DedupeMode = DedupeMode.CLUSTER\n",
