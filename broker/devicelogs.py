@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from broker.cursors import LogCursor
 from broker.logrules import LogRules
 from broker.protocol.properties import Prop
+from broker.pubdedupe import H_PUBLISHER, PublisherDedupe
 from commitlog.groupcommit import GroupCommitter
 from commitlog.record import ATTR_QOS_MASK, ATTR_RETAIN, Record
 from commitlog.store import LogStore
@@ -103,6 +104,8 @@ def properties_from_headers(headers: Any) -> tuple[dict | None, int | None]:
         spec = _RESERVED.get(name)
         if spec is None:
             if name == _H_ORIGIN or name == H_SOURCE:
+                continue
+            if name == H_PUBLISHER:  # who published it (broker/pubdedupe.py): internal too
                 continue
             users.append((name, bytes(value).decode("utf-8", "replace")))
             continue
@@ -189,6 +192,9 @@ class DeviceLogs:
         self.held = 0  # publishes appended and not yet settled (backpressure signal)
         # in a cluster: the router owning a device log when it is another one (cluster/mesh.py)
         self.remote_owner: Callable[[str], str | None] | None = None
+        # Set by the router: the leader's check of a publish that may be a resend
+        # (broker/pubdedupe.py)
+        self.dedupe: PublisherDedupe | None = None
         # Set by the node when retained messages are persisted (broker/retainstore.py).
         self.retain_log: RetainLog | None = None
         # Timestamp of the first append of the open batch; the sealed batches not yet settled
@@ -231,6 +237,9 @@ class DeviceLogs:
                 headers = [*(headers or ()), (_H_ORIGIN, msg.origin.encode())]
             if source is not None:
                 headers = [*(headers or ()), (H_SOURCE, source)]
+            if msg.publisher is not None:  # who, for a resend's lookup (broker/pubdedupe.py)
+                # a tuple: the compiled append takes it as is (commitlog/_speedups.c)
+                headers = (*(headers or ()), (H_PUBLISHER, msg.publisher))
             offset = self.committer.append(key, ts, msg.topic, attrs, headers, msg.payload)
             msg.device = key
             msg.offset = offset

@@ -188,7 +188,31 @@ class RemotePublishes:
         logs = self.router.logs
         if logs is None:
             raise RuntimeError("this router has no commit log to store a peer's publish")
+        if msg.maybe_stored and logs.dedupe is not None:
+            # a client's resend, maybe through another router than its first copy (a
+            # failover): answered with the stored copy's offset once committed, not stored
+            # again (broker/pubdedupe.py)
+            found = logs.dedupe.stored_at(key, msg)
+            if found is not None:
+                offset, route = found
+                msg.device = key
+                msg.offset = offset
+                log.info("resent publish already stored: answered with its offset, not "
+                         "stored again (counted in meshmq_publish_dedupe_total"
+                         "{result=\"hit\"})", extra={"device": key, "offset": offset})
+                logs.dedupe.when_committed(key, offset, lambda exc: self._resend_committed(
+                    ticket, msg, route, exc))
+                return
         logs.append(key, msg, None, ticket, expiry, source)
+
+    def _resend_committed(self, ticket: Any, msg: Message, route: bool,
+                          exc: BaseException | None) -> None:
+        """A peer's resend found in the log is committed: answer the peer; routed again only
+        when our previous run stored it (it may have died before routing it)."""
+        if route:
+            self.stored(ticket, msg, exc)
+        else:
+            self.router.forwarder.appended(ticket, msg, exc)
 
     def stored(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
         """From ``_on_durable`` (broker/ingest.py), for a publish stored for a peer, once its

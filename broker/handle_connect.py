@@ -26,6 +26,7 @@ from broker.protocol.errors import ProtocolError
 from broker.protocol.packets import Connack, Connect, Disconnect, Packet, PingResp
 from broker.protocol.properties import Prop
 from broker.protocol.reasons import Reason, v3_connack_code
+from broker.pubdedupe import new_session_epoch
 from broker.session import NEVER, Session
 
 log = logging.getLogger("broker.router")  # the router's log lines keep the router's name
@@ -184,6 +185,8 @@ class ConnectRoom:
             session = None
         if session is None:
             session = Session(client_id, pkt.protocol_level)
+            if pkt.clean_start:  # a new incarnation: its resends never match an older one's
+                session.epoch = new_session_epoch()  # (broker/pubdedupe.py)
             self.sessions[client_id] = session
         else:
             session_present = True

@@ -20,6 +20,7 @@ from broker.protocol.errors import ProtocolError
 from broker.protocol.packets import Publish, PubRec
 from broker.protocol.properties import Prop
 from broker.protocol.reasons import Reason
+from broker.pubdedupe import message_id, publisher_id
 from broker.stats import DropReason
 
 log = logging.getLogger("broker.router")  # the router's log lines keep the router's name
@@ -84,6 +85,12 @@ class PublishRoom:
         if logs is not None:
             key = logs.key_for(pkt.topic, pkt.retain)
             if key is not None:
+                if qos and logs.dedupe is not None:
+                    # who published it, kept in its record, and whether its log's leader looks
+                    # for an earlier copy first: a resend (broker/pubdedupe.py)
+                    msg.publisher = publisher_id(session, pkt.packet_id)
+                    if pkt.dup or (props and message_id(props) is not None):
+                        msg.maybe_stored = True
                 owner = self.forwarder.owner_of(key) if self.forwarder is not None else None
                 if owner is not None:
                     self.remote.append_at_owner(owner, key, msg, conn, pkt.packet_id,

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 
 from broker.connection import Connection, fail_client
-from broker.devicelogs import DeviceLogs, PendingPublish
+from broker.devicelogs import RETAIN_ONLY, DeviceLogs, PendingPublish
 from broker.forwarding import OwnerNotStored
 from broker.message import Message
 from broker.protocol.packets import PacketType, PubAck, Publish, PubRec, Will
@@ -67,7 +68,13 @@ class IngestRoom:
     def _append(self, logs: DeviceLogs, key: str, msg: Message, conn: Connection,
                 pkt: Publish, expiry: int | None) -> None:
         """Store, and hold routing and the ack until the device's high-water mark passes the
-        record (see devicelogs)."""
+        record (see devicelogs). A possible resend already in the log is answered with the
+        stored copy's offset instead (broker/pubdedupe.py)."""
+        if msg.maybe_stored and logs.dedupe is not None and key != RETAIN_ONLY:
+            found = logs.dedupe.stored_at(key, msg)
+            if found is not None:
+                self._answer_resend(logs, key, msg, conn, pkt, *found)
+                return
         try:
             logs.append(key, msg, conn, pkt.packet_id, expiry)
         except LogWriteError as err:
@@ -121,6 +128,49 @@ class IngestRoom:
                 and self.logs.held <= HELD_LIMIT // 2:
             for paused in list(self._paused_publishers):
                 self._resume_publisher(paused)
+
+    def _answer_resend(self, logs: DeviceLogs, key: str, msg: Message, conn: Connection,
+                       pkt: Publish, offset: int, before_start: bool) -> None:
+        """A resent publish found stored at ``offset``: acknowledged once that record is
+        committed (as its first copy would have been), not appended again."""
+        msg.device = key
+        msg.offset = offset
+        conn.unsettled += 1
+        if pkt.qos == 2:
+            conn.session.incoming_qos2[pkt.packet_id] = False
+        log.info("resent publish already stored: acknowledged with its offset, not stored "
+                 "again (counted in meshmq_publish_dedupe_total{result=\"hit\"})",
+                 extra={"client_id": conn.client_id, "device": key, "offset": offset,
+                        "packet_id": pkt.packet_id})
+        logs.dedupe.when_committed(key, offset, partial(
+            self._resend_committed, conn, pkt.packet_id, msg, before_start))
+
+    def _resend_committed(self, conn: Connection, packet_id: int, msg: Message,
+                          route: bool, exc: BaseException | None) -> None:
+        """Answer a resend found in the log. ``route``: its copy was stored by this router's
+        previous run, which may have died before routing it: routed again (at least once for
+        subscribers; an offset subscriber drops an offset it has), as cluster/idempotence.py
+        does for a peer's resent APPEND. Stored in this run: it was routed when committed."""
+        conn.unsettled -= 1
+        if msg.qos == 2 and conn.closing and conn.session is not None:
+            self.remote.settle_resumed_qos2(conn.session, packet_id, exc, msg)
+        try:
+            if exc is not None:
+                self.not_stored(conn, packet_id, msg.qos, exc)
+            else:
+                if route:
+                    self.route(msg)
+                if not conn.closing and conn.session is not None:
+                    ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.ack_offsets
+                                 else None)
+                    self.ack_publish(conn, msg.qos, packet_id, 0, ack_props)
+        except Exception as err:  # noqa: BLE001 - as in _on_durable: its publisher closed,
+            fail_client(self.stats, conn, err)  # unacked, resends
+        if not conn.unsettled:
+            if conn.pending is not None:
+                self.release_held(conn)
+            if conn in self._paused_publishers:
+                self._resume_publisher(conn)
 
     def _resume_publisher(self, conn: Connection) -> None:
         """Read a publisher paused by HELD_LIMIT again."""

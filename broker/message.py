@@ -20,7 +20,7 @@ Parts = tuple[bytes, bytes]
 class Message:
     __slots__ = (
         "topic", "payload", "qos", "retain", "properties", "expiry_at", "origin", "_shapes",
-        "device", "offset", "remote",
+        "device", "offset", "remote", "publisher", "maybe_stored",
     )
 
     def __init__(
@@ -49,6 +49,12 @@ class Message:
         # True when that log is another router's (a cluster): its position is known, for
         # offset subscriptions, but it cannot be read back here, so a queue keeps a copy
         self.remote = False
+        # Who published it, for publisher dedupe (broker/pubdedupe.py): client hash, session
+        # epoch and packet id of a client's QoS 1/2 publish on a logged topic, kept in its
+        # record; and whether it may already be stored (DUP=1, or a message id property), so
+        # its log's leader looks for it before appending
+        self.publisher: bytes | None = None
+        self.maybe_stored = False
 
     def log_position(self) -> list[tuple[str, str]]:
         return [("device", self.device or ""), ("offset", str(self.offset))]

@@ -59,6 +59,7 @@ from broker.positions import DeliveredPositions
 from broker.protocol.errors import ProtocolError, UnsupportedProtocolVersion
 from broker.protocol.packets import Connack, Packet, PacketType
 from broker.protocol.reasons import Reason
+from broker.pubdedupe import for_router
 from broker.replay import Replays
 from broker.retained import RetainedStore
 from broker.session import Session
@@ -127,6 +128,9 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
         self.replays = Replays(self)  # offset replay (broker/replay.py)
         if committer is not None:
             self.logs = DeviceLogs(committer, log_rules or LogRules(), self._on_durable, self.loop)
+            # on a single node only when asked (mqtt.publisher_dedupe); the node wiring
+            # makes one for a cluster (broker/pubdedupe.py)
+            self.logs.dedupe = for_router(committer, self.mqtt, clustered=False)
             # one reader of device logs, here or at their leader (broker/cursors.py)
             self.replays.source = source = LogSource(committer.store, stats, self.loop,
                                                      self._forwarder)

@@ -117,6 +117,7 @@ class Session:
         "client_id", "conn", "level", "expiry_interval", "subscriptions", "inflight", "queue",
         "next_pid", "incoming_qos2", "window", "max_packet_size", "alias_max", "expires_at",
         "will", "will_due", "username", "lag", "lag_behind", "has_no_local", "positions",
+        "epoch", "publisher_key",
     )
 
     def __init__(self, client_id: str, level: int) -> None:
@@ -148,6 +149,11 @@ class Session:
         # its window, queue or acked): where a restart, a move or a link that came back
         # resumes reading that device's log (broker/positions.py)
         self.positions: dict[str, int] = {}
+        # Which incarnation of this client id's session this is, kept in its publishes'
+        # records (broker/pubdedupe.py): random for a clean start, 0 ("not known here") for a
+        # session resumed or restored; and its records' publisher prefix, computed once
+        self.epoch = 0
+        self.publisher_key = b""
 
     @property
     def v5(self) -> bool:

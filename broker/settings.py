@@ -40,6 +40,16 @@ class ListenerSettings:
     reuse_port: bool = False
 
 
+class DedupeMode(StrEnum):
+    """Where publisher dedupe (broker/pubdedupe.py) runs: its record header costs the single
+    node's hot path about 0.35 us a publish (measured: store append + flush), so a single node
+    pays it only when asked."""
+
+    CLUSTER = "cluster"  # with [cluster] only: a resend after a failover is stored once
+    ON = "on"  # also on a single node (a resend after a lost connection or a restart)
+    OFF = "off"  # never: resends are stored again (at least once)
+
+
 @dataclass(frozen=True, slots=True)
 class MqttSettings:
     # EMQX and Mosquitto both cap packets; 1 MiB is EMQX's default max_packet_size.
@@ -99,6 +109,11 @@ class MqttSettings:
     # auto.commit.interval.ms is 5 s): after kill -9, logged messages since the checkpoint may
     # come again (never lost); unlogged queued messages since it are lost.
     persistence_interval: float = 5.0
+    # Publisher dedupe (broker/pubdedupe.py): where it runs, and how many of a device log's
+    # newest records its leader reads back for a publish that may be a resend (DUP=1, or a
+    # meshmq-message-id user property) before appending it.
+    publisher_dedupe: DedupeMode = DedupeMode.CLUSTER
+    dedupe_window: int = 4096
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,6 +131,21 @@ _F_ORIGIN = 0x10
 _F_DEVICE = 0x20
 _F_EXPIRY = 0x40
 _F_GROUP = 0x80
+# On an APPEND (which has no group) the same bit carries the client's publisher identity for
+# publisher dedupe (broker/pubdedupe.py), in the group's shape (two strings) so that a router
+# of the previous build reads it as a group and ignores it (it then stores resends again, as it
+# did): the ``:pub`` value as latin-1 text, and "1" when the publish may be a resend.
+
+
+def publisher_fields(publisher: bytes, maybe_stored: bool) -> tuple[str, str]:
+    """An APPEND's publisher identity as the two strings of the ``_F_GROUP`` field."""
+    return publisher.decode("latin-1"), "1" if maybe_stored else ""
+
+
+def publisher_of(group: tuple[str, str]) -> tuple[bytes, bool]:
+    """(``:pub`` value, may be a resend) from an APPEND's ``_F_GROUP`` field."""
+    return group[0].encode("latin-1"), group[1] == "1"
+
 
 _HEAD = struct.Struct(">IB")
 _U64 = struct.Struct(">Q")

@@ -290,7 +290,9 @@ class Mesh:
             # no router leads the log now (placement.NO_LEADER)
             done(OwnerNotStored(f"no router leads the log of {device!r} now"), -1)
             return
-        head, body = self.encode(msg, frames.APPEND, device, expiry)
+        pub = msg.publisher  # the client's identity, for a resend's lookup there
+        head, body = self.encode(msg, frames.APPEND, device, expiry, None if pub is None
+                                 else frames.publisher_fields(pub, msg.maybe_stored))
         # the epoch we believe the owner leads at: it fences the APPEND if that is stale
         if not link.enqueue(frames.APPEND, msg.qos, head, body, done,
                             self.placement.epoch_of(device)):
@@ -349,6 +351,8 @@ class Mesh:
                 msg.remote = True
             router.route(msg, forward=False)
         elif kind == frames.APPEND:
+            if e.group is not None:  # the client's identity, for a resend's lookup
+                msg.publisher, msg.maybe_stored = frames.publisher_of(e.group)
             slot = link.append_pending(e.seq)
             inc = link.peer_incarnation
             if self.placer is not None and not self.placement.placed(e.device):

@@ -1022,9 +1022,10 @@ static int incr_attr(PyObject *o, PyObject *name, long long delta)
 }
 
 /* LogStore.append (as made by make_append(fallback)): the method for the plain case, a
- * healthy store, a known device, a str topic, a bytes payload and no headers. Anything
- * else (and any call with keywords) calls ``fallback``, the pure-Python method, with the
- * same arguments before touching any state. */
+ * healthy store, a known device, a str topic, a bytes payload and no headers, or headers
+ * that are a tuple or list of (str, bytes) tuples (the broker's own ``:pub`` on every QoS 1/2
+ * publish: broker/pubdedupe.py). Anything else (and any call with keywords) calls
+ * ``fallback``, the pure-Python method, with the same arguments before touching any state. */
 static PyObject *c_append(PyObject *fallback, PyObject *const *args, size_t nargsf,
                           PyObject *kwnames)
 {
@@ -1038,10 +1039,25 @@ static PyObject *c_append(PyObject *fallback, PyObject *const *args, size_t narg
     int defer = 1;
     if (!PyUnicode_Check(topic) || !PyBytes_Check(payload) || !PyUnicode_CheckExact(key))
         goto done;
-    if (headers != Py_None &&
-        !((PyTuple_Check(headers) || PyList_Check(headers)) &&
-          PySequence_Fast_GET_SIZE(headers) == 0))
-        goto done;
+    /* headers_size(headers) of record.py, for the plain (str, bytes) pairs only */
+    long long hsize = 0;
+    PyObject *hdrs = EmptyTuple;
+    if (headers != Py_None) {
+        if (!(PyTuple_Check(headers) || PyList_Check(headers)))
+            goto done;
+        Py_ssize_t hn = PySequence_Fast_GET_SIZE(headers);
+        for (Py_ssize_t i = 0; i < hn; i++) {
+            PyObject *h = PySequence_Fast_GET_ITEM(headers, i);
+            if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) != 2 ||
+                !PyUnicode_Check(PyTuple_GET_ITEM(h, 0)) ||
+                !PyBytes_Check(PyTuple_GET_ITEM(h, 1)))
+                goto done;
+            hsize += 6 + 4 * (long long)PyUnicode_GET_LENGTH(PyTuple_GET_ITEM(h, 0)) +
+                     PyBytes_GET_SIZE(PyTuple_GET_ITEM(h, 1));
+        }
+        if (hn > 0)
+            hdrs = headers; /* ``headers or ()`` */
+    }
     tmp = PyObject_GetAttr(store, s__broken);
     if (tmp == NULL)
         goto error;
@@ -1075,9 +1091,16 @@ static PyObject *c_append(PyObject *fallback, PyObject *const *args, size_t narg
         goto error;
     Py_CLEAR(tmp);
     rec = make_record(Py_NewRef(next), Py_NewRef(ts), Py_NewRef(key), Py_NewRef(topic),
-                      Py_NewRef(attrs), Py_NewRef(EmptyTuple), Py_NewRef(payload));
+                      Py_NewRef(attrs), Py_NewRef(hdrs), Py_NewRef(payload));
     if (rec == NULL)
         goto error;
+    /* Headers given as a tuple of (str, bytes) tuples (checked above) hold nothing that can
+     * refer back to the record either: untracked as make_record does for no headers, so a
+     * tail cache of such records costs the cyclic GC nothing (a list could be mutated). */
+    if (hdrs != EmptyTuple && PyTuple_CheckExact(hdrs) && PyObject_GC_IsTracked(rec) &&
+        !PyObject_IS_GC(next) && !PyObject_IS_GC(ts) && !PyObject_IS_GC(key) &&
+        !PyObject_IS_GC(topic) && !PyObject_IS_GC(attrs) && !PyObject_IS_GC(payload))
+        PyObject_GC_UnTrack(rec);
     if (pend == Py_None) {
         Py_DECREF(pend);
         pend = PyList_New(0);
@@ -1091,7 +1114,8 @@ static PyObject *c_append(PyObject *fallback, PyObject *const *args, size_t narg
     if (PyList_Append(pend, rec) || incr_attr(store, s__pend_n, 1))
         goto error;
     long long tl = PyUnicode_GET_LENGTH(topic);
-    long long size = HEADER_SIZE + PyBytes_GET_SIZE(kb) + tl + PyBytes_GET_SIZE(payload);
+    long long size = HEADER_SIZE + PyBytes_GET_SIZE(kb) + tl + PyBytes_GET_SIZE(payload) +
+                     hsize;
     if (incr_attr(store, s__pend_bound, size + 3 * tl))
         goto error;
     tmp = PyObject_GetAttr(store, s__cache_on);

@@ -2649,6 +2649,19 @@ class LogStore:
             dev.max_ts = dmax
         return p, dmax
 
+    def read_durable(self, key: str, offset: int, max_records: int = 1000,
+                     max_bytes: int = 1 << 20) -> list[Record]:
+        """Records of ``key`` from ``offset`` up to the **durable end**: what this node has
+        accepted, possibly above the high-water mark (not yet committed cluster-wide). Only
+        for a leader checking what it already holds before it appends again (a publisher's
+        resend: broker/pubdedupe.py), never for readers, which stop at the high-water mark
+        (:meth:`read`). Empty for an unknown key; raises OffsetOutOfRangeError outside
+        ``[start, durable end]``."""
+        dev = self._devices.get(key)
+        if dev is None:
+            return []
+        return self._read(dev, offset, dev.durable_end, max_records, max_bytes)
+
     def read_replica(self, key: str, offset: int, max_records: int = 1000,
                      max_bytes: int = 1 << 20, last_epoch: int = -1) -> tuple[bytes, int]:
         """The follower-fetch read path: records of ``key`` from ``offset`` up to the

@@ -387,6 +387,7 @@ _MQTT_KINDS: dict[str, _Kind] = {
     "packet_timeout": _Float(0.0, inclusive=False),
     "max_offline_sessions": _Int(0),
     "max_queued_bytes": _Int(1),
+    "dedupe_window": _Int(1, 1 << 24),  # records read back per device (broker/pubdedupe.py)
 }
 
 

@@ -16,13 +16,15 @@ import logging
 import os
 import signal
 import ssl
+from functools import partial
 
 import uvloop
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from broker.auth import Authenticator
 from broker.listener import Listeners
 from broker.logrules import LogRules
+from broker.pubdedupe import PublisherDedupe, for_router
 from broker.router import Router
 from broker.sessionstore import SessionPersistence, attach
 from broker.stats import BrokerStats
@@ -128,6 +130,12 @@ class Node:
         self.router = Router(self.config.broker, self.stats, self.auth, loop,
                              self.committer, rules)
         self.metrics.add_broker(self.stats, self.router.gauges)
+        if self.config.cluster is not None and self.router.logs is not None \
+                and self.committer is not None:  # mqtt.publisher_dedupe = "cluster" (default)
+            self.router.logs.dedupe = for_router(self.committer, self.config.broker.mqtt, True)
+        if self.router.logs is not None and self.router.logs.dedupe is not None:
+            self.metrics.add_collector(partial(_dedupe_metrics, self.router.logs.dedupe),
+                                       "publish_dedupe")
         if self.config.cluster is not None and self.router.logs is not None:
             from meshmq.cluster_wiring import owner_lookup
 
@@ -291,6 +299,20 @@ class Node:
         await self._stop.wait()
         await self.stop()
         return 0
+
+
+def _dedupe_metrics(dedupe: PublisherDedupe) -> list[CounterMetricFamily]:
+    """Publisher dedupe's lookups (broker/pubdedupe.py): a hit is a resend acknowledged with
+    its stored copy's offset instead of being stored twice."""
+    family = CounterMetricFamily(
+        "meshmq_publish_dedupe",
+        "Publishes that may have been stored already (DUP=1 or a meshmq-message-id) looked up "
+        "in their device log's newest records (mqtt.dedupe_window) by its leader: hit = found, "
+        "acknowledged with that offset and not stored again; miss = appended.",
+        labels=["result"])
+    family.add_metric(["hit"], dedupe.hits)
+    family.add_metric(["miss"], dedupe.misses)
+    return [family]
 
 
 def _is_loopback(host: str) -> bool:

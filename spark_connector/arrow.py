@@ -37,9 +37,9 @@ _BASE_FIELDS = [
     ("payload", BinaryType(), pa.binary()),
 ]
 _HEADERS_ARROW = pa.map_(pa.string(), pa.string())
-#: A record header internal to the broker (broker/devicelogs.py H_SOURCE; not imported: the
-#: connector depends on commitlog/ only, never on the broker)
-_INTERNAL = ":src"
+#: Record headers internal to the broker (broker/devicelogs.py H_SOURCE, broker/pubdedupe.py
+#: H_PUBLISHER; not imported: the connector depends on commitlog/ only, never on the broker)
+_INTERNAL = (":src", ":pub")
 
 
 def spark_schema(include_headers: bool) -> StructType:
@@ -81,7 +81,7 @@ def to_record_batch(cols: FetchColumns, include_headers: bool,
         # peer's APPEND a record is, for the owner's resend check: cluster/idempotence.py) is
         # the broker's, not the publisher's: left out, as MQTT replay leaves it out.
         arrays.append(pa.array(
-            [{n: bytes(v).decode("utf-8", "replace") for n, v in h if n != _INTERNAL}
+            [{n: bytes(v).decode("utf-8", "replace") for n, v in h if n not in _INTERNAL}
              for h in cols.headers],
             _HEADERS_ARROW))
     batch = pa.RecordBatch.from_arrays(arrays, schema=arrow_schema(include_headers))

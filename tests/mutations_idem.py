@@ -55,7 +55,7 @@ def idem_mutations(mutation: Any) -> tuple[Any, ...]:
           "            since = 0\n", (LOOKBACK,)),
         m("idem-source-in-spark", "spark_connector/arrow.py: Spark's headers column shows "
           "the internal ':src' header",
-          "spark_connector/arrow.py", " for n, v in h if n != _INTERNAL}\n",
+          "spark_connector/arrow.py", " for n, v in h if n not in _INTERNAL}\n",
           " for n, v in h}\n", (SPARK,)),
         m("idem-found-not-routed", "cluster/mesh.py: a resent APPEND found in the log is "
           "answered but not routed: a subscriber elsewhere never gets what the killed owner "

@@ -218,7 +218,10 @@ def test_append_plain_and_fallback_paths(tmp_path):
         ("k", 2, "t", 1, None, b"p"),  # plain: C
         ("k", 3, "t", 1, (), b"p"),
         ("k", 4, "t", 1, [], b""),
-        ("k", 5, "t/ü", 1, [("h", b"v")], b"p"),  # headers: Python
+        ("k", 5, "t/ü", 1, [("h", b"v")], b"p"),  # (str, bytes) headers: C
+        ("k", 5, "t", 1, ((":pub", bytes(14)),), b"p"),  # as the broker passes them: C
+        ("k", 5, "t", 1, (("h", "v"),), b"p"),  # a str value: Python (fails at flush)
+        ("k", 5, "t", 1, (["h", b"v"],), b"p"),  # not a tuple: Python
         ("k", 6, "t", 1, None, bytearray(b"p")),  # not bytes: Python
         ("k", 7, b"t", 1, None, b"p"),  # not str: Python (fails at flush)
         ("k", 8.5, "t", "x", None, b"p"),  # stored as given, like Python
