@@ -60,6 +60,14 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "            resend.append(out)\n            unacked += 1\n",
           "            unacked += 1\n",
           (PROBE,)),
+        m("chaos-ack-before-hw",
+          "broker/devicelogs.py _seal: each device's publishes answered before the flush, "
+          "not when the high-water mark passes them (issue 24's 'ack before the high-water "
+          "mark': on one node the mark is the durable end, so this acks before the fsync)",
+          "broker/devicelogs.py",
+          "                committer.when_high_watermark(key, group[-1][2].offset, passed)\n",
+          "                passed(None)\n",
+          (PROBE,)),
         # ------------------------------------------------------------- the checker itself
         m("chaos-checker-false-ack-ignored", "checker: an acked message never stored passes",
           CHK, "                res.false_acks += 1\n", "                pass\n",
