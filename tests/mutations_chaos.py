@@ -123,6 +123,14 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "            if key in seen or off is None:\n",
           "            if off is None:\n",
           (UNIT + "::test_delivery_order_duplicates_and_new_sessions_are_no_inversion",)),
+        m("bench-replicated-lag-since-start",
+          "bench/replicated.py lag_p99: the p99 of the histogram's totals since start, not of "
+          "the window (the busy metadata process's lag diluted by everything before it)",
+          "bench/replicated.py",
+          "    delta = sorted((le, after.get(le, 0.0) - before.get(le, 0.0)) for le in after)\n",
+          "    delta = sorted((le, after.get(le, 0.0)) for le in after)\n",
+          ("tests/bench/test_cluster_bench.py::"
+           "test_loop_lag_p99_is_taken_from_the_window_not_the_total",)),
         # ------------------------------------------------ the replica rules (issue 24)
         m("chaos-replicas-isr-member-without-log-passes",
           "replica_rules: an ISR member holding no log is not counted",
