@@ -131,6 +131,13 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "    delta = sorted((le, after.get(le, 0.0)) for le in after)\n",
           ("tests/bench/test_cluster_bench.py::"
            "test_loop_lag_p99_is_taken_from_the_window_not_the_total",)),
+        m("chaos-port-cut-noop",
+          "tests/chaos/net.py NetnsNet.cut_ports: the rules look up an empty table (the "
+          "blackhole route is in another): raft-cut and fetch-cut change nothing",
+          "tests/chaos/net.py",
+          '            _run(*ns, "ip", "rule", "add", *sel, "lookup", str(table))\n',
+          '            _run(*ns, "ip", "rule", "add", *sel, "lookup", str(table + 50))\n',
+          ("tests/chaos/test_faults.py",)),
         # ------------------------------------------------ the replica rules (issue 24)
         m("chaos-replicas-isr-member-without-log-passes",
           "replica_rules: an ISR member holding no log is not counted",

@@ -75,6 +75,26 @@ def raft_snapshot(socket_path: str, timeout: float = 3.0) -> dict[str, Any] | No
     return snap if isinstance(snap, dict) else None
 
 
+def raft_status(socket_path: str, timeout: float = 3.0) -> dict[str, Any] | None:
+    """The metadata process's view of the Raft group (leader, term, ``has_quorum``: whether
+    it is connected to a majority of the voters), or None when it does not answer."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(socket_path)
+            s.sendall(b'{"op":"status","id":1}\n')
+            buf = b""
+            while not buf.endswith(b"\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    return None
+                buf += chunk
+        st = json.loads(buf.split(b"\n", 1)[0]).get("status")
+    except (OSError, ValueError):
+        return None
+    return st if isinstance(st, dict) else None
+
+
 def newest_snapshot(socket_paths: list[str]) -> dict[str, Any] | None:
     """The snapshot with the highest applied index among the voters that answer: a voter
     that was cut off may still be behind."""
