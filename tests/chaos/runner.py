@@ -313,11 +313,9 @@ class Run:
         """The Raft records (from the voter furthest ahead), then every node stopped cleanly
         (SIGTERM: routers drain and close their stores) and every router's log read from its
         disk: the checker's replica rules (replica_rules.py) judge them."""
-        snap = newest_snapshot([n.meta_socket for n in self.nodes])
+        snap = self._stop_watching_raft()
         if snap is None:
             self.say("WARNING: no metadata process answered: the replica rules see no logs")
-        for node in self.nodes:
-            node.sigterm()
         replicas = dump_nodes([(n.id, n.data_dir) for n in self.nodes])
         self.say(f"replicas: {sum(len(v) for v in replicas.values())} logs on "
                  f"{len(replicas)} routers; Raft knows {len((snap or {}).get('logs') or {})}; "
@@ -325,6 +323,24 @@ class Run:
                     "every acked message"))
         return {"raft": snap, "replicas": replicas,
                 "replication": self.replication_note is None}
+
+    def _stop_watching_raft(self) -> dict[str, Any] | None:
+        """Stop every node at once (SIGTERM) while reading the Raft records until the last
+        metadata process is gone: a node stops its routers before its voter, and stopping a
+        leader may make the controller elect another (a new epoch written to a replica), so
+        the newest record seen, not one read before the stop, is the state the disks hold."""
+        stops = [threading.Thread(target=n.sigterm, daemon=True) for n in self.nodes]
+        best = newest_snapshot([n.meta_socket for n in self.nodes])
+        for t in stops:
+            t.start()
+        while any(t.is_alive() for t in stops):
+            snap = newest_snapshot([n.meta_socket for n in self.nodes])
+            if snap is not None and (best is None or snap.get("index", 0) >= best.get("index", 0)):
+                best = snap
+            time.sleep(0.1)
+        for t in stops:
+            t.join()
+        return best
 
     def _read_log(self, device: str, timeout: float = 60.0) -> list[list[Any]]:
         deadline = time.monotonic() + timeout
