@@ -53,11 +53,13 @@ def link_state(node: Node, peer: str) -> str | None:
     return None
 
 
-@pytest.fixture
-def trio(tmp_path: Path):
+@pytest.fixture(scope="module")
+def trio(tmp_path_factory: pytest.TempPathFactory):
+    """One cluster for both tests (each heals what it cut and waits for it): CI time."""
+    run_dir: Path = tmp_path_factory.mktemp("faults") / "run"
     opts = finish_opts(parser().parse_args(
         ["--placement", "raft", "--net", "netns", "--faults", "0", "--seed", "1",
-         "--kinds", "raft-cut,fetch-cut", "--run-dir", str(tmp_path / "run")]))
+         "--kinds", "raft-cut,fetch-cut", "--run-dir", str(run_dir)]))
     run = Run(opts)
     try:
         run.build()
@@ -70,19 +72,24 @@ def trio(tmp_path: Path):
 def test_raft_cut_isolates_the_voter_alone(trio: Run) -> None:
     n0, n1, n2 = trio.nodes
     trio.net.cut_ports(0, "raft", n0.raft_port, n0.raft_port)
-    wait(lambda: quorum(n0) is False, 60, "n0's voter to lose its quorum")
-    assert quorum(n1) and quorum(n2), "the other two voters lost their quorum too"
-    assert link_state(n1, "n0/0") == "up" and link_state(n0, "n2/0") == "up", \
-        "a Raft port cut took mesh links down"
-    trio.net.heal_ports(0, "raft")
+    try:
+        wait(lambda: quorum(n0) is False, 60, "n0's voter to lose its quorum")
+        assert quorum(n1) and quorum(n2), "the other two voters lost their quorum too"
+        assert link_state(n1, "n0/0") == "up" and link_state(n0, "n2/0") == "up", \
+            "a Raft port cut took mesh links down"
+    finally:
+        trio.net.heal_ports(0, "raft")
     wait(lambda: quorum(n0), 60, "n0's voter back in the quorum after the heal")
 
 
 def test_fetch_cut_takes_one_mesh_link_down_not_raft(trio: Run) -> None:
     n0, n1, n2 = trio.nodes
+    wait(lambda: all(quorum(n) for n in (n0, n1, n2)), 60, "a quorum on every voter")
     trio.net.cut_ports(1, "mesh", MESH_PORT, MESH_PORT, to=0)
-    wait(lambda: link_state(n1, "n0/0") not in ("up", None), 60, "n1's link to n0/0 down")
-    assert all(quorum(n) for n in (n0, n1, n2)), "a mesh cut took Raft's quorum away"
-    assert link_state(n1, "n2/0") == "up", "the cut took n1's link to n2 down too"
-    trio.net.heal_ports(1, "mesh")
+    try:
+        wait(lambda: link_state(n1, "n0/0") not in ("up", None), 60, "n1's link to n0/0 down")
+        assert all(quorum(n) for n in (n0, n1, n2)), "a mesh cut took Raft's quorum away"
+        assert link_state(n1, "n2/0") == "up", "the cut took n1's link to n2 down too"
+    finally:
+        trio.net.heal_ports(1, "mesh")
     wait(lambda: link_state(n1, "n0/0") == "up", 60, "n1's link to n0/0 back up")
