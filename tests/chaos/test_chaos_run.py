@@ -94,7 +94,9 @@ def test_short_schedule() -> None:
     args = schedule_args()
     rc, out, m = chaos("--faults", "20", *args, timeout=300)
     assert int(m.group(1)) == 20 and int(m.group(2)) > 1000, out[-3000:]
-    if "--placement" in args:  # every kind ran, node loss with its disk included
+    # every kind ran, node loss with its disk included (as root: without it the disk and
+    # Raft port faults are left out, which changes the seed's schedule)
+    if "--placement" in args and "net: network namespaces" in out:
         ran = set(re.findall(r"\] fault \d+: (\S+) n\d", out))
         assert ran == set(REPLICATED_KINDS.split(",")), sorted(ran)
         assert REPLICA_LINE.search(out) is not None, out[-3000:]
