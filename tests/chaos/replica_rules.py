@@ -68,7 +68,7 @@ def check_replicas(history: dict[str, Any], res: _Result,
     raft_logs: dict[str, dict[str, Any]] = (history.get("raft") or {}).get("logs") or {}
     built = bool(history.get("replication"))
     acked_by_device: dict[str, list[tuple[Key, int | None]]] = defaultdict(list)
-    for key, off in acked.items():
+    for key, off in sorted(acked.items(), key=lambda kv: kv[0]):  # examples in seq order
         acked_by_device[key[0]].append((key, off))
     not_built = 0
     checked = 0
