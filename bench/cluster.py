@@ -8,6 +8,9 @@
   publisher on node 0 and the subscriber on node 2 (every message crosses a link): QoS 0 1->1,
   QoS 1 on a logged topic whose owner router is node 1 (APPEND n0->n1, fsync on n1, DELIVER
   n1->n2, the PUBACK back n1->n0), and p99 publish->deliver at half of each one's QoS 0 rate.
+* ``replicated``: issue 24's figures (bench/replicated.py): 3 nodes with Raft placement and
+  RF 3 vs one node: QoS 1 throughput, PUBACK p99 at half load, event-loop lag p99 with the
+  metadata process busy, and the time a killed leader's log takes to accept writes again.
 * ``stall``: does a stalled peer slow the other links? 3 nodes, publisher on n0, subscriber on
   n2, n1's router SIGSTOPped in *both* windows, so the same processes run and the same link
   state machine turns (n0 declares the link to n1 dead after ``link_timeout`` and redials it)
@@ -61,7 +64,7 @@ from bench.runner import (
 
 SECRET = "bench-cluster-secret-0123456789abcdef"
 PAIRS = 32  # scale: publisher i -> subscriber i on bench/p<i>, 32 of each
-GROUPS = ["scale", "single", "mesh", "stall"]
+GROUPS = ["scale", "single", "mesh", "stall", "replicated"]
 # The generator's QoS 0 window (sent - received, messages) of every QoS 0 run here: --window
 QOS0_WINDOW = {"n": 2000}
 # [cluster] keys set on every node (--link-window): empty means meshmq's defaults
@@ -83,6 +86,18 @@ WORKLOADS = {
                    "(baseline: n0 sends it nothing)", "msg/s", True),
     "stall_full": ("n0 -> n2 QoS 0, n1's router SIGSTOPped holding a matching subscription "
                    "(n0's link to it full, dropping)", "msg/s", True),
+    # issue 24 (bench/replicated.py): 3 nodes, placement = "raft", RF 3 vs a single node
+    "replicated_single_qos1": ("single node 1 -> 1 QoS 1 (logged)", "msg/s", True),
+    "replicated_qos1": ("3 nodes raft RF 3, pub+sub n0 (leader n0/0), QoS 1 logged", "msg/s",
+                        True),
+    "replicated_single_ack": ("single node PUBACK p99 at 50% of its QoS 1", "ms", False),
+    "replicated_ack": ("3 nodes raft RF 3 PUBACK p99 at 50% of its QoS 1", "ms", False),
+    "replicated_single_lag": ("single node event-loop lag p99, 100 new logs/s + 50% QoS 1",
+                              "ms", False),
+    "replicated_lag": ("3 nodes raft n0/0 event-loop lag p99, 100 new logs/s (Raft "
+                       "proposals) + 50% QoS 1", "ms", False),
+    "replicated_failover": ("kill -9 of a log's leader node: s to the next PUBACK (<= 2 s)",
+                            "s", False),
 }
 GROUP_OF = {w: w.split("_")[0] for w in WORKLOADS}
 
@@ -95,6 +110,12 @@ TARGETS = [
      None, ""),
     ("n0->n2 with a full link to stopped n1 / with stopped n1 sent nothing", "stall_full",
      "stall_idle", 0.1, "|1-x|<"),
+    ("3 nodes raft RF 3 QoS 1 / single-node QoS 1", "replicated_qos1",
+     "replicated_single_qos1", 0.5, ">="),
+    ("3 nodes raft RF 3 PUBACK p99 / single-node (reported, no target)", "replicated_ack",
+     "replicated_single_ack", None, ""),
+    ("raft event-loop lag p99 / single node (issue 24: <= single + 1 ms, see details)",
+     "replicated_lag", "replicated_single_lag", None, ""),
 ]
 STALL = ("stall_idle", "stall_full")
 #: Seconds from the SIGSTOP to the measurement, in both stall windows: past cluster.link_timeout
@@ -509,6 +530,8 @@ def summarize(doc: dict) -> None:
     rows = []
     rounds_seen = sorted({r["round"] for r in doc["runs"]})
     for name, num, den, target, how in TARGETS:
+        if GROUP_OF[num] not in doc["groups"]:  # a group not run this time: no row
+            continue
         a, b = summary.get(num), summary.get(den)
         rounds = []
         for rnd in rounds_seen:
@@ -560,6 +583,14 @@ def _extra(w: str, r: dict | None) -> str:
     if "p50_ms" in r:
         bits.append(f"p50 {r['p50_ms']:.2f} / p99 {r['p99_ms']:.2f} / p999 {r['p999_ms']:.2f} ms "
                     f"at {r['target_rate']:,.0f} msg/s")
+    if "lag_p99_ms" in r:
+        bits.append(f"loop lag p99 {r['lag_p99_ms']:.1f} ms over {r['samples']:,.0f} samples, "
+                    f"{r.get('new_logs') or 0:,} new logs"
+                    + (f"; {r['over_single_ms']:+.1f} ms vs single node" if "over_single_ms"
+                       in r else ""))
+    if w == "replicated_failover" and r.get("leader"):
+        bits.append(f"killed the node of leader {r['leader']}"
+                    + (f"; answered by {r['answered_by']}" if r.get("answered_by") else ""))
     if "n0_links" in r:  # results of the first stall design (stall_before/stopped/after)
         bits.append("; ".join(f"{k}: {v['state']}, {v['msgs_out']:,} out, queued "
                               f"{v['queued']:,}, unacked {v['unacked']}"
@@ -740,6 +771,11 @@ def run(args: argparse.Namespace) -> int:
                 t0 = time.monotonic()
                 record(rnd, _with_cluster(3, 1, lambda cl: run_mesh(cl, mode),
                                           ["mesh_qos0", "mesh_qos1", "mesh_latency"]), t0)
+            if "replicated" in groups:
+                from bench.replicated import run_replicated
+
+                t0 = time.monotonic()
+                record(rnd, run_replicated(mode), t0)
             if "stall" in groups:
                 t0 = time.monotonic()
                 record(rnd, _with_cluster(3, 1, lambda cl: run_stall(cl, mode), list(STALL),

@@ -16,6 +16,7 @@ from typing import Any
 PROBE = "tests/chaos/test_chaos_run.py::test_probe"
 UNIT = "tests/chaos/test_checker.py"
 CHK = "tests/chaos/checker.py"
+RR = "tests/chaos/replica_rules.py"
 
 
 def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -58,6 +59,14 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/link.py",
           "            resend.append(out)\n            unacked += 1\n",
           "            unacked += 1\n",
+          (PROBE,)),
+        m("chaos-ack-before-hw",
+          "broker/devicelogs.py _seal: each device's publishes answered before the flush, "
+          "not when the high-water mark passes them (issue 24's 'ack before the high-water "
+          "mark': on one node the mark is the durable end, so this acks before the fsync)",
+          "broker/devicelogs.py",
+          "                committer.when_high_watermark(key, group[-1][2].offset, passed)\n",
+          "                passed(None)\n",
           (PROBE,)),
         # ------------------------------------------------------------- the checker itself
         m("chaos-checker-false-ack-ignored", "checker: an acked message never stored passes",
@@ -114,4 +123,61 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "            if key in seen or off is None:\n",
           "            if off is None:\n",
           (UNIT + "::test_delivery_order_duplicates_and_new_sessions_are_no_inversion",)),
+        m("bench-replicated-lag-since-start",
+          "bench/replicated.py lag_p99: the p99 of the histogram's totals since start, not of "
+          "the window (the busy metadata process's lag diluted by everything before it)",
+          "bench/replicated.py",
+          "    delta = sorted((le, after.get(le, 0.0) - before.get(le, 0.0)) for le in after)\n",
+          "    delta = sorted((le, after.get(le, 0.0)) for le in after)\n",
+          ("tests/bench/test_cluster_bench.py::"
+           "test_loop_lag_p99_is_taken_from_the_window_not_the_total",)),
+        m("chaos-port-cut-noop",
+          "tests/chaos/net.py NetnsNet.cut_ports: the rules look up an empty table (the "
+          "blackhole route is in another): raft-cut and fetch-cut change nothing",
+          "tests/chaos/net.py",
+          '            _run(*ns, "ip", "rule", "add", *sel, "lookup", str(table))\n',
+          '            _run(*ns, "ip", "rule", "add", *sel, "lookup", str(table + 50))\n',
+          ("tests/chaos/test_faults.py",)),
+        # ------------------------------------------------ the replica rules (issue 24)
+        m("chaos-replicas-isr-member-without-log-passes",
+          "replica_rules: an ISR member holding no log is not counted",
+          RR, "            if rid in required:\n", "            if False:\n",
+          (UNIT + "::test_replicas_an_isr_member_without_the_log",)),
+        m("chaos-replicas-not-built-fails",
+          "replica_rules: followers without a log fail a tree without replication (a false "
+          "positive on every raft run today)",
+          RR, "        required = isr if built else [leader]\n", "        required = isr\n",
+          (UNIT + "::test_replicas_not_built_yet_only_the_leader_must_hold_the_log",)),
+        m("chaos-replicas-acked-missing-passes",
+          "replica_rules: an acked message missing from an ISR replica passes (the planted "
+          "'ack before the high-water mark' then goes unseen)",
+          RR, '                        ("at another offset", moved), ("out of publish order", '
+          "order)):\n        if items:\n",
+          '                        ("at another offset", moved), ("out of publish order", '
+          "order)):\n        if items and what != \"missing\":\n",
+          (UNIT + "::test_replicas_ack_before_the_high_water_mark_passes_is_caught",)),
+        m("chaos-replicas-order-and-dups-pass",
+          "replica_rules: acked messages stored twice or out of publish order in a replica pass",
+          RR, "        if len(offs) > 1:\n            twice.append(",
+          "        if False:\n            twice.append(",
+          (UNIT + "::test_replicas_an_acked_message_twice_or_out_of_order_in_a_replica",)),
+        m("chaos-replicas-bytes-unchecked",
+          "replica_rules: replicas differing below the high-water mark pass",
+          RR, "        bad = sorted(o for o in set(want) | set(have) if want.get(o) != "
+          "have.get(o))\n",
+          "        bad = sorted(o for o in set(want) ^ set(have))\n",
+          (UNIT + "::test_replicas_a_follower_differing_below_the_high_water_mark",)),
+        m("chaos-replicas-two-leaders-one-epoch-pass",
+          "replica_rules: two replicas holding different bytes at one (epoch, offset) pass",
+          RR, "                     if len(set(by.values())) > 1)\n",
+          "                     if len(by) > 99)\n",
+          (UNIT + "::test_replicas_two_leaders_wrote_one_offset_in_one_epoch",)),
+        m("chaos-replicas-epoch-start-unchecked",
+          "replica_rules: one epoch starting at different offsets on two replicas passes",
+          RR, "        if len(set(where.values())) > 1:\n", "        if False:\n",
+          (UNIT + "::test_replicas_one_epoch_starting_at_two_offsets",)),
+        m("chaos-replicas-epoch-above-raft-passes",
+          "replica_rules: a replica holding an epoch Raft never granted passes",
+          RR, "            if int(e[0]) > raft_epoch:\n", "            if False:\n",
+          (UNIT + "::test_replicas_an_epoch_raft_never_granted",)),
     )

@@ -30,3 +30,37 @@ def test_cluster_bench_quick_produces_numbers(tmp_path: Path) -> None:
     assert by["stall_idle"]["n1_link"]["dropped_total"] == 0, by["stall_idle"]["n1_link"]
     assert by["stall_full"]["n1_link"]["dropped_total"] > 0, by["stall_full"]["n1_link"]
     assert (out / "cluster-latest.md").read_text().count("|") > 10
+
+
+def test_replicated_group_quick_produces_numbers(tmp_path: Path) -> None:
+    """Issue 24's group (bench/replicated.py): numbers for both sides of every ratio; the
+    kill -9 of the leader's node either measured (replication in the tree) or reported as
+    failed with its reason (no failover: nothing answers within the cap)."""
+    out = tmp_path / "res"
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.cluster", "--quick", "--groups", "replicated",
+         "--warmup", "0.1", "--duration", "0.5", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=170)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads((out / "cluster-latest.json").read_text())
+    by = {run["workload"]: run["result"] for run in doc["runs"]}
+    for w in ("replicated_single_qos1", "replicated_qos1", "replicated_single_ack",
+              "replicated_ack"):
+        assert by[w]["status"] == "ok" and by[w]["value"] > 0, (w, by[w])
+    assert by["replicated_ack"]["p50_ms"] <= by["replicated_ack"]["p99_ms"]
+    fo = by["replicated_failover"]
+    assert fo["status"] == "ok" or "no PUBACK within" in fo["error"], fo
+    assert fo["leader"] == "n0/0", fo  # the log was placed where its first publish came
+    assert [row["name"] for row in doc["ratios"]][0].startswith("3 nodes raft RF 3 QoS 1")
+
+
+def test_loop_lag_p99_is_taken_from_the_window_not_the_total() -> None:
+    """The histogram's counts are cumulative since start: the p99 of a window is that of the
+    difference of two scrapes (10000 old samples at <= 1 ms, then 100 new at <= 50 ms: the
+    totals' p99 would say 1 ms)."""
+    from bench.replicated import lag_p99
+
+    before = {0.001: 10000.0, 0.05: 10000.0, float("inf"): 10000.0}
+    after = {0.001: 10000.0, 0.05: 10100.0, float("inf"): 10100.0}
+    assert lag_p99(before, after) == 50.0
+    assert lag_p99(after, after) is None

@@ -59,6 +59,11 @@ stance: an outcome the client could not observe is never held against the system
   older one moves in), and the older one delivers its own backlog, behind what the newer one
   already gave. Shared-group members are not checked (which member gets which message, and
   when a departing member's unacked messages go to another, is the broker's choice).
+* **Replicas** (runs with ``--placement raft``: the history holds every router's logs, read
+  from disk after a clean stop, and the Raft records): ``replica_violations`` and
+  ``epoch_violations``, the rules of ``replica_rules.py`` (every acked message in every ISR
+  replica once, at its offset, in order; replicas byte-identical below the high-water mark;
+  one writer per epoch). Printed on a ``chaos replicas:`` line above the summary.
 * **Availability** (reported, never failed): for each fault, the longest time any device went
   without a success PUBACK while its publisher kept trying, around the fault, and the outcomes
   publishers saw meanwhile (reason codes, ``timeout``, ``disconnected``).
@@ -70,6 +75,8 @@ import json
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.chaos.replica_rules import check_replicas
 
 GRACE_S = 2.0
 # An availability gap (and the outcomes seen) is attributed to a fault when it overlaps
@@ -117,6 +124,10 @@ class Result:
     order_violations: int = 0
     missed_deliveries: int = 0
     max_unavailable_s: float = 0.0
+    # the replica rules (replica_rules.py), when the history holds replicas (raft placement)
+    replica_violations: int = 0
+    epoch_violations: int = 0
+    replicas_checked: bool = False
     info: dict[str, int] = field(default_factory=dict)
     findings: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     per_fault_kind: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -125,7 +136,8 @@ class Result:
     @property
     def ok(self) -> bool:
         return not (self.lost or self.false_acks or self.dups_in_log or self.order_violations
-                    or self.missed_deliveries)
+                    or self.missed_deliveries or self.replica_violations
+                    or self.epoch_violations)
 
     def summary(self) -> str:
         return (f"chaos: seed={self.seed} faults={self.faults} acked={self.acked} "
@@ -133,6 +145,13 @@ class Result:
                 f"order_violations={self.order_violations} "
                 f"missed_deliveries={self.missed_deliveries} "
                 f"max_unavailable_s={self.max_unavailable_s:.1f}")
+
+    def replica_summary(self) -> str:
+        """The replica rules' line (printed above the summary when they ran)."""
+        return (f"chaos replicas: logs={self.info.get('replicated_logs_checked', 0)} "
+                f"replica_violations={self.replica_violations} "
+                f"epoch_violations={self.epoch_violations} "
+                f"replicas_not_built={self.info.get('replicas_not_built', 0)}")
 
     def find(self, kind: str, text: str) -> None:
         self.findings[kind].append(text)
@@ -155,11 +174,14 @@ class Result:
                              f"{row['mean_unavailable_s']:>16.1f}  {outs}")
         if self.info:
             lines.append("info: " + " ".join(f"{k}={v}" for k, v in sorted(self.info.items())))
+        if self.replicas_checked:
+            lines.append(self.replica_summary())
         lines.append(self.summary())
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {"summary": self.summary(), "ok": self.ok, "info": self.info,
+                "replicas": self.replica_summary() if self.replicas_checked else None,
                 "findings": dict(self.findings), "per_fault_kind": self.per_fault_kind,
                 "per_fault": self.per_fault}
 
@@ -262,6 +284,15 @@ def check(history: dict[str, Any]) -> Result:
 
     # -- deliveries ------------------------------------------------------------------------------
     _check_deliveries(history, res, attempts, offsets_of, log_keys)
+
+    # -- replicas (raft placement runs: every router's log read from its disk) -------------------
+    if "replicas" in history:
+        res.replicas_checked = True
+        acked_offsets: dict[Key, int | None] = {}
+        for key in ok_keys:
+            off = attempts[key].get("offset")
+            acked_offsets[key] = None if off is None or int(off) < 0 else int(off)
+        check_replicas(history, res, acked_offsets)
 
     # -- availability ----------------------------------------------------------------------------
     _availability(history, res, attempts)

@@ -6,11 +6,15 @@
   clients included, as a cut cable); a one-direction cut of one link is a blackhole route
   in the sending node's namespace dropping every packet it sends to the other node (TCP
   then stalls both ways on that link only, as a half-broken path does). Every node listens
-  on the same ports in its own namespace.
+  on the same ports in its own namespace. Port cuts (``cut_ports``: the Raft port alone, or
+  one node's mesh traffic to one other node alone, a follower's fetch) are policy routing
+  rules matching the TCP port (``ip rule ... ipproto tcp dport/sport``, kernel >= 4.17) into
+  a table holding one blackhole route: no iptables needed, egress of one namespace only.
 * ``ProxyNet`` (not root): loopback, every directed node pair dialling through a TCP proxy the
   suite controls (``ChaosProxy``). A partition cuts the node's mesh proxies (its clients still
   reach it: said in the run's output); a one-direction cut drops the bytes one node sends to
-  the other on their link.
+  the other on their link. The Raft port cannot be cut here (a pysyncobj voter is known by
+  the address it announces, so nothing can proxy it): ``cut_ports`` says why not.
 
 ``close()`` removes everything either created; it is idempotent and called from ``finally``
 and from the runner's signal handlers, so Ctrl-C or a failed run leaves nothing behind.
@@ -81,6 +85,9 @@ class NetnsNet:
         self.host_if = [f"mq{tag}h{i}" for i in range(n)]
         self.subnet = f"10.{random.randrange(100, 250)}.{random.randrange(0, 250)}"
         self.cuts: set[tuple[int, int]] = set()
+        # port cuts: (node, name) -> (routing table, the rule selectors added)
+        self.port_cuts: dict[tuple[int, str], tuple[int, list[list[str]]]] = {}
+        self._next_table = 100
         self._made_ns: list[str] = []
         self._made_links: list[str] = []
 
@@ -133,7 +140,40 @@ class NetnsNet:
                  f"{self.ip(j)}/32", check=False)
             self.cuts.discard((i, j))
 
+    def cut_ports(self, i: int, name: str, lo: int, hi: int, to: int | None = None) -> str | None:
+        """Drop the TCP segments node i sends from or to ports ``lo``..``hi`` (to node ``to``
+        only, or to every node): both directions of every connection on those ports die
+        from i's side, everything else flows. ``name`` tells cuts apart for ``heal_ports``.
+        Returns None (done), or why it cannot."""
+        if (i, name) in self.port_cuts:
+            return None
+        table = self._next_table
+        self._next_table += 1
+        dest = f"{self.ip(to)}/32" if to is not None else f"{self.subnet}.0/24"
+        ports = f"{lo}-{hi}" if hi > lo else str(lo)
+        rules = [["to", dest, "ipproto", "tcp", "dport", ports],
+                 ["to", dest, "ipproto", "tcp", "sport", ports]]
+        ns = ["ip", "netns", "exec", self.ns[i]]
+        _run(*ns, "ip", "route", "add", "blackhole", "default", "table", str(table))
+        self.port_cuts[(i, name)] = (table, [])
+        for sel in rules:
+            _run(*ns, "ip", "rule", "add", *sel, "lookup", str(table))
+            self.port_cuts[(i, name)][1].append(sel)
+        return None
+
+    def heal_ports(self, i: int, name: str) -> None:
+        cut = self.port_cuts.pop((i, name), None)
+        if cut is None:
+            return
+        table, rules = cut
+        ns = ["ip", "netns", "exec", self.ns[i]]
+        for sel in rules:
+            _run(*ns, "ip", "rule", "del", *sel, "lookup", str(table), check=False)
+        _run(*ns, "ip", "route", "flush", "table", str(table), check=False)
+
     def close(self) -> None:
+        for i, name in list(self.port_cuts):
+            self.heal_ports(i, name)
         for ns in self._made_ns:
             _run("ip", "netns", "del", ns, check=False)
         for link in reversed(self._made_links):
@@ -244,6 +284,7 @@ class ProxyNet:
         # (i, j) -> one proxy per router of node j, on consecutive ports (router r of a node
         # is dialled at the node's port + r)
         self.proxies: dict[tuple[int, int], list[ChaosProxy]] = {}
+        self.port_cuts: dict[tuple[int, str], int] = {}
 
     def ip(self, i: int) -> str:
         return "127.0.0.1"
@@ -284,6 +325,21 @@ class ProxyNet:
         for key in ((i, j), (j, i)):
             for p in self.proxies.get(key, []):
                 p.heal()
+
+    def cut_ports(self, i: int, name: str, lo: int, hi: int, to: int | None = None) -> str | None:
+        """Only node i's mesh bytes to node ``to`` can be cut here (every proxy carries mesh
+        links only: that is ``cut``); any other port cut returns why not."""
+        if name == "mesh" and to is not None:
+            self.cut(i, to)
+            self.port_cuts[(i, name)] = to
+            return None
+        return ("the proxy network carries mesh links only; a Raft voter is dialled at the "
+                "address it announces (needs network namespaces: run as root)")
+
+    def heal_ports(self, i: int, name: str) -> None:
+        to = self.port_cuts.pop((i, name), None)
+        if to is not None:
+            self.heal_cut(i, to)
 
     def close(self) -> None:
         for ps in self.proxies.values():

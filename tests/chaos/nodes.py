@@ -28,6 +28,7 @@ from tests.helpers.broker import to_toml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECRET = "chaos-cluster-secret-0123456789abcdef"
 MQTT_PORT, ADMIN_PORT, MESH_PORT = 1883, 9883, 7883  # netns: the same in every namespace
+RAFT_PORT = 8883  # the metadata process's port (placement "raft"), clear of any mesh range
 
 
 def pid_alive(pid: int) -> bool:
@@ -42,7 +43,8 @@ class Node:
     """One node: its config, process, PIDs and data directory."""
 
     def __init__(self, index: int, workdir: Path, net: Any, routers: int,
-                 ports: tuple[int, int, int], tmpfs_mb: int | None) -> None:
+                 ports: tuple[int, int, int], tmpfs_mb: int | None, raft_port: int = 0,
+                 placement: str = "static", replication_factor: int = 3) -> None:
         self.index = index
         self.id = f"n{index}"
         self.net = net
@@ -53,6 +55,13 @@ class Node:
         self.data_dir.mkdir(exist_ok=True)
         self.host = net.ip(index)
         self.mqtt_port, self.admin_port, self.mesh_port = ports
+        # cluster.placement = "raft": the node runs a metadata process (Raft voter) on this
+        # port; every node's config names the real port (pysyncobj knows a voter by the
+        # address it announces, so no proxy can stand in between: net.py cuts it by port)
+        self.raft_port = raft_port
+        self.placement = placement
+        self.replication_factor = replication_factor
+        self.meta_pid: int | None = None
         self.tmpfs_mb = tmpfs_mb
         self.mounted = False
         self.proc: subprocess.Popen[bytes] | None = None
@@ -63,6 +72,12 @@ class Node:
         self.stopped = False  # SIGSTOPped now
 
     def write_config(self, entries: list[dict[str, Any]]) -> None:
+        cluster: dict[str, Any] = {
+            "name": "chaos", "routers": self.routers, "secret": SECRET, "reconnect_max": 0.5,
+            "link_timeout": 3.0, "nodes": entries}
+        if self.placement == "raft":
+            cluster["placement"] = "raft"
+            cluster["replication_factor"] = self.replication_factor
         config = {
             "node": {"id": self.id, "data_dir": str(self.data_dir)},
             "listener": {"tcp": {"bind": f"{self.host}:{self.mqtt_port}"},
@@ -71,8 +86,7 @@ class Node:
             "auth": {"allow_anonymous": True},
             "log": {"level": "info", "format": "text"},
             "mqtt": {"max_session_expiry": 0},
-            "cluster": {"name": "chaos", "routers": self.routers, "secret": SECRET,
-                        "reconnect_max": 0.5, "link_timeout": 3.0, "nodes": entries},
+            "cluster": cluster,
             "commitlog": {"rules": [{"filter": "devices/{device}/#"}]},
         }
         self.config_path.write_text(to_toml(config))
@@ -125,7 +139,18 @@ class Node:
         pids = [r["pid"] for r in st.get("routers", []) if r.get("state") == "up" and r.get("pid")]
         self.router_pids = pids
         self.seen_pids.update(pids)
+        meta = st.get("metadata")
+        if isinstance(meta, dict) and isinstance(meta.get("pid"), int):
+            self.meta_pid = meta["pid"]
+            self.seen_pids.add(meta["pid"])
         return pids
+
+    @property
+    def meta_socket(self) -> str:
+        """The Unix socket of this node's metadata process (placement "raft")."""
+        from meshmq.metadata_proc import metadata_socket
+
+        return metadata_socket(str(self.data_dir))
 
     def ready(self) -> bool:
         try:
@@ -168,6 +193,8 @@ class Node:
 
     def _signal_all(self, sig: int) -> None:
         pids = ([self.proc.pid] if self.proc is not None else []) + list(self.router_pids)
+        if self.meta_pid is not None:  # a whole node: its Raft voter too
+            pids.append(self.meta_pid)
         for pid in pids:
             if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError):
@@ -184,7 +211,8 @@ class Node:
 
     def _reap_routers(self) -> None:
         deadline = time.monotonic() + 10
-        while any(pid_alive(p) for p in self.router_pids) and time.monotonic() < deadline:
+        pids = list(self.router_pids) + ([self.meta_pid] if self.meta_pid else [])
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def kill_router(self, r: int) -> int | None:

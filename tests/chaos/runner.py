@@ -21,16 +21,21 @@ from typing import Any
 
 from commitlog.fetch import decode_fetch_response
 from tests.chaos.checker import Result, check
+from tests.chaos.faults import RaftFaults
 from tests.chaos.net import NetnsNet, ProxyNet, can_use_netns, free_port_block
-from tests.chaos.nodes import ADMIN_PORT, MESH_PORT, MQTT_PORT, Node
+from tests.chaos.nodes import ADMIN_PORT, MESH_PORT, MQTT_PORT, RAFT_PORT, Node
+from tests.chaos.replicas import dump_nodes, newest_snapshot, replication_missing
 from tests.chaos.workload import DevicePublisher, Sub
 
 # Fault kinds. "wipe" (a node lost with its disk) is opt-in until replication lands; "disk"
-# needs root (a tmpfs data directory).
+# needs root (a tmpfs data directory). The kinds of issue 24 need ``--placement raft`` (they
+# find their target in the Raft records: faults.py says what each does).
+RAFT_KINDS = ("kill-leader", "raft-cut", "fetch-cut", "freeze-leader", "diverge")
 ALL_KINDS = ("kill-router", "kill-node", "sigstop", "partition", "cut", "disk", "sigterm",
-             "wipe")
+             "wipe", *RAFT_KINDS)
 DEFAULT_KINDS = ("kill-router", "kill-node", "sigstop", "partition", "cut", "disk", "sigterm")
-NODE_KINDS = {"kill-router", "kill-node", "sigstop", "partition", "disk", "sigterm", "wipe"}
+NODE_KINDS = {"kill-router", "kill-node", "sigstop", "partition", "disk", "sigterm", "wipe",
+              *RAFT_KINDS}
 
 
 @dataclass
@@ -56,7 +61,7 @@ def make_schedule(seed: int, count: int, kinds: list[str], nodes: int, routers: 
         kind = rng.choice(kinds)
         node = rng.randrange(nodes)
         peer = None
-        if kind == "cut":
+        if kind in ("cut", "fetch-cut"):  # fetch-cut: the pair if Raft names none
             peer = rng.choice([j for j in range(nodes) if j != node])
         duration = round(rng.uniform(min_s, max_s), 2)
         if kind == "sigterm":
@@ -97,6 +102,10 @@ class Run:
         if "disk" in self.kinds and self.net.mode != "netns":
             self.kinds.remove("disk")
             self.net_note += "; no disk faults (a tmpfs needs root)"
+        if "raft-cut" in self.kinds and self.net.mode != "netns":
+            self.kinds.remove("raft-cut")
+            self.net_note += "; no Raft port cuts (a voter cannot be proxied: needs root)"
+        self.replication_note = replication_missing() if opts.placement == "raft" else None
         self.nodes: list[Node] = []
         self.stop_pub = threading.Event()
         self.attempts: list[dict[str, Any]] = []
@@ -105,6 +114,7 @@ class Run:
         self.subs: list[Sub] = []
         self._closed = False
         self.t0 = 0.0
+        self.raft_faults = RaftFaults(self)
 
     def say(self, text: str) -> None:
         print(f"[chaos {time.strftime('%H:%M:%S')}] {text}", flush=True)
@@ -116,9 +126,13 @@ class Run:
         for i in range(o.nodes):
             if self.net.mode == "netns":
                 ports = (MQTT_PORT, ADMIN_PORT, MESH_PORT)
+                raft_port = RAFT_PORT
             else:
                 ports = (free_port_block(1), free_port_block(1), free_port_block(o.routers))
-            self.nodes.append(Node(i, self.dir / f"n{i}", self.net, o.routers, ports, tmpfs))
+                raft_port = free_port_block(1)
+            self.nodes.append(Node(i, self.dir / f"n{i}", self.net, o.routers, ports, tmpfs,
+                                   raft_port if o.placement == "raft" else 0, o.placement,
+                                   o.replication_factor))
         for node in self.nodes:
             entries = []
             for other in self.nodes:
@@ -126,7 +140,10 @@ class Run:
                     host, port = node.host, node.mesh_port
                 else:
                     host, port = self.net.dial_address(node.index, other.index, other.mesh_port)
-                entries.append({"id": other.id, "host": host, "port": port})
+                entry = {"id": other.id, "host": host, "port": port}
+                if other.raft_port:
+                    entry["raft_port"] = other.raft_port
+                entries.append(entry)
             node.write_config(entries)
             node.mount()
         for node in self.nodes:
@@ -185,6 +202,8 @@ class Run:
 
     # -- faults ------------------------------------------------------------------------------
     def apply(self, f: Fault) -> None:
+        if f.kind in RAFT_KINDS:
+            self.raft_faults.resolve(f)  # its node (and peer) from the Raft records, now
         node = self.nodes[f.node]
         rec: dict[str, Any] = {"kind": f.kind, "node": f.node, "peer": f.peer,
                                "start": time.time(), "end": None, "duration": f.duration}
@@ -223,6 +242,8 @@ class Run:
             node.sigterm()
             node.start()
             node.wait_ready(60)
+        elif f.kind in RAFT_KINDS:
+            self.raft_faults.apply(f, rec)
         rec["end"] = time.time()
 
     def run_schedule(self, schedule: list[Fault]) -> None:
@@ -255,6 +276,9 @@ class Run:
             node.empty_disk()
             with contextlib.suppress(Exception):
                 self.net.heal_partition(node.index)
+            for name in ("raft", "mesh"):
+                with contextlib.suppress(Exception):
+                    self.net.heal_ports(node.index, name)
             for other in self.nodes:
                 if other is not node:
                     with contextlib.suppress(Exception):
@@ -284,6 +308,39 @@ class Run:
         for dev in self.devices:
             out[dev] = self._read_log(dev)
         return out
+
+    def read_replicas(self) -> dict[str, Any]:
+        """The Raft records (from the voter furthest ahead), then every node stopped cleanly
+        (SIGTERM: routers drain and close their stores) and every router's log read from its
+        disk: the checker's replica rules (replica_rules.py) judge them."""
+        snap = self._stop_watching_raft()
+        if snap is None:
+            self.say("WARNING: no metadata process answered: the replica rules see no logs")
+        replicas = dump_nodes([(n.id, n.data_dir) for n in self.nodes])
+        self.say(f"replicas: {sum(len(v) for v in replicas.values())} logs on "
+                 f"{len(replicas)} routers; Raft knows {len((snap or {}).get('logs') or {})}; "
+                 + (self.replication_note or "replication built: every ISR member must hold "
+                    "every acked message"))
+        return {"raft": snap, "replicas": replicas,
+                "replication": self.replication_note is None}
+
+    def _stop_watching_raft(self) -> dict[str, Any] | None:
+        """Stop every node at once (SIGTERM) while reading the Raft records until the last
+        metadata process is gone: a node stops its routers before its voter, and stopping a
+        leader may make the controller elect another (a new epoch written to a replica), so
+        the newest record seen, not one read before the stop, is the state the disks hold."""
+        stops = [threading.Thread(target=n.sigterm, daemon=True) for n in self.nodes]
+        best = newest_snapshot([n.meta_socket for n in self.nodes])
+        for t in stops:
+            t.start()
+        while any(t.is_alive() for t in stops):
+            snap = newest_snapshot([n.meta_socket for n in self.nodes])
+            if snap is not None and (best is None or snap.get("index", 0) >= best.get("index", 0)):
+                best = snap
+            time.sleep(0.1)
+        for t in stops:
+            t.join()
+        return best
 
     def _read_log(self, device: str, timeout: float = 60.0) -> list[list[Any]]:
         deadline = time.monotonic() + timeout
@@ -339,7 +396,8 @@ class Run:
         kinds = self.kinds
         schedule = make_schedule(o.seed, o.faults, kinds, o.nodes, o.routers, o.min_fault_s,
                                  o.max_fault_s, o.gap_s, o.overlap)
-        self.say(f"seed={o.seed} nodes={o.nodes}x{o.routers} devices={o.devices} "
+        self.say(f"seed={o.seed} nodes={o.nodes}x{o.routers} placement={o.placement} "
+                 f"devices={o.devices} "
                  f"rate={o.rate}/s kinds={','.join(kinds)} net: {self.net_note}; "
                  f"run dir {self.dir}")
         self.build()
@@ -357,6 +415,7 @@ class Run:
         logs = self.read_logs()
         for s in self.subs:
             s.close()
+        replicas = self.read_replicas() if o.placement == "raft" else {}
         history = {
             "seed": o.seed, "net": self.net.mode, "net_note": self.net_note,
             "nodes": o.nodes, "routers": o.routers, "kinds": kinds, "t0": self.t0,
@@ -364,6 +423,7 @@ class Run:
             "faults": self.faults, "attempts": self.attempts,
             "subscribers": [s.to_json() for s in self.subs],
             "topics": {d: f"devices/{d}/t" for d in self.devices}, "log": logs,
+            "placement": o.placement, **replicas,
         }
         (self.dir / "history.json").write_text(json.dumps(history))
         result = check(history)
@@ -417,6 +477,14 @@ def parser() -> argparse.ArgumentParser:
                    help="a PUBACK not seen in this long is an unknown outcome")
     p.add_argument("--tmpfs-mb", type=int, default=64, help="data dir size (root only)")
     p.add_argument("--net", choices=("auto", "netns", "proxy"), default="auto")
+    p.add_argument("--placement", choices=("static", "raft"), default="static",
+                   help="raft: device logs placed by the metadata processes (issue 24); "
+                        "the replica rules run and the kinds " + ",".join(RAFT_KINDS)
+                        + " are available")
+    p.add_argument("--replication-factor", type=int, default=3, help="with --placement raft")
+    p.add_argument("--lease-s", type=float, default=3.0,
+                   help="the routers' leader lease: freeze-leader holds a leader stopped for "
+                        "at least this + 2 s, diverge waits up to this + 10 s for an election")
     p.add_argument("--run-dir", default=None, help="default: $TMPDIR/meshmq-chaos/<time>-<seed>")
     return p
 
@@ -432,4 +500,8 @@ def finish_opts(opts: argparse.Namespace) -> argparse.Namespace:
         raise SystemExit(f"--kinds: unknown {bad}; known: {','.join(ALL_KINDS)}")
     if opts.nodes < 2:
         raise SystemExit("--nodes: at least 2")
+    raft_only = [k for k in opts.kinds.split(",") if k in RAFT_KINDS]
+    if raft_only and opts.placement != "raft":
+        raise SystemExit(f"--kinds: {','.join(raft_only)} need --placement raft (their "
+                         "targets come from the Raft records)")
     return opts

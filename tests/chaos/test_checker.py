@@ -4,9 +4,13 @@ kind is detected, and each legitimate history the module docstring allows is not
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
+from commitlog.settings import LogSettings
+from commitlog.store import LogStore
 from tests.chaos.checker import check, payload_for, topic_matches
+from tests.chaos.replicas import dump_nodes
 
 T0 = 1000.0
 
@@ -281,3 +285,190 @@ def test_delivery_order_duplicates_and_new_sessions_are_no_inversion() -> None:
     assert res.order_violations == 0, res.report()
     assert res.info["persistent_order_inversions"] == 1, res.report()
     assert res.ok
+
+
+# -- the replica rules (replica_rules.py), on logs written with the store API -----------------
+# Three routers on three nodes hold device "a"'s log; each history is dumped from their
+# stores by the same code a run uses (replicas.dump_nodes), then checked.
+
+LEADER, F1, F2 = "n0/0", "n1/0", "n2/0"
+
+
+def _store(root: Path, rid: str) -> LogStore:
+    node, _, idx = rid.partition("/")
+    return LogStore.open(str(root / node / f"router-{idx}" / "log"),
+                         LogSettings(retention_ms=0))
+
+
+def _append(st_: LogStore, seqs: list[tuple[int, int]]) -> None:
+    """Leader-path appends of ``(seq, attempt)`` for device "a" (timestamps by offset, so
+    two stores appending one message at one offset hold the same bytes)."""
+    for seq, n in seqs:
+        off = st_.log_end("a")
+        st_.append("a", 1_000_000 + off, "devices/a/t", 1, None,
+                   payload_for("a", seq, n).encode())
+    st_.flush_sync_commit()
+
+
+def _fetch(leader: LogStore, follower: LogStore, upto: int) -> None:
+    """The follower fetches the leader's replica stream of "a" up to ``upto``."""
+    while (follower.durable_end("a") if "a" in follower else 0) < upto:
+        off = follower.durable_end("a") if "a" in follower else 0
+        data, _ = leader.read_replica("a", off, upto - off,
+                                      last_epoch=follower.latest_epoch("a"))
+        if not data:
+            break
+        follower.append_follower("a", data, leader.latest_epoch("a"))
+        follower.flush_sync_commit()
+
+
+def replicated(root: Path, n: int = 10, fetched: tuple[int, int] = (10, 10),
+               isr: tuple[str, ...] = (LEADER, F1, F2), epoch: int = 0,
+               build: Any = None, replication: bool = True,
+               raft_epoch: int | None = None) -> dict[str, Any]:
+    """A history of ``n`` acked messages of device "a" (offset = seq) whose leader n0/0 led
+    epoch ``epoch`` from offset 0; F1 and F2 fetched up to ``fetched``; the leader's
+    high-water mark is the lowest end in ``isr``. ``build(stores)`` changes the stores
+    before they are closed and dumped. Raft's record says ``raft_epoch`` (default
+    ``epoch``)."""
+    stores = {rid: _store(root, rid) for rid in (LEADER, F1, F2)}
+    try:
+        lead = stores[LEADER]
+        lead.start_epoch("a", epoch)
+        lead.flush_sync_commit()
+        _append(lead, [(s, 0) for s in range(n)])
+        for rid, upto in zip((F1, F2), fetched, strict=True):
+            if upto:
+                _fetch(lead, stores[rid], upto)
+        ends = [stores[r].durable_end("a") for r in isr]
+        lead.set_high_watermark("a", min(ends))
+        for rid in (F1, F2):
+            if "a" in stores[rid]:
+                stores[rid].set_high_watermark("a", min(min(ends), stores[rid].durable_end("a")))
+        if build is not None:
+            build(stores)
+        for st_ in stores.values():
+            st_.flush_sync_commit()
+    finally:
+        for st_ in stores.values():
+            st_.close()
+    h = base()
+    h["attempts"] = [attempt("a", s, offset=s) for s in range(n)]
+    h["log"] = {"a": [rec("a", s, s) for s in range(n)]}
+    h["subscribers"] = []
+    h["replicas"] = dump_nodes([(node, root / node) for node in ("n0", "n1", "n2")])
+    h["raft"] = {"index": 9, "logs": {"a": {"leader": LEADER, "isr": list(isr),
+                                            "replicas": [LEADER, F1, F2],
+                                            "epoch": epoch if raft_epoch is None else raft_epoch,
+                                            "isr_version": 0, "incarnation": 1}}}
+    h["replication"] = replication
+    return h
+
+
+def findings(h: dict[str, Any]) -> tuple[Any, dict[str, list[str]]]:
+    r = check(h)
+    return r, dict(r.findings)
+
+
+def test_replicas_a_clean_replicated_log_passes_and_prints_its_line(tmp_path: Path) -> None:
+    r, _ = findings(replicated(tmp_path))
+    assert r.ok, r.report()
+    assert r.info["replicated_logs_checked"] == 1
+    assert "chaos replicas: logs=1 replica_violations=0 epoch_violations=0" in r.report()
+    assert r.report().splitlines()[-1] == r.summary()  # the summary line stays last
+
+
+def test_replicas_ack_before_the_high_water_mark_passes_is_caught(tmp_path: Path) -> None:
+    """The planted bug of issue 24: the leader acked at its durable end (10) while both
+    followers had fetched 7: three acked messages are on no follower."""
+    r, f = findings(replicated(tmp_path, fetched=(7, 7)))
+    assert r.replica_violations == 6, r.report()
+    assert len(f["acked_not_in_replica"]) == 2
+    assert "3 acknowledged missing" in f["acked_not_in_replica"][0], f
+
+
+def test_replicas_an_isr_member_without_the_log(tmp_path: Path) -> None:
+    r, f = findings(replicated(tmp_path, fetched=(10, 0)))
+    assert r.replica_violations >= 1 and any(F2 in t for t in f["isr_replica_missing"]), f
+
+
+def test_replicas_not_built_yet_only_the_leader_must_hold_the_log(tmp_path: Path) -> None:
+    """Today's tree (no followers fetch): RF 3 placement with only the leader's log is no
+    violation, only counted."""
+    r, _ = findings(replicated(tmp_path, fetched=(0, 0), replication=False))
+    assert r.ok, r.report()
+    assert r.info["replicas_not_built"] == 2
+
+
+def test_replicas_an_acked_message_twice_or_out_of_order_in_a_replica(tmp_path: Path) -> None:
+    """F2 (not in the ISR, so only its own committed range is compared byte for byte) holds
+    a|3 a second time and a|8 before a|7: both are acked, so F2 breaks the replica rule only
+    once it is listed in the ISR."""
+    def build(stores: dict[str, LogStore]) -> None:
+        _fetch(stores[LEADER], stores[F2], 3)
+        _append(stores[F2], [(3, 0), (3, 0), (4, 0), (5, 0), (6, 0), (8, 0), (7, 0), (9, 0)])
+
+    r, f = findings(replicated(tmp_path, fetched=(10, 0), isr=(LEADER, F1, F2), build=build))
+    text = " ".join(f["acked_not_in_replica"])
+    assert "stored twice" in text and "out of publish order" in text, r.report()
+
+
+def test_replicas_a_follower_differing_below_the_high_water_mark(tmp_path: Path) -> None:
+    """F1 holds another message at offset 5 (a|5 attempt 1) below the mark."""
+    def build(stores: dict[str, LogStore]) -> None:
+        stores[F1].truncate("a", 5)
+        stores[F1].flush_sync_commit()
+        _append(stores[F1], [(5, 1)] + [(s, 0) for s in range(6, 10)])
+
+    r, f = findings(replicated(tmp_path, build=build))
+    assert any(F1 in t and "[5]" in t for t in f["replica_diverged"]), r.report()
+
+
+def test_replicas_two_leaders_wrote_one_offset_in_one_epoch(tmp_path: Path) -> None:
+    """A returning old leader that kept writing in the epoch the new leader also writes in
+    (F2, out of the ISR, committed only up to 5): offset 5 of epoch 1 holds two messages."""
+    def build(stores: dict[str, LogStore]) -> None:
+        lead = stores[LEADER]
+        lead.truncate("a", 5)
+        lead.flush_sync_commit()
+        lead.start_epoch("a", 1)
+        lead.flush_sync_commit()
+        _append(lead, [(s, 0) for s in range(5, 10)])
+        lead.set_high_watermark("a", lead.durable_end("a"))
+        f2 = stores[F2]
+        f2.truncate("a", 5)
+        f2.flush_sync_commit()
+        f2.start_epoch("a", 1)
+        f2.flush_sync_commit()
+        _append(f2, [(5, 1)])
+        f2.set_high_watermark("a", 5)
+
+    r, f = findings(replicated(tmp_path, fetched=(10, 10), isr=(LEADER, F1), raft_epoch=1,
+                               build=build))
+    assert any("written differently by two leaders" in t and "(1, 5)" in t
+               for t in f["epoch_violations"]), r.report()
+    assert "replica_diverged" not in f, f  # F2's own mark is 5: its tail is not compared
+
+
+def test_replicas_one_epoch_starting_at_two_offsets(tmp_path: Path) -> None:
+    """F2 (out of the ISR) records epoch 1 from offset 7, the leader from 5."""
+    def build(stores: dict[str, LogStore]) -> None:
+        for rid, at in ((LEADER, 5), (F2, 7)):
+            st_ = stores[rid]
+            st_.truncate("a", at)
+            st_.flush_sync_commit()
+            st_.start_epoch("a", 1)
+            st_.flush_sync_commit()
+            _append(st_, [(s, 0) for s in range(at, 10)])
+        stores[LEADER].set_high_watermark("a", 10)
+        stores[F2].set_high_watermark("a", 5)
+
+    r, f = findings(replicated(tmp_path, isr=(LEADER, F1), raft_epoch=1, build=build))
+    assert any("epoch 1 starts at different offsets" in t for t in f["epoch_violations"]), \
+        r.report()
+
+
+def test_replicas_an_epoch_raft_never_granted(tmp_path: Path) -> None:
+    """Every replica holds epoch 3 (the leader's, fetched), the Raft record says 2."""
+    r, f = findings(replicated(tmp_path, epoch=3, raft_epoch=2))
+    assert any("above Raft's epoch 2" in t for t in f["epoch_violations"]), r.report()
