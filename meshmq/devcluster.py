@@ -68,6 +68,7 @@ class DevNode:
     admin: int
     mesh: int
     dir: Path
+    raft: int = 0  # the metadata process's Raft port (0: static placement, no Raft)
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -94,6 +95,13 @@ def add_dev_cluster_parser(sub: Any) -> None:
     p.add_argument("--mesh-port", type=int, default=7883, metavar="PORT",
                    help="mesh base port of node 0; node i's routers use PORT+i*ROUTERS+r "
                    "(default 7883)")
+    p.add_argument("--raft-port", type=int, default=6883, metavar="PORT",
+                   help="Raft port of node 0's metadata process; node i uses PORT+i "
+                   "(default 6883)")
+    p.add_argument("--placement", choices=("raft", "static"), default="raft",
+                   help="where device logs live: 'raft' (default: placed on first publish, "
+                   "replicated, failing over: issue 24) or 'static' (hashed over the routers, "
+                   "one copy)")
     p.add_argument("--dir", default="./meshmq-dev", metavar="DIR",
                    help="configs, data and logs (default ./meshmq-dev)")
     p.add_argument("--name", default="dev", help="cluster name (default dev)")
@@ -108,6 +116,9 @@ def _plan(args: argparse.Namespace) -> list[DevNode] | str:
     ranges = {"--mqtt-port": (args.mqtt_port, args.nodes),
               "--admin-port": (args.admin_port, args.nodes),
               "--mesh-port": (args.mesh_port, args.nodes * args.routers)}
+    raft = args.placement == "raft"
+    if raft:
+        ranges["--raft-port"] = (args.raft_port, args.nodes)
     for flag, (start, count) in ranges.items():
         if start < 1 or start + count - 1 > 65535:
             return f"{flag} {start}: ports {start}-{start + count - 1} are outside 1-65535"
@@ -120,7 +131,8 @@ def _plan(args: argparse.Namespace) -> list[DevNode] | str:
                         "pick ports further apart")
     root = Path(args.dir).resolve()
     return [DevNode(i, f"node-{i}", args.mqtt_port + i, args.admin_port + i,
-                     args.mesh_port + i * args.routers, root / f"node-{i}")
+                     args.mesh_port + i * args.routers, root / f"node-{i}",
+                     args.raft_port + i if raft else 0)
             for i in range(args.nodes)]
 
 
@@ -133,6 +145,8 @@ def _taken_ports(nodes: list[DevNode], routers: int) -> list[str]:
                    (n.admin, f"{n.node_id} admin HTTP, --admin-port")]
         wanted += [(n.mesh + r, f"{n.node_id} router {r} mesh, --mesh-port")
                    for r in range(routers)]
+        if n.raft:
+            wanted.append((n.raft, f"{n.node_id} Raft, --raft-port"))
     taken = []
     for port, what in wanted:
         why = bind_conflict("127.0.0.1", port)
@@ -196,11 +210,14 @@ def _write_config(node: DevNode, nodes: list[DevNode], name: str, routers: int,
         "[listener.tcp]", f'bind = "127.0.0.1:{node.mqtt}"', "",
         "[admin]", f'bind = "127.0.0.1:{node.admin}"', "",
         "[cluster]", f"name = {_toml_str(name)}", f"routers = {routers}",
-        f"secret_file = {_toml_str(str(secret))}", "",
+        f"secret_file = {_toml_str(str(secret))}",
     ]
+    if node.raft:
+        lines.append('placement = "raft"')
+    lines.append("")
     for n in nodes:
         lines += ["[[cluster.nodes]]", f"id = {_toml_str(n.node_id)}", 'host = "127.0.0.1"',
-                  f"port = {n.mesh}", ""]
+                  f"port = {n.mesh}"] + ([f"raft_port = {n.raft}"] if n.raft else []) + [""]
     node.dir.mkdir(parents=True, exist_ok=True)
     node.config_path.write_text("\n".join(lines))
 

@@ -45,6 +45,7 @@ def test_dev_cluster_starts_and_stops_three_nodes(tmp_path: Path) -> None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "meshmq", "dev-cluster", "--nodes", "3",
              "--mqtt-port", str(mqtt), "--admin-port", str(admin), "--mesh-port", str(mesh),
+             "--raft-port", str(free_port_range(3)),
              "--dir", str(tmp_path / "dev")],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_env())
     try:
@@ -66,6 +67,14 @@ def test_dev_cluster_starts_and_stops_three_nodes(tmp_path: Path) -> None:
             assert (tmp_path / "dev" / f"node-{i}" / "meshmq.toml").is_file()
         assert len(seen) == 6 and all(pid_alive(p) for p in seen)
 
+        # dev-cluster's default placement is Raft (issue 24): a device log is placed by its
+        # first publish, at the router its publisher is connected to
+        sock = mqtt_connect(mqtt + 1, "dev-pub")
+        topic = b"devices/d1/t"
+        sock.sendall(bytes([0x32, 2 + len(topic) + 2 + 1]) + len(topic).to_bytes(2, "big")
+                     + topic + b"\x00\x01x")
+        assert sock.recv(4) == b"\x40\x02\x00\x01"  # PUBACK: placed, stored
+        sock.close()
         status = _meshmq("cluster", "status", "--admin", f"127.0.0.1:{admin + 1}",
                          "--device", "d1", "--json")
         doc = json.loads(status.stdout)

@@ -40,6 +40,7 @@ def _dev_cluster(tmp_path: Path, nodes: int, mqtt: int, admin: int, mesh: int,
         proc = subprocess.Popen(
             [sys.executable, "-m", "meshmq", "dev-cluster", "--nodes", str(nodes),
              "--mqtt-port", str(mqtt), "--admin-port", str(admin), "--mesh-port", str(mesh),
+             "--raft-port", str(free_port_range(nodes)),
              "--dir", str(tmp_path / "dev")],
             stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_env(**env))
     return proc, out

@@ -142,6 +142,7 @@ def test_leader_lost_with_its_disk_loses_no_acknowledged_message(tmp_path: Path)
         dev = subprocess.Popen(
             [sys.executable, "-m", "meshmq", "dev-cluster", "--nodes", "3",
              "--mqtt-port", str(mqtt), "--admin-port", str(admin), "--mesh-port", str(mesh),
+             "--raft-port", str(free_port_range(3)),
              "--dir", str(root)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_env())
     pub: DevicePublisher | None = None
