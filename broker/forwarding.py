@@ -73,8 +73,10 @@ class Forwarder(Protocol):
     def retained(self, msg: Message) -> None:
         """A retained message was set or cleared here: every router keeps the same set."""
 
-    def claim(self, client_id: str, clean: bool, done: Any) -> None:
-        """Ask every other router to release ``client_id``'s session; ``done(state or None)``."""
+    def claim(self, client_id: str, clean: bool, done: Any, to: str | None = None,
+              timeout: float | None = None) -> None:
+        """Ask every other router (or only ``to``) to release ``client_id``'s session;
+        ``done(state or None)`` (after ``timeout`` at most, when given)."""
 
     def share(self, msg: Message, groups: list) -> list:
         """Pick, for each shared group matching ``msg`` here or on peers, the router whose

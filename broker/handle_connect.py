@@ -56,6 +56,8 @@ class ConnectRoom:
                 self.finish_connect(conn, pkt, code)
             return
         code = self.auth.authenticate(pkt.username, pkt.password) if self.auth else 0
+        if self.registry is not None and not code and self.registry.claim(conn, pkt, rest):
+            return  # the CONNACK waits for the claim's commit in Raft (broker/registry.py)
         if self.forwarder is not None and not code and self.sessions_remote.claim(conn, pkt, rest):
             return  # the client id's other routers answer first (broker/forwarding.py)
         self.finish_connect(conn, pkt, code)
@@ -66,6 +68,8 @@ class ConnectRoom:
         if conn.closing:
             return
         pending, conn.pending = conn.pending or [], None
+        if self.registry is not None and not code and self.registry.claim(conn, pkt, pending):
+            return
         if self.forwarder is not None and not code and self.sessions_remote.claim(conn, pkt,
                                                                                  pending):
             return

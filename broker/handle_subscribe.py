@@ -133,8 +133,11 @@ class SubscribeRoom:
                 replays: list[Subscription]) -> None:
         props = ({Prop.REASON_STRING: "; ".join(reasons)} if reasons and conn.level == 5
                  else None)
-        self.persist.stored(session, self._subscribed, conn, session,
-                            Suback(packet_id, codes, props), retained_out, replays)
+        # a persistent session's subscriptions are committed in the cluster's session
+        # registry too before the SUBACK (broker/registry.py): resumable on any node
+        store = self.persist.stored if self.registry is None else self.registry.stored
+        store(session, self._subscribed, conn, session, Suback(packet_id, codes, props),
+              retained_out, replays)
 
     def _subscribed(self, conn: Connection, session: Session, suback: Suback,
                     retained_out: list[tuple[Subscription, list[Message]]],
@@ -170,5 +173,5 @@ class SubscribeRoom:
             codes.append(Reason.SUCCESS)
             if sub.group is not None:
                 self.shared.redispatch(session, only_group=sub)
-        self.persist.stored(session, conn.send,
-                            Unsuback(pkt.packet_id, codes if conn.level == 5 else []))
+        store = self.persist.stored if self.registry is None else self.registry.stored
+        store(session, conn.send, Unsuback(pkt.packet_id, codes if conn.level == 5 else []))

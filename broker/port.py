@@ -55,6 +55,9 @@ class RouterPort(Protocol):
     logs: DeviceLogs | None
     catchup: Any  # broker.catchup.LogCatchUp, or None without a commit log
     forwarder: Any  # broker.forwarding.Forwarder, or None on a single node
+    # broker.registry.RegisteredSessions: the cluster-wide session registry (Raft placement;
+    # the node wiring sets it), or None: a single node, or the mesh's CLAIM asks the peers
+    registry: Any
     persist: Any  # broker.sessionstore.SessionHooks
     replays: ReplayState
 

@@ -144,6 +144,7 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
         self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
         self.remote = RemotePublishes(self)
         self.sessions_remote = RemoteSessions(self)
+        self.registry: Any = None  # broker.registry.RegisteredSessions (set by the wiring)
         self._pump_replays = self.replays.pump  # bound once: called per ack and drain
         self._replaying = self.replays.replaying  # the same set, read per ack
         self.shared = SharedDelivery(self)

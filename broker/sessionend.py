@@ -48,6 +48,8 @@ class SessionEndRoom:
         if session.conn is not None or self.sessions.get(session.client_id) is not session:
             return  # ended just now (max_offline_sessions = 0)
         self.persist.went_offline(session)  # (written with this tick's batch)
+        if self.registry is not None:
+            self.registry.went_offline(session)  # saved in the cluster's session registry
         # a shared subscriber going offline: its unacked shares go to members still online
         self.shared.redispatch(session)
         if session.expiry_interval != NEVER:
@@ -63,6 +65,8 @@ class SessionEndRoom:
     def end_session(self, session: Session) -> None:
         self._replaying.discard(session)
         self.persist.ended(session)
+        if self.registry is not None:
+            self.registry.ended(session)  # the claim in the session registry is given up
         if self.catchup is not None:
             self.catchup.forget(session)
         self.limits.offline.back(session)

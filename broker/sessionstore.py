@@ -109,6 +109,14 @@ class SessionHooks:
     def adopt(self, client_id: str, state: bytes) -> None:
         """Install a session another router handed over."""
 
+    def portable(self, session: Session) -> bytes | None:
+        """The session as a small record any router can resume from (None: not kept)."""
+        return None
+
+    def resume(self, client_id: str, state: bytes) -> bool:
+        """Install a session from ``portable``'s record; False when it expired meanwhile."""
+        return False
+
 
 NO_PERSISTENCE = SessionHooks()
 
@@ -269,6 +277,43 @@ class SessionPersistence(SessionHooks):
         now = time.time()
         self._restore_one(client_id, data, now, now, now)
         self._mark(client_id)
+
+    def portable(self, s: Session) -> bytes:
+        """For the session registry in Raft (cluster/sessionreg.py), read by whichever router
+        the client comes back to when this one is gone with its disk: positions, never copies
+        (a Raft entry must stay small). Every logged message in the window or the queue
+        becomes the lowest offset still owed in its device log, so the next router reads it
+        again from the log (at least once, in order; a QoS 2 message the client had received
+        comes again as a new message, as Kafka's consumers re-read after a rebalance). Unlogged
+        messages are dropped (live pub/sub: lost with a node, as they are on kill -9). What is
+        left is bounded by the session's own limits: its subscriptions, one position per
+        device (``mqtt.max_lagging_devices``) and its QoS 2 packet ids (receive maximum)."""
+        data = json.loads(self._encode(s))
+        behind: dict[str, int] = data["behind"]
+        for ref in [entry[-1] for entry in data["inflight"]] + [e[-1] for e in data["queue"]]:
+            if ref[0] == "L":
+                device, offset = ref[1], ref[2]
+            elif len(ref) > 7 and ref[7] is not None:  # a copy of another router's record
+                device, offset = ref[7], ref[8]
+            else:
+                continue
+            if offset < behind.get(device, _FAR):
+                behind[device] = offset
+        data["inflight"], data["queue"] = [], []
+        return json.dumps(data, separators=(",", ":")).encode()
+
+    def resume(self, client_id: str, state: bytes) -> bool:
+        """A session from the registry (``portable``), its old router gone: installed as if
+        restored here, its expiry counted from when it went offline there (wall clock)."""
+        data = json.loads(state)
+        if data.get("v") != _VERSION:
+            raise ValueError(f"unknown session record version {data.get('v')!r}")
+        now = time.time()
+        since = data["offline_at"] if data.get("offline_at") is not None else now
+        if not self._restore_one(client_id, data, since, now, now):
+            return False
+        self._mark(client_id)
+        return True
 
     def _encode(self, s: Session, copies: bool = False) -> bytes:
         now_us = time.time_ns() // 1000

@@ -408,18 +408,21 @@ class Mesh:
         router.route(msg)
 
     # -- sessions across routers -------------------------------------------------------------
-    def claim(self, client_id: str, clean: bool, done: Any) -> None:
+    def claim(self, client_id: str, clean: bool, done: Any, to: str | None = None,
+              timeout: float | None = None) -> None:
         """A client connected here: every other router that holds its session closes the old
         connection [MQTT-3.1.4-3] and hands the session over (or ends it, for a clean start).
         ``done(state or None)`` once every reachable router answered, or after
         ``_CLAIM_TIMEOUT`` (a router that does not answer keeps what it has: the client gets
-        a new session, as with a partition in EMQX)."""
-        links = [link for link in self.links.values() if link.state == "up"]
+        a new session, as with a partition in EMQX). ``to``: ask only that router (the session
+        registry named the previous holder, broker/registry.py), within ``timeout``."""
+        links = [link for link in self.links.values()
+                 if link.state == "up" and (to is None or link.peer == to)]
         if not links:
             self.loop.call_soon(done, None)
             return
         # unanswered in time, or a link down meanwhile: done with what the others handed over
-        req = self.requests.open(links, _CLAIM_TIMEOUT,
+        req = self.requests.open(links, _CLAIM_TIMEOUT if timeout is None else timeout,
                                  lambda _why, _late: done(req.value), "claim unanswered")
         req.done = done
         for link in links:

@@ -32,6 +32,9 @@ class MetadataState:
     def __init__(self) -> None:
         self.logs: dict[str, LogRecord] = {}
         self.sessions: dict[str, dict[str, Any]] = {}  # client id -> {"router", "epoch"}
+        # client id -> {"epoch", "state"}: a persistent session's saved state (not in snapshots)
+        self.session_states: dict[str, dict[str, Any]] = {}
+        self.session_seq = 0  # the last session epoch given (one counter for every client id)
         self.index = 0  # commands applied (a watcher's position in the change stream)
 
     # -- the state machine ----------------------------------------------------------------
@@ -89,14 +92,27 @@ class MetadataState:
         self.logs[device] = rec
         return True, rec, ("log", device, rec)
 
-    def _claim_session(self, index: int, client_id: str,
-                       router: str) -> tuple[bool, Any, tuple | None]:
+    def _claim_session(self, index: int, client_id: str, router: str,
+                       clean: bool = False) -> tuple[bool, Any, tuple | None]:
         """The registry decides who holds a client id: each claim takes the next session
-        epoch, and the router holding an older one closes its connection (0x8E)."""
+        epoch, and the router holding an older one closes its connection (0x8E).
+
+        Epochs come from one counter for every client id (``session_seq``), not per id: a
+        released id claimed again still gets an epoch above any its watchers saw, so a late
+        change in a router's watch stream can never look newer than the claim it answered
+        (Kafka's producer epochs are bumped the same way, never reset). The answer carries
+        more than the registry keeps: the router that held it before (``prev``) and the
+        session state last saved for it (``state``, none for a clean start, which drops it),
+        so the claiming router resumes the session without asking any peer."""
+        self.session_seq = getattr(self, "session_seq", 0) + 1
         old = self.sessions.get(client_id)
-        rec = {"router": router, "epoch": (old["epoch"] + 1) if old else 1}
+        states = self._states()
+        saved = states.pop(client_id, None) if clean else states.get(client_id)
+        rec = {"router": router, "epoch": self.session_seq}
         self.sessions[client_id] = rec
-        return True, rec, ("session", client_id, rec)
+        answer = dict(rec, prev=old["router"] if old else None,
+                      state=saved["state"] if saved and not clean else None)
+        return True, answer, ("session", client_id, rec)
 
     def _release_session(self, index: int, client_id: str, router: str,
                          epoch: int) -> tuple[bool, Any, tuple | None]:
@@ -105,7 +121,28 @@ class MetadataState:
         if old is None or old["router"] != router or old["epoch"] != epoch:
             return False, old, None
         del self.sessions[client_id]
+        self._states().pop(client_id, None)
         return True, None, ("session", client_id, None)
+
+    def _save_session(self, index: int, client_id: str, router: str, epoch: int,
+                      state: str) -> tuple[bool, Any, tuple | None]:
+        """A persistent session's state (subscriptions, held log offsets, QoS 2 receive state,
+        expiry: broker/sessionstore.py ``portable``), saved by the router holding the claim:
+        a compare-and-set on the session epoch, so a router that lost the client id (a newer
+        claim elsewhere) can never overwrite what the new holder saves. Watchers hear only
+        that it changed and its size: the state itself goes out in the next claim's answer."""
+        old = self.sessions.get(client_id)
+        if old is None or old["router"] != router or old["epoch"] != epoch:
+            return False, old, None
+        self._states()[client_id] = {"epoch": epoch, "state": state}
+        return True, old, ("session_state", client_id, {"epoch": epoch, "bytes": len(state)})
+
+    def _states(self) -> dict[str, dict[str, Any]]:
+        # a state pickled by a build before saved session states has no such attribute
+        states = getattr(self, "session_states", None)
+        if states is None:
+            states = self.session_states = {}
+        return states
 
     # -- reading ----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -119,5 +156,6 @@ _HANDLERS = {
     "set_isr": MetadataState._set_isr,
     "claim_session": MetadataState._claim_session,
     "release_session": MetadataState._release_session,
+    "save_session": MetadataState._save_session,
 }
 COMMANDS = tuple(_HANDLERS)

@@ -86,6 +86,12 @@ class ClusterSettings:
     # naming this key, 3.x: the connection closes), never held without bound (metric
     # meshmq_placement_refused_total{reason="held_full"}).
     placement_max_held: int = 10_000
+    # Raft placement: seconds between saves of each persistent session's delivery progress
+    # (held log offsets) in the session registry (cluster/sessionreg.py), besides the saves at
+    # SUBSCRIBE/UNSUBSCRIBE and at disconnect: a resume on another node after its node is lost
+    # reads again what was delivered since the last save (at least once), so shorter means
+    # fewer duplicates and more Raft commits (one per tick for every session that moved).
+    session_checkpoint_interval: float = 1.0
     # The highest mesh protocol version this router speaks (cluster/frames.py): links use the
     # highest version both ends speak. Pinned to the old version while a cluster is rolled to
     # a new build, then raised (Kafka's inter.broker.protocol.version). Default: the newest.

@@ -56,6 +56,8 @@ async def attach_mesh(node: Any) -> Any:
     placer = None
     if node.config.cluster.placement == "raft":
         placer = await _attach_raft(node, mesh)
+        from meshmq.session_wiring import attach_sessions
+        await attach_sessions(node, mesh.rid)  # the session registry (meshmq/session_wiring.py)
     await mesh.start()
 
     async def cluster_status(request: web.Request) -> web.Response:

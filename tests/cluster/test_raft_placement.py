@@ -221,6 +221,10 @@ def test_without_a_raft_majority_a_new_device_is_refused_and_known_ones_work(
     pub = _publisher(raw, trio, 0)
     assert _publish(_publisher(raw, trio, 1), known, b"k0", 1).reason_code == 0
     wait_for(lambda: _leader(trio, 0, known) == "n1/0", 30, message="n0 learned the placement")
+    # connected before the freeze: a CONNECT itself needs a Raft commit (the session
+    # registry's claim, cluster/sessionreg.py) and is refused without a majority
+    old = raw(trio.nodes[0], version=4)
+    old.connect(unique("v311"))
     voters = [trio.status(i)["metadata"]["pid"] for i in (1, 2)]
     for pid in voters:
         os.kill(pid, signal.SIGSTOP)
@@ -231,8 +235,6 @@ def test_without_a_raft_majority_a_new_device_is_refused_and_known_ones_work(
         why = ack.properties.get(R.REASON_STRING, "")
         assert "placed" in why, f"the refusal does not say why: {ack!r}"
         # a 3.1.1 publisher has no negative PUBACK: its connection closes, nothing acked
-        old = raw(trio.nodes[0], version=4)
-        old.connect(unique("v311"))
         old.send(R.publish(f"devices/{new}/t", b"n1", qos=1, packet_id=1))
         with pytest.raises(ConnectionError):
             got = old.recv(timeout=60)

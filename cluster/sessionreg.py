@@ -1,0 +1,243 @@
+"""The session registry in Raft (``cluster.placement = "raft"``; issue 24): a router's side.
+
+Who holds a client id is decided by the metadata Raft group (``cluster/metastate.py``,
+``claim_session``), not by asking the other routers: a CONNECT proposes a claim through this
+node's metadata process and its CONNACK waits for the commit, and nothing else. So a frozen or
+unreachable peer never delays a CONNECT (the mesh's CLAIM asked every peer and waited up to 2 s
+for each silent one), and after a partition heals exactly one connection per client id
+survives: every router watches the registry's changes and closes its connection of a client id
+claimed at a newer session epoch elsewhere (v5 DISCONNECT 0x8E). EMQX's session registry
+(``emqx_cm_registry``, in Mria) and Kafka's group coordinator (one owner per group, fenced by
+generation) decide ownership the same way: in replicated state, by epoch.
+
+A persistent session's state is saved in the same registry (``save_session``, compare-and-set
+on the session epoch; docs/replication.md says why Raft and not a replicated log), so a claim
+at any router answers with it and the session resumes there even when its old node is gone
+with its disk.
+
+This module knows nothing of MQTT: the broker side (``broker/registry.py``) calls ``claim``,
+``release`` and ``save`` and is told ``on_taken`` (the broker never imports ``cluster/``; the
+node wiring joins them, ``meshmq/session_wiring.py``).
+
+Outcomes: a claim either commits (its epoch, the previous holder, the saved state) or fails
+with a reason (no Raft majority within ``cluster.append_timeout``), never "maybe": an unknown
+outcome (the Raft leader lost mid-proposal) is proposed again. A retried claim takes one more
+epoch, which is harmless (the same router holds it, at the newer epoch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from cluster.metaclient import MetadataClient, MetadataUnavailable, watch
+
+log = logging.getLogger("cluster.sessionreg")
+
+_RETRY = 0.1  # seconds between proposals while Raft has no leader (an election takes ~0.5 s)
+_RECONNECT = 0.5  # seconds before the watch stream is dialled again
+
+
+class Claimed(NamedTuple):
+    """A committed claim: this router holds the client id at ``epoch``; ``prev`` held it
+    before (None: nobody); ``state`` is the session state last saved for it (None: none, or a
+    clean start)."""
+
+    epoch: int
+    prev: str | None
+    state: str | None
+
+
+class SessionRegistry:
+    """Claims, releases and saves through this node's metadata process; watches the
+    registry and calls ``on_taken(client_id, router, epoch)`` when a client id this router
+    holds is claimed at a newer epoch by another router."""
+
+    def __init__(self, me: str, socket_path: str, timeout: float) -> None:
+        self.me = me
+        self.socket_path = socket_path
+        self.timeout = timeout  # cluster.append_timeout: how long a CONNECT waits for Raft
+        self.held: dict[str, int] = {}  # client id -> the epoch this router holds it at
+        # client ids with a claim in flight here -> the newest epoch seen elsewhere meanwhile
+        # (the watch and the proposal's answer are two streams: a newer claim elsewhere can be
+        # seen before this router's own, older, answer arrives)
+        self.claiming: dict[str, int] = {}
+        self.on_taken: Callable[[str, str, int], None] = lambda _c, _r, _e: None
+        self.client = MetadataClient(socket_path)
+        self._dialing = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
+        self._watching: asyncio.Task | None = None
+        self.synced = asyncio.Event()
+        self.stats = {"claims": 0, "claims_failed": 0, "taken_over": 0, "releases": 0,
+                      "saves": 0, "saves_failed": 0, "retries": 0}
+        self.claim_latency: list[float] = []  # seconds per committed claim, last 256
+
+    # -- the broker's calls --------------------------------------------------------------------
+    def claim(self, client_id: str, clean: bool,
+              done: Callable[[Claimed | str], None]) -> None:
+        """Propose the claim; ``done(Claimed)`` once committed, ``done(why)`` when Raft did not
+        commit it within ``cluster.append_timeout``."""
+        self._spawn(self._claim(client_id, clean, done))
+
+    def release(self, client_id: str) -> None:
+        """The session ended here (clean, expired, evicted): give the client id up, if this
+        router still holds it (a compare-and-set: a newer claim elsewhere is left alone)."""
+        epoch = self.held.pop(client_id, None)
+        if epoch is None:
+            return
+        self.stats["releases"] += 1
+        self._spawn(self._propose(["release_session", client_id, self.me, epoch],
+                                  time.monotonic() + self.timeout))
+
+    def save(self, client_id: str, state: str, done: Callable[[str | None], None]) -> None:
+        """Save a persistent session's state under this router's claim; ``done(None)`` once
+        committed, ``done(why)`` when it was not (no majority, or the claim is no longer
+        this router's)."""
+        epoch = self.held.get(client_id)
+        if epoch is None:
+            done("this router does not hold the client id in the session registry")
+            return
+        self._spawn(self._save(client_id, epoch, state, done))
+
+    def holds(self, client_id: str) -> bool:
+        return client_id in self.held
+
+    # -- proposals -----------------------------------------------------------------------------
+    async def _claim(self, client_id: str, clean: bool,
+                     done: Callable[[Claimed | str], None]) -> None:
+        started = time.monotonic()
+        self.claiming.setdefault(client_id, 0)
+        try:
+            answer = await self._propose(["claim_session", client_id, self.me, clean],
+                                         started + self.timeout)
+        finally:
+            newer = self.claiming.pop(client_id, 0)
+        if isinstance(answer, str) or not isinstance(answer[1], dict):
+            self.stats["claims_failed"] += 1
+            done(answer if isinstance(answer, str) else f"metadata answered {answer[1]!r}")
+            return
+        rec = answer[1]
+        epoch = int(rec["epoch"])
+        if newer > epoch:  # another router claimed it after this claim committed
+            self.stats["claims_failed"] += 1
+            done(f"the client id was claimed again at another router meanwhile (session "
+                 f"epoch {newer} > {epoch})")
+            return
+        if epoch > self.held.get(client_id, 0):
+            self.held[client_id] = epoch
+        self.stats["claims"] += 1
+        self.claim_latency.append(time.monotonic() - started)
+        del self.claim_latency[:-256]
+        done(Claimed(epoch, rec.get("prev"), rec.get("state")))
+
+    async def _save(self, client_id: str, epoch: int, state: str,
+                    done: Callable[[str | None], None]) -> None:
+        answer = await self._propose(["save_session", client_id, self.me, epoch, state],
+                                     time.monotonic() + self.timeout)
+        if isinstance(answer, str):
+            self.stats["saves_failed"] += 1
+            done(answer)
+            return
+        applied, rec = answer
+        if not applied:
+            self.stats["saves_failed"] += 1
+            done(f"the session registry names another claim: {rec!r}")
+            return
+        self.stats["saves"] += 1
+        done(None)
+
+    async def _propose(self, cmd: list, deadline: float) -> tuple[bool, Any] | str:
+        """Propose ``cmd`` until Raft answers or ``deadline`` passes (then: why, a str). An
+        unknown outcome is proposed again, never taken as applied (as cluster/raftplace.py
+        does for placements). Proposals of one loop tick go out as one Raft entry
+        (``MetadataClient`` batches them): a burst of CONNECTs costs one commit."""
+        why = "no answer"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return why
+            client = self.client
+            try:
+                async with self._dialing:
+                    if not client.connected:
+                        await asyncio.wait_for(client.connect(), left)
+                return await asyncio.wait_for(client.propose(cmd), left)
+            except MetadataUnavailable as err:
+                why = {"no_leader": "the metadata Raft group has no leader (no majority of "
+                                    "nodes reachable?)",
+                       "unknown_outcome": "the metadata Raft group lost its leader mid-"
+                                          "proposal"}.get(err.kind, f"metadata: {err}")
+                if err.kind not in ("no_leader", "queue_full"):
+                    self._redial(client)
+            except TimeoutError:  # before OSError, its base class
+                why = "the metadata Raft group did not commit in time (no majority?)"
+                continue
+            except (OSError, ConnectionError) as err:
+                why = f"this node's metadata process is not reachable ({err!r})"
+                self._redial(client)
+            self.stats["retries"] += 1
+            await asyncio.sleep(min(_RETRY, max(0.0, deadline - time.monotonic())))
+
+    def _redial(self, client: MetadataClient) -> None:
+        if self.client is client:
+            client.close_now()
+            self.client = MetadataClient(self.socket_path)
+
+    # -- the watch -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._watching = asyncio.get_running_loop().create_task(self._watch())
+
+    def _seen(self, client_id: str, rec: Any) -> None:
+        """A committed registry record (from the snapshot or a change)."""
+        if not isinstance(rec, dict):
+            return  # released: whoever held it knows
+        router, epoch = rec.get("router"), int(rec.get("epoch", 0))
+        if router == self.me:
+            # restored at start (or claimed by this router before a restart of the stream)
+            if epoch > self.held.get(client_id, 0):
+                self.held[client_id] = epoch
+            return
+        if client_id in self.claiming:
+            self.claiming[client_id] = max(self.claiming[client_id], epoch)
+        if epoch > self.held.get(client_id, 0):
+            # claimed elsewhere, later than this router's claim (or this router never
+            # claimed it: a session restored from disk that moved while this node was down)
+            if self.held.pop(client_id, None) is not None:
+                self.stats["taken_over"] += 1
+            self.on_taken(client_id, router, epoch)
+
+    async def _watch(self) -> None:
+        def snapshot(snap: dict) -> None:
+            for cid, rec in snap.get("sessions", {}).items():
+                self._seen(cid, rec)
+            self.synced.set()
+
+        def changes(batch: list, _index: int) -> None:
+            for change in batch:
+                if change and change[0] == "session":
+                    self._seen(change[1], change[2])
+
+        while True:
+            try:
+                await watch(self.socket_path, snapshot, changes)
+                why = "the stream ended"
+            except (OSError, ValueError) as err:
+                why = repr(err)
+            log.log(logging.WARNING if self.synced.is_set() else logging.DEBUG,
+                    "session registry watch lost (%s): reconnecting in %.1f s; claims "
+                    "committed meanwhile arrive with the next snapshot", why, _RECONNECT,
+                    extra={"socket": self.socket_path})
+            await asyncio.sleep(_RECONNECT)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in [*self._tasks, *([self._watching] if self._watching else [])]:
+            task.cancel()
+        self.client.close_now()
