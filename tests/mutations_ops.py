@@ -21,6 +21,39 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
     """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
     m = mutation
     return (
+        m("ops-under-replicated-never", "cluster/loghealth.py: a log whose ISR is smaller "
+          "than its replicas is not counted under-replicated",
+          "cluster/loghealth.py",
+          "        if len(isr) < len([r for r in rec.get(\"replicas\") or () if r not in adding]):",
+          "        if False:", (UNDER,)),
+        m("ops-offline-never", "cluster/loghealth.py: a log led from a dead node is not "
+          "counted offline", "cluster/loghealth.py",
+          "(known and not alive.get(split_router_id(leader)[0], False))", "False", (DEAD,)),
+        m("ops-liveness-always", "cluster/loghealth.py: every node reported alive, whatever "
+          "the Raft leader sees", "cluster/loghealth.py",
+          '        out.append({"id": n.id, "raft": addr, "alive": alive.get(addr),',
+          '        out.append({"id": n.id, "raft": addr, "alive": True,', (DEAD,)),
+        m("ops-liveness-follower-unknown", "cluster/metaserver.py: a follower cannot say "
+          "(liveness never asked of the Raft leader)", "cluster/metaserver.py",
+          "                remote = await self.loop.run_in_executor(None, self._ask_status, "
+          "leader)", "                raise OSError(\"not asked\")", (STATUS,)),
+        m("ops-leader-changes-not-counted", "cluster/metaserver.py: Raft leaders seen not "
+          "counted", "cluster/metaserver.py", "                self.leader_changes += 1\n",
+          "                self.leader_changes += 0\n", (STATUS,)),
+        m("ops-device-line-no-replicas", "meshmq/clustercli.py: the 'leader of device' line "
+          "leaves out the replicas", "meshmq/clustercli.py",
+          "            isr += f\", replicas {','.join(owner['replicas'])}\"",
+          "            pass", (STATUS,)),
+        m("ops-limit-ignored", "cluster/loghealth.py: the lists are not cut at --limit",
+          "cluster/loghealth.py", "    limit = max(0, limit)\n", "    limit = 1 << 30\n",
+          (UNDER,)),
+        m("ops-cli-exit-0-unhealthy", "meshmq/clustercli.py: exit 0 with under-replicated "
+          "logs", "meshmq/clustercli.py", "        if state[\"count\"]:\n            healthy = "
+          "False\n", "        if state[\"count\"]:\n            healthy = True\n", (UNDER,)),
+        m("ops-metric-offline-zero", "meshmq/metrics.py: the log gauges read the wrong key "
+          "(always 0)", "meshmq/metrics.py",
+          "        count = value.get(\"count\", 0) if isinstance(value, dict) else value",
+          "        count = 0 if isinstance(value, dict) else value", (UNDER,)),
         m("ops-floor-lowered", "cluster/metastate.py raise_floor: a late batch lowers the floor",
           "cluster/metastate.py", "or int(floor) <= rec.get(\"floor\", 0):",
           "or int(floor) == rec.get(\"floor\", 0):",
@@ -40,4 +73,12 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           "node holds replicas but leads nothing)", "cluster/rebalance.py",
           "        if leads[most] - leads[least] < 2:", "        if leads[most] - leads[least] "
           "< 99:", (f"{UNIT}::test_the_plan_gives_a_new_node_a_fair_share_and_keeps_rf",)),
+        m("ops-grow-router-hash", "meshmq/cluster_wiring.py placement_of: routers place a "
+          "log Raft has not told them of by the static hash (a new node appends a log it "
+          "has not heard of yet at offset 0)", "meshmq/cluster_wiring.py",
+          "                              static=settings.placement != \"raft\")",
+          "                              static=True)", (GROW,)),
+        m("ops-grow-admin-hash", "meshmq/node_admin.py: a node's admin answers by the static "
+          "hash (the new node names other leaders, its proxy sends reads elsewhere)",
+          "meshmq/node_admin.py", "static=metadata is None)", "static=True)", (GROW,)),
     )
