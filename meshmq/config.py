@@ -528,6 +528,9 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "replication_factor": (_Int(1, 5), _CLUSTER_DEFAULTS.replication_factor),
         # Raft placement only: publishes held per router while their logs are being placed
         "placement_max_held": (_Int(1), _CLUSTER_DEFAULTS.placement_max_held),
+        # Raft placement only: seconds between batches of device-log floors in Raft
+        "log_floor_interval": (_Float(0.0, inclusive=False),
+                               _CLUSTER_DEFAULTS.log_floor_interval),
         # Raft port of this node's metadata process when [[cluster.nodes]] is absent (0: the
         # first port after the routers' mesh ports).
         "raft_port": (_Int(0, _U16), 0),
@@ -844,6 +847,7 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         append_timeout=float(get("append_timeout")), placement=str(get("placement")),
         replication_factor=get("replication_factor"),
         placement_max_held=get("placement_max_held"),
+        log_floor_interval=float(get("log_floor_interval")),
         protocol_version=get("protocol_version"))
 
 

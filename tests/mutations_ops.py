@@ -21,6 +21,7 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
     """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
     m = mutation
     return (
+        # ------------------------------------------------------------ cluster status, metrics
         m("ops-under-replicated-never", "cluster/loghealth.py: a log whose ISR is smaller "
           "than its replicas is not counted under-replicated",
           "cluster/loghealth.py",
@@ -54,10 +55,34 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           "(always 0)", "meshmq/metrics.py",
           "        count = value.get(\"count\", 0) if isinstance(value, dict) else value",
           "        count = 0 if isinstance(value, dict) else value", (UNDER,)),
+        # ---------------------------------------------------------------- floors, lost logs
+        m("ops-lost-log-served", "cluster/logfloor.py admit: a log short of its floor is led "
+          "anyway (restarted at offset 0)", "cluster/logfloor.py",
+          "        if not lost and end >= floor:\n", "        if True:\n", (LOST,)),
+        m("ops-floor-never-raised", "cluster/logfloor.py due: no floor ever proposed (a lost "
+          "disk is not seen)", "cluster/logfloor.py",
+          "            if hw > int(rec.get(\"floor\") or 0):\n", "            if False:\n",
+          (LOST,)),
+        m("ops-lost-not-marked", "cluster/metastate.py mark_lost: refused always (only the "
+          "router that found it knows)", "cluster/metastate.py",
+          "                or not 0 <= int(end) < floor or rec.get(\"lost\"):",
+          "                or True:", (LOST,)),
+        m("ops-lost-unchecked-after-snapshot", "cluster/raftplace.py learn: records are not "
+          "checked against the floor (a voter that catches up after its snapshot names the "
+          "router leader of a log it lost)", "cluster/raftplace.py",
+          "        if self.admit is not None and not self.admit(device, rec):",
+          "        if False:", (LOST,)),
+        m("ops-cfg-floor-interval-zero", "meshmq/config.py: cluster.log_floor_interval = 0 "
+          "accepted (a router proposing floors in a busy loop)", "meshmq/config.py",
+          '        "log_floor_interval": (_Float(0.0, inclusive=False),',
+          '        "log_floor_interval": (_Float(0.0, inclusive=True),',
+          ("tests/meshmq/test_cluster_config.py::test_misconfiguration_exits_2_naming_the_key"
+           "[log-floor-interval-zero]",)),
         m("ops-floor-lowered", "cluster/metastate.py raise_floor: a late batch lowers the floor",
           "cluster/metastate.py", "or int(floor) <= rec.get(\"floor\", 0):",
           "or int(floor) == rec.get(\"floor\", 0):",
           (f"{UNIT}::test_a_floor_only_rises_and_only_for_its_incarnation",)),
+        # ------------------------------------------------------------ rebalance, reassign
         m("ops-reassign-completes-out-of-sync", "cluster/metastate.py complete_reassign: the "
           "old replicas dropped before the new ones are in the ISR (the only copy dropped)",
           "cluster/metastate.py", "                or not set(target) <= set(rec[\"isr\"]):",
@@ -73,6 +98,7 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           "node holds replicas but leads nothing)", "cluster/rebalance.py",
           "        if leads[most] - leads[least] < 2:", "        if leads[most] - leads[least] "
           "< 99:", (f"{UNIT}::test_the_plan_gives_a_new_node_a_fair_share_and_keeps_rf",)),
+        # ------------------------------------------------------------------ adding a node
         m("ops-grow-router-hash", "meshmq/cluster_wiring.py placement_of: routers place a "
           "log Raft has not told them of by the static hash (a new node appends a log it "
           "has not heard of yet at offset 0)", "meshmq/cluster_wiring.py",

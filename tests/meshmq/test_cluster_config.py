@@ -177,6 +177,8 @@ CASES = [
      "cluster.replication_factor", "between 1 and 5"),
     ("placement-max-held-zero", _config(cluster="placement_max_held = 0"), {},
      "cluster.placement_max_held", ">= 1"),
+    ("log-floor-interval-zero", _config(cluster="log_floor_interval = 0"), {},
+     "cluster.log_floor_interval", "> 0"),
 ]
 
 
