@@ -22,6 +22,13 @@ answers for the node, the way EMQX answers for its whole node on one dashboard p
   ``admin.token_file``, meshmq/admin_auth.py), checked here before any router is asked: part
   of the answer is the supervisor's own, served even when no router answers, so the routers'
   check alone would leave it open exactly then.
+* ``POST /api/v1/cluster/rebalance`` (``meshmq cluster rebalance``): the plan that gives every
+  node a fair share of replicas and leaders, from this node's Raft records
+  (cluster/rebalance.py), and, without ``dry_run``, its compare-and-set commands proposed to
+  the node's metadata process (refused in this build: followers do not fetch yet). Under Raft
+  placement ``/api/v1/cluster`` also carries ``node_liveness`` and ``logs`` (under-replicated,
+  offline, lost: cluster/loghealth.py), computed here from the same records, so any node
+  answers for the whole cluster.
 * ``/api/v1/...``: proxied to a router, with the caller's headers (credentials included: each
   router enforces the admin authentication itself). A device's log goes to its owner when the
   owner is a router of this node; otherwise, and for anything else, to the next router that is
