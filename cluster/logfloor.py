@@ -58,6 +58,9 @@ class LogFloors:
         self.high_watermark = high_watermark
         self.interval = interval
         self.lost: dict[str, dict[str, Any]] = {}  # device -> {"floor", "end", "incarnation"}
+        # the logs Raft names this router leader of (kept by ``admit``, which sees every record
+        # learned): a round walks these, not every log of the cluster
+        self.mine: set[str] = set()
         self.stats = {"floors_raised": 0, "batches": 0, "proposal_failures": 0}
         self._client: MetadataClient | None = None
         self._task: asyncio.Task | None = None
@@ -67,6 +70,11 @@ class LogFloors:
         """Whether this router may take ``rec`` as it is: False for a log Raft records as lost
         (no router serves it), and for one it is named leader of with its records here
         short of the floor (reported once per incarnation, then marked lost in Raft)."""
+        current = self.records.get(device, rec)  # ``rec`` may be older than what is known
+        if current.get("leader") == self.me:
+            self.mine.add(device)
+        else:
+            self.mine.discard(device)
         lost = rec.get("lost")
         if rec.get("leader") != self.me:
             # lost at its leader: refused here too, with the reason (not forwarded there)
@@ -107,8 +115,10 @@ class LogFloors:
         """The commands of one round: ``raise_floor`` for each log led here whose high-water
         mark passed its floor, ``mark_lost`` for each lost log Raft does not know is lost."""
         cmds: list[list] = []
-        for device, rec in list(self.records.items()):
-            if rec.get("leader") != self.me:
+        for device in list(self.mine):
+            rec = self.records.get(device)
+            if rec is None or rec.get("leader") != self.me:
+                self.mine.discard(device)
                 continue
             lost = self.lost.get(device)
             if lost is not None and lost["incarnation"] == rec.get("incarnation"):
