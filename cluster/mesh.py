@@ -36,7 +36,7 @@ from cluster.fencing import Fenced, append_refusal
 from cluster.idempotence import source_value
 from cluster.link import Done, LinkFull, MeshLink
 from cluster.logserve import FETCH_MAX_RECORDS, fetch_result, serve_fetch
-from cluster.placement import UNPLACED, Placement
+from cluster.placement import LOST, UNPLACED, Placement
 from cluster.requests import Requests
 from cluster.retainsync import RetainSync
 from cluster.routegap import UnroutedPeers, redeliver
@@ -287,8 +287,10 @@ class Mesh:
                 # Raft has not placed this log yet: held until it does (cluster/raftplace.py)
                 self.placer.hold(device, msg, expiry, done)
                 return
-            # no router leads the log now (placement.NO_LEADER)
-            done(OwnerNotStored(f"no router leads the log of {device!r} now"), -1)
+            # no router leads the log now (placement.NO_LEADER), or it was lost (LOST)
+            done(OwnerNotStored(f"the log of {device!r} lost acknowledged records with every "
+                                "replica (meshmq cluster status)" if owner == LOST else
+                                f"no router leads the log of {device!r} now"), -1)
             return
         pub = msg.publisher  # the client's identity, for a resend's lookup there
         head, body = self.encode(msg, frames.APPEND, device, expiry, None if pub is None

@@ -46,6 +46,7 @@ from typing import Any
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import TCPTransport
+from pysyncobj.utility import TcpUtility, UtilityException
 
 from cluster.metastate import MetadataState
 
@@ -58,6 +59,11 @@ _FAILURES = {FAIL_REASON.QUEUE_FULL: "queue_full", FAIL_REASON.MISSING_LEADER: "
              FAIL_REASON.DISCARDED: "unknown_outcome", FAIL_REASON.NOT_LEADER: "unknown_outcome",
              FAIL_REASON.LEADER_CHANGED: "unknown_outcome",
              FAIL_REASON.REQUEST_DENIED: "denied", FAIL_REASON.UNKNOWN_OUTCOME: "unknown_outcome"}
+
+
+_PARTNER = "partner_node_status_server_"  # getStatus(): one key per other voter, 2 = connected
+_LEADER_POLL = 0.1  # seconds between looks at the Raft leader (leader changes seen)
+_LEADER_ASK = 1.0  # seconds to wait for the Raft leader's own status (node liveness)
 
 
 class DurableTransport(TCPTransport):
@@ -168,7 +174,14 @@ class MetadataServer:
         self.socket_path = socket_path
         self.watchers: set[asyncio.StreamWriter] = set()
         self.node = MetadataNode(*node_args, on_change=self._changed_threadsafe)
+        self.secret: str | None = node_args[3]
         self.server: asyncio.AbstractServer | None = None
+        # leaders seen by this voter (etcd's etcd_server_leader_changes_seen_total): a group
+        # that keeps electing is unstable (a slow disk, a flapping link), even when every
+        # election is quick. Polled: pysyncobj has no leader-change hook.
+        self.leader_changes = 0
+        self._leader: str | None = None
+        self._polling: asyncio.Task | None = None
 
     async def start(self) -> None:
         try:
@@ -177,6 +190,18 @@ class MetadataServer:
             pass
         self.server = await asyncio.start_unix_server(self._client, path=self.socket_path)
         os.chmod(self.socket_path, 0o600)  # proposals change placement: this user only
+        self._polling = self.loop.create_task(self._poll_leader())
+
+    async def _poll_leader(self) -> None:
+        while True:
+            leader = self.node.getStatus().get("leader")
+            leader = None if leader is None else str(leader)
+            if leader is not None and leader != self._leader:
+                self.leader_changes += 1
+                log.info("raft leader is now %s (term %s)", leader, self.node.raftCurrentTerm)
+            if leader is not None:
+                self._leader = leader
+            await asyncio.sleep(_LEADER_POLL)
 
     def _changed_threadsafe(self, changes: list, index: int) -> None:
         self.loop.call_soon_threadsafe(self._changed, changes, index)
@@ -208,7 +233,10 @@ class MetadataServer:
                     writer.write(_line({"snapshot": self.node.snapshot()}))
                     self.watchers.add(writer)
                 elif op == "status":
-                    writer.write(_line({"id": req.get("id"), "status": self.status()}))
+                    status = self.status()
+                    if req.get("voters"):
+                        status["voters"] = await self.voters(status)
+                    writer.write(_line({"id": req.get("id"), "status": status}))
                 else:
                     writer.write(_line({"id": req.get("id"), "error": f"unknown op {op!r}"}))
                 await writer.drain()
@@ -244,9 +272,44 @@ class MetadataServer:
                 "state": {0: "follower", 1: "candidate", 2: "leader"}.get(st.get("state"),
                                                                           str(st.get("state"))),
                 "has_quorum": bool(st.get("has_quorum")),
-                "fsyncs": self.node.fsyncs, "index": self.node.state.index}
+                "fsyncs": self.node.fsyncs, "index": self.node.state.index,
+                "leader_changes": self.leader_changes,
+                "connected": {k[len(_PARTNER):]: v == 2 for k, v in st.items()
+                              if k.startswith(_PARTNER)}}
+
+    async def voters(self, status: dict[str, Any]) -> dict[str, Any]:
+        """Each voter's liveness as the Raft *leader* sees it (connected to the leader or
+        not): the view that decides whether a node's logs can be led, the same from every
+        node. This voter leads: its own connections. Else it asks the leader over the Raft
+        port (pysyncobj's ``status`` utility command, encrypted with the cluster secret),
+        in a thread: a dead leader costs this request up to ``_LEADER_ASK`` seconds, never
+        the tick thread. No leader, or no answer: every voter's liveness is unknown (None),
+        and ``source`` says why."""
+        me, leader = status["self"], status["leader"]
+        if leader is None:
+            return {"source": "none: no Raft leader", "alive": {me: None}}
+        if leader == me:
+            view = dict(status["connected"])
+        else:
+            try:
+                remote = await self.loop.run_in_executor(None, self._ask_status, leader)
+            except (UtilityException, OSError) as err:
+                return {"source": f"none: the Raft leader {leader} did not answer ({err})",
+                        "alive": {me: None}}
+            view = {k[len(_PARTNER):]: v == 2 for k, v in remote.items()
+                    if k.startswith(_PARTNER)}
+        view[leader] = True
+        return {"source": f"the Raft leader {leader}", "alive": view}
+
+    def _ask_status(self, leader: str) -> dict[str, Any]:
+        answer = TcpUtility(self.secret, timeout=_LEADER_ASK).executeCommand(leader, ["status"])
+        if not isinstance(answer, dict):
+            raise UtilityException(f"unexpected answer {answer!r}")
+        return answer
 
     def close(self) -> None:
+        if self._polling is not None:
+            self._polling.cancel()
         if self.server is not None:
             self.server.close()
         self.node.destroy()

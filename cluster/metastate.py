@@ -24,6 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 LogRecord = dict[str, Any]  # {"leader", "isr", "replicas", "epoch", "isr_version", "incarnation"}
+# optional fields, absent until set (records written before them stay valid):
+# "floor": offsets below it were acknowledged (raise_floor); "lost": every replica lost them
+# (mark_lost); "target"/"adding"/"removing": a reassignment in progress (reassign)
 
 
 class MetadataState:
@@ -144,6 +147,81 @@ class MetadataState:
             states = self.session_states = {}
         return states
 
+    def _raise_floor(self, index: int, device: str, incarnation: int,
+                     floor: int) -> tuple[bool, Any, tuple | None]:
+        """The leader records, in batches, how far the log was acknowledged (its high-water
+        mark): a replica that comes back shorter than this lost acknowledged records. Only
+        ever raised (a retry or a late batch is "already so"), and only for the incarnation
+        it was read from (a log deleted and created again starts from 0)."""
+        rec = self.logs.get(device)
+        if rec is None:
+            return False, f"no log for device {device!r}", None
+        if rec["incarnation"] != incarnation or int(floor) <= rec.get("floor", 0):
+            return False, rec, None
+        rec = dict(rec, floor=int(floor))
+        self.logs[device] = rec
+        return True, rec, ("log", device, rec)
+
+    def _mark_lost(self, index: int, device: str, incarnation: int, floor: int,
+                   end: int) -> tuple[bool, Any, tuple | None]:
+        """A leader found its log shorter than the floor (``end`` < ``floor``) and no replica
+        to fetch it from: the log is lost, kept as a record (reported everywhere, never
+        restarted at offset 0) until an operator acts. Refused when the floor moved since the
+        router read it (its view was stale)."""
+        rec = self.logs.get(device)
+        if rec is None:
+            return False, f"no log for device {device!r}", None
+        if rec["incarnation"] != incarnation or rec.get("floor", 0) != floor \
+                or not 0 <= int(end) < floor or rec.get("lost"):
+            return False, rec, None
+        rec = dict(rec, lost={"floor": floor, "end": int(end), "leader": rec["leader"]})
+        self.logs[device] = rec
+        return True, rec, ("log", device, rec)
+
+    def _reassign(self, index: int, device: str, expected_epoch: int,
+                  target: list[str]) -> tuple[bool, Any, tuple | None]:
+        """Start moving a log's replicas to ``target`` (Kafka's reassignment, KIP-455):
+        the new replicas are *added* first (replicas = target + the old ones, ISR unchanged:
+        they join it through set_isr once they have caught up); ``complete_reassign`` drops
+        the old ones, and only then. One at a time per log; the same command again is
+        "already so"."""
+        rec = self.logs.get(device)
+        if rec is None:
+            return False, f"no log for device {device!r}", None
+        target = list(target)
+        if not target or len(set(target)) != len(target):
+            return False, f"target {target!r} is empty or names a router twice", None
+        if rec["epoch"] != expected_epoch or "target" in rec or target == rec["replicas"]:
+            return False, rec, None
+        replicas = target + [r for r in rec["replicas"] if r not in target]
+        rec = dict(rec, replicas=replicas, target=target,
+                   adding=[r for r in target if r not in rec["replicas"]],
+                   removing=[r for r in rec["replicas"] if r not in target])
+        self.logs[device] = rec
+        return True, rec, ("log", device, rec)
+
+    def _complete_reassign(self, index: int, device: str,
+                           expected_epoch: int) -> tuple[bool, Any, tuple | None]:
+        """Finish a reassignment once every target replica is in the ISR (caught up): the
+        replicas become the target, the old ones leave the ISR, and when the leader is not a
+        target replica, leadership moves to the first target replica in the ISR (a new
+        epoch: the old leader is fenced). Refused while a target replica is not in sync."""
+        rec = self.logs.get(device)
+        if rec is None:
+            return False, f"no log for device {device!r}", None
+        target = rec.get("target")
+        if target is None or rec["epoch"] != expected_epoch \
+                or not set(target) <= set(rec["isr"]):
+            return False, rec, None
+        leader, epoch = rec["leader"], rec["epoch"]
+        if leader not in target:
+            leader, epoch = target[0], epoch + 1  # target[0] is in the ISR (checked above)
+        rec = {k: v for k, v in rec.items() if k not in ("target", "adding", "removing")}
+        rec.update(replicas=list(target), isr=[r for r in rec["isr"] if r in target],
+                   leader=leader, epoch=epoch, isr_version=rec["isr_version"] + 1)
+        self.logs[device] = rec
+        return True, rec, ("log", device, rec)
+
     # -- reading ----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """The whole state for a new watcher (JSON-ready)."""
@@ -157,5 +235,10 @@ _HANDLERS = {
     "claim_session": MetadataState._claim_session,
     "release_session": MetadataState._release_session,
     "save_session": MetadataState._save_session,
+    # operations (ops): lost-log detection and replica moves
+    "raise_floor": MetadataState._raise_floor,
+    "mark_lost": MetadataState._mark_lost,
+    "reassign": MetadataState._reassign,
+    "complete_reassign": MetadataState._complete_reassign,
 }
 COMMANDS = tuple(_HANDLERS)

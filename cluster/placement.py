@@ -52,6 +52,10 @@ NO_LEADER = "(no leader)"
 # NO_LEADER no link has it (a read fails and is retried), and a publish is held until Raft
 # places the log (cluster/raftplace.py)
 UNPLACED = "(not placed yet)"
+# what ``owner_of`` answers for a log whose acknowledged records were lost with every replica
+# (cluster/logfloor.py): like NO_LEADER no link has it, so its publishes are refused as not
+# stored and its reads fail, never served from offset 0 again
+LOST = "(log lost)"
 
 ChangeHandler = Callable[[str, Leader, Leader], None]  # (device, before, after)
 
@@ -162,6 +166,11 @@ class Placement:
             return True
         self.update(device, router, epoch)
         return True
+
+    def mark_lost(self, device: str, epoch: int) -> None:
+        """``device``'s log lost records every replica held (cluster/logfloor.py): no router
+        leads it at ``epoch`` (Raft's), until Raft moves it to a later one."""
+        self._moved[device] = Leader(LOST, max(epoch, self.leader_of(device).epoch, 0))
 
     # -- the static layout --------------------------------------------------------------------
     @staticmethod

@@ -96,6 +96,9 @@ class RaftFeed:
         self.records: dict[str, dict] = {}
         self.synced = asyncio.Event()  # set once the first snapshot is in
         self.on_learned: Callable[[str], None] | None = None
+        # a router's check that it may lead what a record names it leader of (its log not
+        # short of the record's floor: cluster/logfloor.py); False marks the log lost here
+        self.admit: Callable[[str, dict], bool] | None = None
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -116,7 +119,10 @@ class RaftFeed:
         known = self.records.get(device)
         if known is None or rec.get("epoch", 0) >= known.get("epoch", 0):
             self.records[device] = rec
-        self.placement.learn(device, rec["leader"], int(rec["epoch"]))
+        if self.admit is not None and not self.admit(device, rec):
+            self.placement.mark_lost(device, int(rec["epoch"]))
+        else:
+            self.placement.learn(device, rec["leader"], int(rec["epoch"]))
         if self.on_learned is not None:
             self.on_learned(device)
 

@@ -96,6 +96,11 @@ class ClusterSettings:
     # highest version both ends speak. Pinned to the old version while a cluster is rolled to
     # a new build, then raised (Kafka's inter.broker.protocol.version). Default: the newest.
     protocol_version: int = PROTOCOL_VERSION
+    # Raft placement: seconds between a router's batches of device-log floors (how far each
+    # log it leads was acknowledged, kept in Raft: cluster/logfloor.py). A node back with a
+    # lost disk finds its logs short of their floor and reports them lost instead of
+    # restarting them at offset 0; a loss within the last interval is not seen.
+    log_floor_interval: float = 5.0
     extra: dict = field(default_factory=dict, compare=False)
 
     def router_ids(self) -> list[str]:

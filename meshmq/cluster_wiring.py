@@ -88,6 +88,7 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     until Raft answers: a publish places them then)."""
     import os
 
+    from cluster.logfloor import LogFloors
     from cluster.raftplace import RaftFeed, RaftPlacer, append_here
     from meshmq.metadata_proc import metadata_socket
 
@@ -98,6 +99,14 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     placer = RaftPlacer(settings, mesh.rid, feed, mesh.append_at,
                         functools.partial(append_here, node.router))
     mesh.placer = placer
+    floors = None
+    if node.store is not None:
+        # before the feed starts: no record names this router leader of a log it lost
+        # without the check (cluster/logfloor.py)
+        store = node.store
+        floors = LogFloors(mesh.rid, feed.socket_path, feed.records, store.durable_end,
+                           store.high_watermark, settings.log_floor_interval)
+        feed.admit = floors.admit
     feed.start()
     wait = 2 * settings.append_timeout
     try:
@@ -108,10 +117,15 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     if node.store is not None:
         await placer.register(node.store.keys(), wait)
     node.metrics.add_collector(lambda: placement_metrics(placer), "placement")
+    if floors is not None:
+        floors.start()
+        node.metrics.add_collector(lambda: floor_metrics(floors), "log floors")
 
     closing = node.admin.app.on_cleanup
 
     async def close_raft(_app: web.Application) -> None:
+        if floors is not None:
+            await floors.close()
         await placer.close()
         await feed.close()
 
@@ -151,6 +165,22 @@ def placement_metrics(placer: Any) -> Iterable[Metric]:
                              "first publish for its placement (one Raft commit), last 256.",
                              value=lat[len(lat) // 2] if lat else 0.0)
     return [placed, refused, conflicts, retries, held, wait]
+
+
+def floor_metrics(floors: Any) -> Iterable[Metric]:
+    """Log floors (cluster/logfloor.py): raised in Raft, and the logs found lost here."""
+    raised = CounterMetricFamily("meshmq_log_floors_raised", "Device-log floors this router "
+                                 "raised in Raft (batched every cluster.log_floor_interval): "
+                                 "how far each log it leads was acknowledged.",
+                                 value=floors.stats["floors_raised"])
+    failed = CounterMetricFamily("meshmq_log_floor_failures", "Rounds whose floors Raft did "
+                                 "not take (no majority, the metadata process unreachable); "
+                                 "tried again next round.",
+                                 value=floors.stats["proposal_failures"])
+    lost = GaugeMetricFamily("meshmq_logs_lost_here", "Device logs this router was named "
+                             "leader of with fewer records than Raft's floor: not served "
+                             "(see the ERROR naming each).", value=len(floors.lost))
+    return [raised, failed, lost]
 
 
 def placement_of(node: Any) -> Any:

@@ -8,8 +8,14 @@ configured router list), so this tool needs no config file and works from any ma
 reach the admin port, like ``meshmq log``.
 
 Human tables by default; ``--json`` prints the endpoint's document unchanged, for scripts.
-Exit codes: 0 every router and link up, 1 something is down or the node did not answer, 2 bad
-usage (the ``--admin`` address).
+Exit codes: 0 every router and link up (and, under Raft placement, a Raft leader, every node
+alive and no under-replicated, offline or lost log), 1 something is down or the node did not
+answer, 2 bad usage (the ``--admin`` address).
+
+``meshmq cluster rebalance`` (opt-in, cluster/rebalance.py): the moves that give every node a
+fair share of replicas and leaders, printed with ``--dry-run``; carried out through Raft's
+compare-and-set commands otherwise. Adding a node never moves a log by itself (placement is
+state, not a hash): this is how an operator moves some onto it, when it suits them.
 """
 
 from __future__ import annotations
@@ -18,6 +24,9 @@ import argparse
 import json
 import sys
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from typing import Any, TextIO
 
 from meshmq.logcli import LogCliError, _Http, _silence_stdout, admin_url
@@ -25,7 +34,7 @@ from meshmq.logcli import LogCliError, _Http, _silence_stdout, admin_url
 __all__ = ["add_cluster_parser", "run_cluster", "render_status"]
 
 def add_cluster_parser(sub: Any) -> None:
-    p = sub.add_parser("cluster", help="cluster operations (status)",
+    p = sub.add_parser("cluster", help="cluster operations (status, rebalance)",
                        description="Cluster operations against a node's admin endpoint.")
     csub = p.add_subparsers(dest="cluster_command", metavar="SUBCOMMAND")
     st = csub.add_parser(
@@ -40,13 +49,31 @@ def add_cluster_parser(sub: Any) -> None:
     st.add_argument("--json", action="store_true", help="print the raw JSON document")
     st.add_argument("--token-file", metavar="PATH",
                     help="bearer token for a node with admin authentication (as meshmq log)")
+    st.add_argument("--limit", type=int, default=20, metavar="N",
+                    help="list at most N devices per log state (under-replicated, offline, "
+                    "lost; the counts are always whole; default 20)")
+    rb = csub.add_parser(
+        "rebalance", help="move replicas and leaders so every node has a fair share",
+        description="Plan (and, without --dry-run, carry out through Raft) the moves that "
+        "give every node a fair share of device-log replicas and leaders. Opt-in: adding a "
+        "node never moves an existing log by itself.")
+    rb.add_argument("--admin", default="127.0.0.1:9883", metavar="HOST:PORT",
+                    help="any node's admin endpoint (default 127.0.0.1:9883)")
+    rb.add_argument("--dry-run", action="store_true", help="print the moves, change nothing")
+    rb.add_argument("--max-moves", type=int, default=1000, metavar="N",
+                    help="change at most N logs in this run (default 1000)")
+    rb.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    rb.add_argument("--token-file", metavar="PATH",
+                    help="bearer token for a node with admin authentication")
 
 
 def _fetch(args: argparse.Namespace) -> tuple[int, Any]:
     """(HTTP status, JSON document) from the node; LogCliError when it cannot be asked."""
     http = _Http(args.admin, args.token_file)
-    status, _, body = http.get("/api/v1/cluster",
-                               {"device": args.device} if args.device is not None else None)
+    query: dict[str, Any] = {"limit": args.limit}
+    if args.device is not None:
+        query["device"] = args.device
+    status, _, body = http.get("/api/v1/cluster", query)
     try:
         return status, json.loads(body)
     except ValueError:
@@ -176,6 +203,8 @@ def render_status(doc: dict[str, Any], out: TextIO, now: float | None = None) ->
                   file=out)
             if not leader:
                 healthy = False
+    if not _render_raft_health(doc, out):
+        healthy = False
     owner = doc.get("owner")
     if isinstance(owner, dict):
         where = "this node" if owner.get("local") else \
@@ -183,6 +212,8 @@ def render_status(doc: dict[str, Any], out: TextIO, now: float | None = None) ->
         # scripts read this line (issue 24): the leader, then its epoch and, under Raft
         # placement, the in-sync replicas
         isr = f", isr {','.join(owner['isr'])}" if owner.get("isr") else ""
+        if owner.get("replicas"):
+            isr += f", replicas {','.join(owner['replicas'])}"
         if owner.get("router") is None:  # Raft placement: not placed yet, or no leader now
             print(f"leader of device {owner.get('device')!r}: none (no log placed, or no "
                   "leader now: its first publish places it)", file=out)
@@ -191,6 +222,54 @@ def render_status(doc: dict[str, Any], out: TextIO, now: float | None = None) ->
                   f"epoch {owner.get('epoch')}{isr})", file=out)
         print(f"owner of device {owner.get('device')!r}: {owner.get('router')} ({where})",
               file=out)
+        lost = owner.get("lost")
+        if isinstance(lost, dict):
+            print(f"device {owner.get('device')!r}: LOST: {_lost_text(lost)}", file=out)
+            healthy = False
+    return healthy
+
+
+def _lost_text(lost: dict[str, Any]) -> str:
+    return (f"acknowledged up to offset {lost.get('floor')}, its leader "
+            f"{lost.get('leader')} came back with {lost.get('end')} records and no replica "
+            "holds the rest; publishes are refused. Restore that node's data directory from a "
+            "backup (then restart it)")
+
+
+def _render_raft_health(doc: dict[str, Any], out: TextIO) -> bool:
+    """Node liveness and the device logs' states (cluster/loghealth.py); True when every
+    node is alive and no log is under-replicated, offline or lost."""
+    nodes = doc.get("node_liveness")
+    logs = doc.get("logs")
+    if not isinstance(nodes, list) or not isinstance(logs, dict):
+        return True
+    healthy = True
+    words = []
+    for n in nodes:
+        state = {True: "alive", False: "DOWN", None: "unknown"}[n.get("alive")]
+        if n.get("alive") is not True:
+            healthy = False
+        words.append(f"{n.get('id')} {state}" + (" (raft leader)" if n.get("raft_leader")
+                                                   else ""))
+    print("nodes: " + ", ".join(words), file=out)
+    print(f"logs: {logs.get('logs')} placed, "
+          f"{logs['under_replicated']['count']} under-replicated, "
+          f"{logs['offline']['count']} offline, {logs['lost']['count']} lost"
+          + ("" if logs.get("liveness_known") else
+             " (node liveness unknown: offline not counted)"), file=out)
+    for key, label, what in (
+            ("under_replicated", "under-replicated", "a follower is behind or down: bring its "
+             "node back; writes continue while the ISR has min_insync_replicas members"),
+            ("offline", "offline", "no live leader: publishes are refused until leadership "
+             "moves to an in-sync replica or the leader's node returns"),
+            ("lost", "LOST", "every replica lost acknowledged records: restore the leader "
+             "node's data directory from a backup; `--device D` says how far")):
+        state = logs[key]
+        if state["count"]:
+            healthy = False
+            more = state["count"] - len(state["devices"])
+            print(f"{label} logs ({what}): " + ", ".join(state["devices"])
+                  + (f" and {more} more (--limit)" if more > 0 else ""), file=out)
     return healthy
 
 
@@ -198,9 +277,14 @@ def run_cluster(args: argparse.Namespace, out: TextIO | None = None,
                 err: TextIO | None = None) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
-    if getattr(args, "cluster_command", None) != "status":
-        print("usage: meshmq cluster status [--admin HOST:PORT] [--device D] [--json]", file=err)
+    command = getattr(args, "cluster_command", None)
+    if command not in ("status", "rebalance"):
+        print("usage: meshmq cluster status [--admin HOST:PORT] [--device D] [--limit N] "
+              "[--json]\n       meshmq cluster rebalance [--admin HOST:PORT] [--dry-run] "
+              "[--max-moves N] [--json]", file=err)
         return 2
+    if command == "rebalance":
+        return run_rebalance(args, out, err)
     try:
         admin_url(args.admin)
     except LogCliError as exc:
@@ -225,8 +309,79 @@ def run_cluster(args: argparse.Namespace, out: TextIO | None = None,
             json.dump(doc, out, indent=2)
             print(file=out)
             routers = _normalise(doc).get("routers", [])
-            return 0 if all(r.get("state") == "up" for r in routers) else 1
+            quiet = _Discard()
+            healthy = all(r.get("state") == "up" for r in routers) \
+                and _render_raft_health(doc, quiet)
+            return 0 if healthy else 1
         return 0 if render_status(doc, out) else 1
     except BrokenPipeError:  # `meshmq cluster status | head`: the reader left, not an error
         _silence_stdout()
         return 0
+
+
+class _Discard:
+    """A TextIO that drops what is written (the health verdict without its text)."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _post(http: _Http, path: str, query: dict[str, Any]) -> tuple[int, Any]:
+    url = f"{http.base}{path}?{urllib.parse.urlencode(query)}"
+    req = urllib.request.Request(url, data=b"", method="POST", headers=http.headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            status, body = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, body = exc.code, exc.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise LogCliError(f"cannot reach the admin API at {http.base} "
+                          f"({getattr(exc, 'reason', exc)})") from None
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, {"error": body[:200].decode("utf-8", "replace")}
+
+
+def run_rebalance(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Exit 0: planned (dry run) or every move applied; 1: a move was refused or not made,
+    or the node could not be asked; 2: bad usage."""
+    if args.max_moves < 1:
+        print("meshmq cluster rebalance: --max-moves must be at least 1", file=err)
+        return 2
+    try:
+        http = _Http(args.admin, args.token_file)
+        query: dict[str, Any] = {"max_moves": args.max_moves}
+        if args.dry_run:
+            query["dry_run"] = 1
+        status, doc = _post(http, "/api/v1/cluster/rebalance", query)
+    except LogCliError as exc:
+        print(f"meshmq cluster rebalance: {exc}", file=err)
+        return 1
+    if not isinstance(doc, dict) or "moves" not in doc:
+        reason = doc.get("error") if isinstance(doc, dict) else None
+        print(f"meshmq cluster rebalance: {args.admin} answered HTTP {status}"
+              + (f": {reason}" if reason else ""), file=err)
+        return 1
+    if args.json:
+        json.dump(doc, out, indent=2)
+        print(file=out)
+    else:
+        for m in doc["moves"]:
+            print(f"move {m['device']!r}: leader {m['leader']} -> {m['new_leader']}, replicas "
+                  f"{','.join(m['replicas'])} -> {','.join(m['new_replicas'])}", file=out)
+        verb = "would move" if doc.get("dry_run") else "moves"
+        print(f"{len(doc['moves'])} of {doc.get('logs')} logs {verb}"
+              + (" (nothing to do: every node holds and leads a fair share)"
+                 if not doc["moves"] else ""), file=out)
+    if status != 200:
+        print(f"meshmq cluster rebalance: {doc.get('error', f'HTTP {status}')}", file=err)
+        return 1
+    failed = [r for r in doc.get("results") or () if not r.get("applied")]
+    for r in failed:
+        print(f"meshmq cluster rebalance: {r['device']!r} not moved: "
+              f"{r.get('why') or 'its record changed since the plan (run it again)'}", file=err)
+    return 1 if failed else 0

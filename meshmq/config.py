@@ -532,6 +532,9 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         # Raft placement only: seconds between saves of persistent sessions in the registry
         "session_checkpoint_interval": (_Float(0.0, inclusive=False),
                                         _CLUSTER_DEFAULTS.session_checkpoint_interval),
+        # Raft placement only: seconds between batches of device-log floors in Raft
+        "log_floor_interval": (_Float(0.0, inclusive=False),
+                               _CLUSTER_DEFAULTS.log_floor_interval),
         # Raft port of this node's metadata process when [[cluster.nodes]] is absent (0: the
         # first port after the routers' mesh ports).
         "raft_port": (_Int(0, _U16), 0),
@@ -849,6 +852,7 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         replication_factor=get("replication_factor"),
         placement_max_held=get("placement_max_held"),
         session_checkpoint_interval=float(get("session_checkpoint_interval")),
+        log_floor_interval=float(get("log_floor_interval")),
         protocol_version=get("protocol_version"))
 
 

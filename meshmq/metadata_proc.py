@@ -100,9 +100,10 @@ class MetadataProcess:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def status(self) -> dict:
+    async def status(self, voters: bool = False) -> dict:
         """The Raft group as this node's voter sees it (leader, term, commit index), or why
-        it cannot say."""
+        it cannot say; with ``voters``, also every voter's liveness as the Raft leader sees
+        it (``MetadataServer.voters``: may ask the leader, up to about a second)."""
         out: dict = {"pid": self.pid, "raft": self.addr, "restarts": self.restarts}
         try:
             reader, writer = await asyncio.wait_for(
@@ -111,8 +112,9 @@ class MetadataProcess:
             out["error"] = f"metadata process not reachable: {err}"
             return out
         try:
-            writer.write(b'{"op":"status","id":1}\n')
-            line = await asyncio.wait_for(reader.readline(), 2.0)
+            writer.write(b'{"op":"status","id":1,"voters":true}\n' if voters
+                         else b'{"op":"status","id":1}\n')
+            line = await asyncio.wait_for(reader.readline(), 4.0 if voters else 2.0)
             out.update(json.loads(line)["status"])
         except (TimeoutError, OSError, ValueError, KeyError) as err:
             out["error"] = f"metadata process did not answer: {err}"

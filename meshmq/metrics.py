@@ -41,7 +41,8 @@ from commitlog import record
 from commitlog.stats import FSYNC_BUCKETS_S, LogStats
 from commitlog.store import LogStore
 
-__all__ = ["MetricsRegistry", "LoopLagMonitor", "RouterGauges", "LOOP_LAG_BUCKETS"]
+__all__ = ["MetricsRegistry", "LoopLagMonitor", "RouterGauges", "LOOP_LAG_BUCKETS",
+           "raft_log_metrics"]
 
 log = logging.getLogger("meshmq.metrics")
 
@@ -483,3 +484,40 @@ class GcPauseMonitor:
     def stop(self) -> None:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
+
+
+def raft_log_metrics(status: Mapping[str, object], liveness: list[dict],
+                     health: Mapping[str, object]) -> list[Metric]:
+    """A cluster node's view of the Raft group and of every device log's Raft record
+    (cluster/loghealth.py), emitted by its node admin beside ``meshmq_raft_term`` and the
+    other voter gauges. Every node computes the log gauges from the same records, so any one
+    scrape target answers for the whole cluster (alert on ``max`` over nodes, not ``sum``).
+    The ``meshmq_replica_*`` names are the replica fetcher's (follower lag, ISR changes,
+    bytes, acks waiting), defined with it."""
+    changes = CounterMetricFamily(
+        "meshmq_raft_leader_changes", "Raft leaders this node's voter has seen since it "
+        "started (etcd's leader_changes_seen): rising steadily means an unstable group.",
+        value=float(status.get("leader_changes") or 0))  # type: ignore[arg-type]
+    out: list[Metric] = [changes]
+    alive = GaugeMetricFamily(
+        "meshmq_node_alive", "1 if the Raft leader sees the node connected, 0 if not; absent "
+        "while no Raft leader can say.", labels=["node"])
+    for node in liveness:
+        if node.get("alive") is not None:
+            alive.add_metric([str(node["id"])], 1.0 if node["alive"] else 0.0)
+    out.append(alive)
+    for key, name, doc in (
+            ("logs", "meshmq_logs", "Device logs placed in Raft."),
+            ("under_replicated", "meshmq_logs_under_replicated",
+             "Device logs with fewer in-sync replicas than replicas (one more failure from "
+             "refusing writes when the ISR falls below min_insync_replicas)."),
+            ("offline", "meshmq_logs_offline",
+             "Device logs with no leader, or a leader on a node the Raft leader does not see: "
+             "their publishes are refused until leadership moves or the node returns."),
+            ("lost", "meshmq_logs_lost",
+             "Device logs whose every replica lost acknowledged records (shorter than their "
+             "Raft floor): refused, never restarted at offset 0; see `meshmq cluster status`.")):
+        value = health.get(key)
+        count = value.get("count", 0) if isinstance(value, dict) else value
+        out.append(GaugeMetricFamily(name, doc, value=float(count or 0)))  # type: ignore[arg-type]
+    return out

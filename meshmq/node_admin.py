@@ -22,6 +22,13 @@ answers for the node, the way EMQX answers for its whole node on one dashboard p
   ``admin.token_file``, meshmq/admin_auth.py), checked here before any router is asked: part
   of the answer is the supervisor's own, served even when no router answers, so the routers'
   check alone would leave it open exactly then.
+* ``POST /api/v1/cluster/rebalance`` (``meshmq cluster rebalance``): the plan that gives every
+  node a fair share of replicas and leaders, from this node's Raft records
+  (cluster/rebalance.py), and, without ``dry_run``, its compare-and-set commands proposed to
+  the node's metadata process (refused in this build: followers do not fetch yet). Under Raft
+  placement ``/api/v1/cluster`` also carries ``node_liveness`` and ``logs`` (under-replicated,
+  offline, lost: cluster/loghealth.py), computed here from the same records, so any node
+  answers for the whole cluster.
 * ``/api/v1/...``: proxied to a router, with the caller's headers (credentials included: each
   router enforces the admin authentication itself). A device's log goes to its owner when the
   owner is a router of this node; otherwise, and for anything else, to the next router that is
@@ -51,6 +58,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from broker.auth import Authenticator
 from broker.logrules import LogRules
+from cluster import loghealth, rebalance
+from cluster.metaclient import MetadataClient, MetadataUnavailable
 from cluster.placement import Placement
 from cluster.raftplace import RaftFeed
 from cluster.settings import ClusterSettings
@@ -58,6 +67,7 @@ from meshmq.admin import METRICS_CONTENT_TYPE, bound_port
 from meshmq.admin_auth import AdminAuth
 from meshmq.config import NodeConfig, parse_bind
 from meshmq.metadata_proc import MetadataProcess
+from meshmq.metrics import raft_log_metrics
 from meshmq.supervisor import Supervisor
 
 __all__ = ["NodeAdmin", "merge_metrics"]
@@ -176,6 +186,7 @@ class NodeAdmin:
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/api/v1/cluster", self._cluster)
+        self.app.router.add_post("/api/v1/cluster/rebalance", self._rebalance)
         self.app.router.add_route("*", "/api/v1/{tail:.*}", self._proxy)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -272,7 +283,12 @@ class NodeAdmin:
             restarts[child.router_id] = child.restarts
         families = merge_metrics(scrapes, restarts)
         if self.metadata is not None:
-            families += metadata_metrics(await self.metadata.status())
+            status = await self.metadata.status(voters=True)
+            families += metadata_metrics(status)
+            if self.feed is not None:
+                liveness = loghealth.node_liveness(self.cluster, status)
+                health = loghealth.log_health(self.feed.records, liveness, 0)
+                families += raft_log_metrics(status, liveness, health)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Families(families))  # type: ignore[arg-type]
         if "application/openmetrics-text" in request.headers.get("Accept", ""):
@@ -342,7 +358,16 @@ class NodeAdmin:
             "router_ids": c.router_ids(), "routers": routers, "placement": c.placement,
         }
         if self.metadata is not None:
-            doc["metadata"] = await self.metadata.status()
+            meta = doc["metadata"] = await self.metadata.status(voters=True)
+            if self.feed is not None:
+                try:
+                    limit = int(request.query.get("limit", loghealth.DEFAULT_LIMIT))
+                except ValueError:
+                    return web.json_response({"error": "limit must be an integer"},
+                                             status=400)
+                liveness = loghealth.node_liveness(self.cluster, meta)
+                doc["node_liveness"] = liveness
+                doc["logs"] = loghealth.log_health(self.feed.records, liveness, limit)
         device = request.query.get("device")
         if device is not None:
             leader = self.placement.leader_of(device)
@@ -352,8 +377,59 @@ class NodeAdmin:
                             and owner.rpartition("/")[0] == c.node_id}
             if self.feed is not None:  # Raft's record: the log's ISR and replicas too
                 rec = self.feed.records.get(device) or {}
-                doc["owner"].update(isr=rec.get("isr"), replicas=rec.get("replicas"))
+                doc["owner"].update(isr=rec.get("isr"), replicas=rec.get("replicas"),
+                                    floor=rec.get("floor", 0), lost=rec.get("lost"),
+                                    target=rec.get("target"))
         return web.json_response(doc)
+
+    async def _rebalance(self, request: web.Request) -> web.Response:
+        """``POST /api/v1/cluster/rebalance?dry_run=1&max_moves=N``: the plan
+        (cluster/rebalance.py) from this node's Raft records; without ``dry_run`` also its
+        commands, proposed to Raft, each answered (applied, or refused with the record as it
+        is: a compare-and-set computed from a stale record is never applied)."""
+        refused = None if self.auth is None else await self.auth.refusal(request)
+        if refused is not None:  # it changes placement: the admin credentials, always
+            return refused
+        if self.feed is None or self.metadata is None:
+            return web.json_response({"error": "rebalance needs cluster.placement = "
+                                      "\"raft\" (static placement is a hash)"}, status=409)
+        try:
+            max_moves = int(request.query.get("max_moves", 1000))
+        except ValueError:
+            return web.json_response({"error": "max_moves must be an integer"}, status=400)
+        records = dict(self.feed.records)
+        moves = rebalance.plan(records, [n.id for n in self.cluster.nodes], max_moves)
+        doc: dict[str, Any] = {"logs": len(records), "moves": moves,
+                               "dry_run": request.query.get("dry_run") not in (None, "0")}
+        if doc["dry_run"]:
+            return web.json_response(doc)
+        if not rebalance.EXECUTABLE:
+            doc["error"] = rebalance.NOT_EXECUTABLE
+            return web.json_response(doc, status=409)
+        doc["results"] = await self._propose_moves(rebalance.commands(moves, records))
+        return web.json_response(doc)
+
+    async def _propose_moves(self, cmds: list[tuple[str, list]]) -> list[dict[str, Any]]:
+        assert self.metadata is not None
+        client = MetadataClient(self.metadata.socket)
+        await client.connect()
+        try:
+            out = []
+            for device, cmd in cmds:
+                if cmd[0] == "skip":
+                    out.append({"device": device, "applied": False, "why": cmd[1]})
+                    continue
+                try:
+                    applied, rec = await asyncio.wait_for(client.propose(cmd), 10.0)
+                    out.append({"device": device, "command": cmd[0], "applied": applied,
+                                "record": rec})
+                except (MetadataUnavailable, TimeoutError, OSError) as err:
+                    # an unknown outcome: the next plan reads the record as it is
+                    out.append({"device": device, "command": cmd[0], "applied": None,
+                                "why": str(err)})
+            return out
+        finally:
+            client.close_now()
 
     def _pick(self, device: str | None) -> int | None:
         """The router to proxy to: a local owner of ``device``, else the next one that is up."""

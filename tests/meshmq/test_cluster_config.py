@@ -179,6 +179,8 @@ CASES = [
      "cluster.placement_max_held", ">= 1"),
     ("session-checkpoint-interval-zero", _config(cluster="session_checkpoint_interval = 0"),
      {}, "cluster.session_checkpoint_interval", "a number > 0"),
+    ("log-floor-interval-zero", _config(cluster="log_floor_interval = 0"), {},
+     "cluster.log_floor_interval", "> 0"),
 ]
 
 
