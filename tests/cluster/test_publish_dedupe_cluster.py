@@ -85,4 +85,7 @@ def test_a_resend_at_another_node_after_the_publishers_node_died_is_stored_once(
     # a new message afterwards is stored: the sentinel that nothing is still on its way
     again.publish(topic, b"after", 1, packet_id=7)
     assert _payloads(trio, device) == [b"first", b"m1", b"q2", b"after"]
-    assert trio.nodes[1].metric("meshmq_publish_dedupe_total", result="hit") == 2
+    # the QoS 1 resend is found by the dedupe; the QoS 2 one by it too, or (when the session
+    # registry saved its receive state before the kill: cluster/sessionreg.py) by the resumed
+    # session's QoS 2 state, which answers a resent PUBLISH without storing it [MQTT-4.3.3-10]
+    assert trio.nodes[1].metric("meshmq_publish_dedupe_total", result="hit") in (1, 2)
