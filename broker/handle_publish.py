@@ -21,6 +21,7 @@ from broker.protocol.packets import Publish, PubRec
 from broker.protocol.properties import Prop
 from broker.protocol.reasons import Reason
 from broker.stats import DropReason
+from broker.writegate import refuse
 
 log = logging.getLogger("broker.router")  # the router's log lines keep the router's name
 
@@ -84,6 +85,12 @@ class PublishRoom:
         if logs is not None:
             key = logs.key_for(pkt.topic, pkt.retain)
             if key is not None:
+                gate = self.write_gate
+                if qos and gate is not None:
+                    refusal = gate()
+                    if refusal is not None:  # e.g. cut off from the Raft majority: not stored
+                        refuse(conn, refusal)
+                        return
                 owner = self.forwarder.owner_of(key) if self.forwarder is not None else None
                 if owner is not None:
                     self.remote.append_at_owner(owner, key, msg, conn, pkt.packet_id,

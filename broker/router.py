@@ -138,6 +138,9 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
                                             self.mqtt.max_lagging_devices)
         self._paused_publishers: set[Connection] = set()
         self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
+        # None, or a callable answering None or why QoS>=1 publishes to device logs are
+        # refused now (broker/writegate.py; a cluster router's leader lease, cluster/lease.py)
+        self.write_gate: Callable[[], Any] | None = None
         self.remote = RemotePublishes(self)
         self.sessions_remote = RemoteSessions(self)
         self._pump_replays = self.replays.pump  # bound once: called per ack and drain
