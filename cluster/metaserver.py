@@ -50,6 +50,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import TCPTransport
 
 from cluster.controller import ControllerLoop
+from cluster.metaclient import LINE_LIMIT
 from cluster.metastate import MetadataState
 from cluster.raftcontact import AGE_KEY, RaftContact
 
@@ -214,7 +215,8 @@ class MetadataServer:
             os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
-        self.server = await asyncio.start_unix_server(self._client, path=self.socket_path)
+        self.server = await asyncio.start_unix_server(self._client, path=self.socket_path,
+                                                      limit=LINE_LIMIT)
         os.chmod(self.socket_path, 0o600)  # proposals change placement: this user only
         if self.controller is not None:
             self.controller.start()
