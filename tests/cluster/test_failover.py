@@ -12,7 +12,7 @@ cluster/routerreg.py), ``placement = "raft"``, 3 nodes, RF 3:
 * a router whose node's voter is frozen (SIGSTOP: cut off from the Raft majority) refuses QoS 1
   publishes once its lease ran out: v5 DISCONNECT 0x9C with a Server Reference naming the
   majority side, 3.1.1 a closed connection; and it refuses before the majority elects a new
-  leader for its logs (never two leaders acking).
+  leader for its logs (never two leaders acking); a new CONNECT there is still accepted.
 
 Run: ``PYTHONPATH=$PWD python -m pytest -s tests/cluster/test_failover.py`` (``-s`` shows the
 measured failover times).
@@ -347,6 +347,10 @@ def test_a_router_cut_off_from_raft_refuses_publishes_before_the_majority_elects
             old.send(R.publish(f"devices/{device}/t", b"cut311", qos=1, packet_id=1))
             got = old.wait_closed(30)
             assert not [p for p in got if p.type == R.PUBACK], got
+            # CONNECT is still accepted on the minority side (subscribers read, QoS 0 flows)
+            fresh = raw(cluster.nodes[victim], version=5)
+            assert fresh.connect(unique("minority")).reason_code == 0
+            assert fresh.is_open()
             print(f"\n[failover] voter of n{victim} frozen: new leader elected after "
                   f"{elected - frozen:.2f} s (node_timeout 3 s); its router refused with 0x9C")
         finally:
