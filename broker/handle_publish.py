@@ -22,6 +22,7 @@ from broker.protocol.properties import Prop
 from broker.protocol.reasons import Reason
 from broker.pubdedupe import message_id, publisher_id
 from broker.stats import DropReason
+from broker.writegate import refuse
 
 log = logging.getLogger("broker.router")  # the router's log lines keep the router's name
 
@@ -91,6 +92,12 @@ class PublishRoom:
                     msg.publisher = publisher_id(session, pkt.packet_id)
                     if pkt.dup or (props and message_id(props) is not None):
                         msg.maybe_stored = True
+                gate = self.write_gate
+                if qos and gate is not None:
+                    refusal = gate()
+                    if refusal is not None:  # e.g. cut off from the Raft majority: not stored
+                        refuse(conn, refusal)
+                        return
                 owner = self.forwarder.owner_of(key) if self.forwarder is not None else None
                 if owner is not None:
                     self.remote.append_at_owner(owner, key, msg, conn, pkt.packet_id,

@@ -142,6 +142,9 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
                                             self.mqtt.max_lagging_devices)
         self._paused_publishers: set[Connection] = set()
         self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
+        # None, or a callable answering None or why QoS>=1 publishes to device logs are
+        # refused now (broker/writegate.py; a cluster router's leader lease, cluster/lease.py)
+        self.write_gate: Callable[[], Any] | None = None
         self.remote = RemotePublishes(self)
         self.sessions_remote = RemoteSessions(self)
         self.registry: Any = None  # broker.registry.RegisteredSessions (set by the wiring)

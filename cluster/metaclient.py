@@ -18,6 +18,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+# The longest JSON line either side reads. asyncio's default (64 KiB) is smaller than a watch
+# snapshot of a few hundred device logs and than a batch of a few hundred proposals (a router
+# registering the logs on its disk, the controller failing a node's logs over): readline then
+# raised ValueError and the stream never synced. A snapshot grows ~200 bytes a log, so 256 MiB
+# is ~1M logs; the line is held in memory once either way.
+LINE_LIMIT = 256 * 1024 * 1024
+
 
 class MetadataUnavailable(Exception):
     def __init__(self, kind: str, why: str = "") -> None:
@@ -36,7 +43,8 @@ class MetadataClient:
         self._reading: asyncio.Task | None = None
 
     async def connect(self) -> None:
-        self._reader, self._writer = await asyncio.open_unix_connection(self.socket_path)
+        self._reader, self._writer = await asyncio.open_unix_connection(self.socket_path,
+                                                                        limit=LINE_LIMIT)
         self._reading = asyncio.get_running_loop().create_task(self._read())
 
     async def propose(self, cmd: list) -> tuple[bool, Any]:
@@ -125,7 +133,7 @@ async def watch(socket_path: str, on_snapshot: Callable[[dict], None],
                 on_changes: Callable[[list, int], None]) -> None:
     """Stream the state: ``on_snapshot`` once, then ``on_changes`` for every committed batch
     past the snapshot, until the connection ends (the caller reconnects and starts over)."""
-    reader, writer = await asyncio.open_unix_connection(socket_path)
+    reader, writer = await asyncio.open_unix_connection(socket_path, limit=LINE_LIMIT)
     try:
         writer.write(b'{"op":"watch"}\n')
         at = -1

@@ -37,10 +37,12 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +50,10 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.transport import TCPTransport
 from pysyncobj.utility import TcpUtility, UtilityException
 
+from cluster.controller import ControllerLoop
+from cluster.metaclient import LINE_LIMIT
 from cluster.metastate import MetadataState
+from cluster.raftcontact import AGE_KEY, RaftContact
 
 log = logging.getLogger("meshmq.metadata")
 
@@ -67,7 +72,9 @@ _LEADER_ASK = 1.0  # seconds to wait for the Raft leader's own status (node live
 
 
 class DurableTransport(TCPTransport):
-    """pysyncobj's TCP transport, fsyncing the journal before a message vouches for it."""
+    """pysyncobj's TCP transport, fsyncing the journal before a message vouches for it; it
+    also tells ``RaftContact`` (cluster/raftcontact.py) what arrived from whom, and stamps
+    each append_entries with this leader's majority age (the followers' lease clock)."""
 
     def send(self, node: Any, message: Any) -> bool:
         owner = self._syncObj
@@ -75,9 +82,17 @@ class DurableTransport(TCPTransport):
             kind = message.get("type")
             if kind in ("append_entries", "next_node_idx"):
                 owner.sync_journal()
+                if kind == "append_entries":
+                    message[AGE_KEY] = owner.contact.age(leader=True)
             elif kind in ("request_vote", "response_vote"):
                 owner.sync_term()
         return super().send(node, message)
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:
+        owner = self._syncObj
+        if isinstance(owner, MetadataNode):
+            owner.contact.received(str(node.id), message)
+        super()._onMessageReceived(node, message)
 
 
 class MetadataNode(SyncObj):
@@ -87,6 +102,7 @@ class MetadataNode(SyncObj):
                  on_change: Callable[[list, int], None]) -> None:
         # attributes set before SyncObj.__init__ are the process's own (never snapshotted)
         self.on_change = on_change
+        self.contact = RaftContact(len(peers) + 1)
         self.lock = threading.Lock()  # the tick thread applies; the socket loop snapshots
         self.journal_path = os.path.join(data_dir, "raft.journal")
         self.dirty = False
@@ -165,11 +181,24 @@ class MetadataNode(SyncObj):
         with self.lock:
             return _jsonable(self.state.snapshot())
 
+    def controller_view(self) -> tuple[int, dict, dict, dict]:
+        """What the controller plans from: shallow copies (records are replaced, never changed
+        in place, by ``MetadataState``), taken under the lock the tick thread applies under."""
+        with self.lock:
+            st = self.state
+            return st.index, dict(st.logs), dict(st.routers), dict(st.sessions)
+
+    def majority_at(self) -> float:
+        """When this voter last knew a Raft majority counted it in (cluster/raftcontact.py):
+        the routers' leader lease runs from here (``time.monotonic()``, one clock per host)."""
+        return self.contact.majority_at(leader=self._isLeader())
+
 
 class MetadataServer:
     """The local socket: routers' proposals in, committed changes out."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, node_args: tuple, socket_path: str):
+    def __init__(self, loop: asyncio.AbstractEventLoop, node_args: tuple, socket_path: str,
+                 nodes: dict[str, str] | None = None, node_timeout: float = 1.0):
         self.loop = loop
         self.socket_path = socket_path
         self.watchers: set[asyncio.StreamWriter] = set()
@@ -182,15 +211,29 @@ class MetadataServer:
         self.leader_changes = 0
         self._leader: str | None = None
         self._polling: asyncio.Task | None = None
+        # the controller (cluster/controller.py): only with the node map (node id -> Raft
+        # address), which the node supervisor passes; a bare voter (tests) runs none
+        self.controller: ControllerLoop | None = None
+        if nodes:
+            self_addr = node_args[0]
+            self_node = next((n for n, a in nodes.items() if a == self_addr), None)
+            if self_node is None:
+                raise ValueError(f"--node: no node has this voter's address {self_addr}")
+            self.controller = ControllerLoop(
+                loop, self_node, nodes, node_timeout, self.node._isLeader,
+                self.node.contact.last_heard, self.node.controller_view, self._propose_batch)
 
     async def start(self) -> None:
         try:
             os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
-        self.server = await asyncio.start_unix_server(self._client, path=self.socket_path)
+        self.server = await asyncio.start_unix_server(self._client, path=self.socket_path,
+                                                      limit=LINE_LIMIT)
         os.chmod(self.socket_path, 0o600)  # proposals change placement: this user only
         self._polling = self.loop.create_task(self._poll_leader())
+        if self.controller is not None:
+            self.controller.start()
 
     async def _poll_leader(self) -> None:
         while True:
@@ -202,6 +245,13 @@ class MetadataServer:
             if leader is not None:
                 self._leader = leader
             await asyncio.sleep(_LEADER_POLL)
+
+    def _propose_batch(self, cmds: list, answer: Any) -> None:
+        """The controller's proposals: one Raft entry for the whole batch."""
+        def done(result: Any, error: int) -> None:
+            answer(result, None if error == FAIL_REASON.SUCCESS
+                   else _FAILURES.get(error, f"code {error}"))
+        self.node.apply_batch(cmds, callback=done)
 
     def _changed_threadsafe(self, changes: list, index: int) -> None:
         self.loop.call_soon_threadsafe(self._changed, changes, index)
@@ -237,6 +287,11 @@ class MetadataServer:
                     if req.get("voters"):
                         status["voters"] = await self.voters(status)
                     writer.write(_line({"id": req.get("id"), "status": status}))
+                elif op == "lease":  # polled by routers (cluster/lease.py): cheap on purpose
+                    leader = self.node._getLeader()
+                    writer.write(_line({"id": req.get("id"),
+                                        "majority_at": _finite(self.node.majority_at()),
+                                        "leader": None if leader is None else str(leader)}))
                 else:
                     writer.write(_line({"id": req.get("id"), "error": f"unknown op {op!r}"}))
                 await writer.drain()
@@ -275,7 +330,15 @@ class MetadataServer:
                 "fsyncs": self.node.fsyncs, "index": self.node.state.index,
                 "leader_changes": self.leader_changes,
                 "connected": {k[len(_PARTNER):]: v == 2 for k, v in st.items()
-                              if k.startswith(_PARTNER)}}
+                              if k.startswith(_PARTNER)},
+                "majority_age": _finite(time.monotonic() - self.node.majority_at()),
+                "controller": self._controller_status()}
+
+    def _controller_status(self) -> dict[str, Any] | None:
+        c = self.controller
+        if c is None or c.since is None:
+            return None
+        return {"alive": sorted(c.alive), "offline_logs": len(c.offline), **c.stats}
 
     async def voters(self, status: dict[str, Any]) -> dict[str, Any]:
         """Each voter's liveness as the Raft *leader* sees it (connected to the leader or
@@ -310,6 +373,8 @@ class MetadataServer:
     def close(self) -> None:
         if self._polling is not None:
             self._polling.cancel()
+        if self.controller is not None:
+            self.controller.stop()
         if self.server is not None:
             self.server.close()
         self.node.destroy()
@@ -323,6 +388,11 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
 
 
+def _finite(x: float) -> float | None:
+    """JSON has no infinity: never (-inf) is null."""
+    return x if math.isfinite(x) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="meshmq metadata process (Raft, pysyncobj)")
     ap.add_argument("--self", dest="self_addr", required=True, help="HOST:PORT of this voter")
@@ -333,6 +403,11 @@ def main(argv: list[str] | None = None) -> int:
                     "else the environment variable MESHMQ_META_SECRET, if set")
     ap.add_argument("--parent-pid", type=int, default=0,
                     help="exit when this process (the node supervisor) is gone")
+    ap.add_argument("--node", action="append", default=[], metavar="ID=HOST:PORT",
+                    help="a node id and its voter's address, every node (this one included): "
+                         "runs the controller (cluster/controller.py) while this voter leads")
+    ap.add_argument("--node-timeout", type=float, default=1.0,
+                    help="cluster.node_timeout: seconds unheard before a node is dead")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -342,8 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.secret_file) as f:
             secret = f.read().strip() or None
     loop = asyncio.new_event_loop()
+    nodes = {}
+    for item in args.node:
+        node_id, sep, addr = item.partition("=")
+        if not sep or not node_id or not addr:
+            ap.error(f"--node {item!r}: expected ID=HOST:PORT")
+        nodes[node_id] = addr
     server = MetadataServer(loop, (args.self_addr, args.peer, args.data_dir, secret),
-                            args.socket)
+                            args.socket, nodes, args.node_timeout)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)

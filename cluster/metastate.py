@@ -1,7 +1,9 @@
 """The cluster metadata Raft replicates: a deterministic state machine, sans-I/O.
 
 What it holds (issue 24): for every device log its **leader, in-sync replicas (ISR), leader
-epoch** and an incarnation id; the **session registry** (client id -> router, session epoch).
+epoch**, an incarnation id and the **leader's incarnation**; the **session registry** (client
+id -> router, session epoch); the **routers' registrations** (router id -> its current
+process incarnation: KRaft's broker registration with its incarnation id, KIP-903).
 Membership is the configured node list for now (static voters, as Kafka's KRaft controller
 quorum is), so it is not here yet.
 
@@ -26,7 +28,8 @@ from typing import Any
 LogRecord = dict[str, Any]  # {"leader", "isr", "replicas", "epoch", "isr_version", "incarnation"}
 # optional fields, absent until set (records written before them stay valid):
 # "floor": offsets below it were acknowledged (raise_floor); "lost": every replica lost them
-# (mark_lost); "target"/"adding"/"removing": a reassignment in progress (reassign)
+# (mark_lost); "target"/"adding"/"removing": a reassignment in progress (reassign);
+# "leader_incarnation"/"leader_since": the process of the leader the controller chose (elect)
 
 
 class MetadataState:
@@ -38,7 +41,15 @@ class MetadataState:
         # client id -> {"epoch", "state"}: a persistent session's saved state (not in snapshots)
         self.session_states: dict[str, dict[str, Any]] = {}
         self.session_seq = 0  # the last session epoch given (one counter for every client id)
+        # router id -> {"incarnation": hex of its process's 16 random bytes, "node",
+        # "kept_logs": whether it started with device logs on its disk}
+        self.routers: dict[str, dict[str, Any]] = {}
         self.index = 0  # commands applied (a watcher's position in the change stream)
+
+    def __setstate__(self, state: dict) -> None:
+        """A Raft snapshot written by a build without the router registry still loads."""
+        self.__dict__.update(state)
+        self.__dict__.setdefault("routers", {})
 
     # -- the state machine ----------------------------------------------------------------
     def apply(self, cmd: list) -> tuple[bool, Any, tuple | None]:
@@ -53,11 +64,17 @@ class MetadataState:
         except (TypeError, KeyError, ValueError) as err:
             return False, f"malformed command {cmd[0]!r}: {err}", None
 
-    def _create_log(self, index: int, device: str, leader: str,
-                    replicas: list[str]) -> tuple[bool, Any, tuple | None]:
+    def _create_log(self, index: int, device: str, leader: str, replicas: list[str],
+                    leader_incarnation: str | None = None) -> tuple[bool, Any, tuple | None]:
         """A log's first publish places it: leader where the device is (affinity), replicas on
         other nodes. Placed once: a second create (a retry, or a race from another router)
-        gets the record that won, so offsets are never restarted elsewhere."""
+        gets the record that won, so offsets are never restarted elsewhere.
+
+        ``leader_incarnation``: the creating router's process incarnation (hex). A router
+        leads a log only while the record names it *and* this incarnation is absent or its
+        own, so the same router id restarted (kill -9, disk lost) never resumes leading with
+        what it has: the controller elects again (cluster/controller.py). The 3-argument form
+        (no incarnation) is kept for routers of the previous build during a rolling upgrade."""
         rec = self.logs.get(device)
         if rec is not None:
             return False, rec, None
@@ -65,21 +82,66 @@ class MetadataState:
             return False, f"leader {leader!r} is not among the replicas {replicas!r}", None
         rec = {"leader": leader, "isr": list(replicas), "replicas": list(replicas),
                "epoch": 0, "isr_version": 0, "incarnation": index}
+        if leader_incarnation is not None:
+            rec["leader_incarnation"] = str(leader_incarnation)
         self.logs[device] = rec
         return True, rec, ("log", device, rec)
 
-    def _elect(self, index: int, device: str, expected_epoch: int,
-               leader: str) -> tuple[bool, Any, tuple | None]:
+    def _elect(self, index: int, device: str, expected_epoch: int, leader: str,
+               isr: list[str] | None = None) -> tuple[bool, Any, tuple | None]:
         """Leadership moves to an ISR member only (no unclean election), and every move bumps
-        the epoch (Kafka's leader epoch: the fence for appends and fetches)."""
+        the epoch (Kafka's leader epoch: the fence for appends and fetches). The record takes
+        the chosen router's registered incarnation (``leader_incarnation``), so only that
+        process of it leads. ``isr``, when given, is the new ISR: the old one without the
+        dead or fenced routers (Kafka's controller drops fenced brokers from ISRs the same
+        way); it must keep the leader and add nobody (a router outside the ISR may lack
+        acknowledged records), and the ISR version moves with it."""
         rec = self.logs.get(device)
         if rec is None:
             return False, f"no log for device {device!r}", None
         if rec["epoch"] != expected_epoch or leader not in rec["isr"]:
             return False, rec, None
-        rec = dict(rec, leader=leader, epoch=rec["epoch"] + 1)
+        if isr is not None and (leader not in isr or not set(isr) <= set(rec["isr"])):
+            return False, rec, None
+        if leader == rec["leader"]:
+            # the same router again (its process restarted with its logs, and the controller
+            # elected it anew): it has led without a break since ``leader_since``, so an
+            # APPEND a peer queued for it at any epoch from there is still for this log
+            # (cluster/fencing.py via Placement.leads); another leader resets it
+            since = rec.get("leader_since", rec["epoch"])
+            rec = dict(rec, leader=leader, epoch=rec["epoch"] + 1, leader_since=since)
+        else:
+            rec = dict(rec, leader=leader, epoch=rec["epoch"] + 1)
+            rec.pop("leader_since", None)
+        if isr is not None and list(isr) != rec["isr"]:
+            rec["isr"] = list(isr)
+            rec["isr_version"] += 1
+        registered = self.routers.get(leader)
+        if registered is not None:
+            rec["leader_incarnation"] = registered["incarnation"]
+        else:
+            rec.pop("leader_incarnation", None)
         self.logs[device] = rec
         return True, rec, ("log", device, rec)
+
+    def _register_router(self, index: int, router: str, incarnation: str,
+                         info: dict | None = None) -> tuple[bool, Any, tuple | None]:
+        """A router process announces itself (on every start, before it leads anything): the
+        registry keeps each router's current incarnation, and its node (the part of the id
+        before "/"). A retry of the same registration answers "already so"; a new incarnation
+        replaces the old one, which fences every log record naming the old one (the
+        controller then elects again). ``info``: {"kept_logs": bool} (whether the router
+        started with device logs on its disk), for the sole-ISR-member rule in the
+        controller."""
+        if not isinstance(router, str) or "/" not in router or not incarnation:
+            raise ValueError("expected a router id <node>/<index> and an incarnation")
+        old = self.routers.get(router)
+        rec = {"incarnation": str(incarnation), "node": router.rpartition("/")[0],
+               "kept_logs": bool((info or {}).get("kept_logs", False))}
+        if old == rec:
+            return False, old, None
+        self.routers[router] = rec
+        return True, rec, ("router", router, rec)
 
     def _set_isr(self, index: int, device: str, leader_epoch: int, isr_version: int,
                  isr: list[str]) -> tuple[bool, Any, tuple | None]:
@@ -217,6 +279,13 @@ class MetadataState:
         if leader not in target:
             leader, epoch = target[0], epoch + 1  # target[0] is in the ISR (checked above)
         rec = {k: v for k, v in rec.items() if k not in ("target", "adding", "removing")}
+        if leader != rec["leader"]:  # as elect does: only that process of the new leader leads
+            rec.pop("leader_since", None)
+            registered = self.routers.get(leader)
+            if registered is not None:
+                rec["leader_incarnation"] = registered["incarnation"]
+            else:
+                rec.pop("leader_incarnation", None)
         rec.update(replicas=list(target), isr=[r for r in rec["isr"] if r in target],
                    leader=leader, epoch=epoch, isr_version=rec["isr_version"] + 1)
         self.logs[device] = rec
@@ -225,12 +294,14 @@ class MetadataState:
     # -- reading ----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """The whole state for a new watcher (JSON-ready)."""
-        return {"index": self.index, "logs": self.logs, "sessions": self.sessions}
+        return {"index": self.index, "logs": self.logs, "sessions": self.sessions,
+                "routers": self.routers}
 
 
 _HANDLERS = {
     "create_log": MetadataState._create_log,
     "elect": MetadataState._elect,
+    "register_router": MetadataState._register_router,
     "set_isr": MetadataState._set_isr,
     "claim_session": MetadataState._claim_session,
     "release_session": MetadataState._release_session,

@@ -81,6 +81,10 @@ class Placement:
         self._hashed: Callable[[str], str] = (lru_cache(maxsize=65_536)(self._rendezvous)
                                               if static else self._unplaced)
         self._moved: dict[str, Leader] = {}
+        # device -> the oldest epoch its current leader has led it since without a break
+        # (only where older than the current epoch: a router re-elected after its process
+        # restarted, cluster/controller.py); an APPEND naming such an epoch is for this log
+        self._since: dict[str, int] = {}
         self._handlers: list[ChangeHandler] = []
 
     # -- the answer -----------------------------------------------------------------------
@@ -104,6 +108,8 @@ class Placement:
         and nothing built (``leader_of`` makes a ``Leader`` for its caller)."""
         at = self._moved.get(device)
         router, current = (self._hashed(device), 0) if at is None else at
+        if epoch < current and self._since.get(device, current) <= epoch:
+            return router == self.me  # an epoch of this leader's unbroken run (leader_since)
         return router == self.me and (epoch < 0 or epoch == current)
 
     def owner_of(self, device: str) -> str | None:
@@ -149,12 +155,18 @@ class Placement:
             except Exception:  # noqa: BLE001 - one listener's bug must not hide the change
                 log.exception("a placement change listener failed", extra={"device": device})
 
-    def learn(self, device: str, router: str | None, epoch: int) -> bool:
+    def learn(self, device: str, router: str | None, epoch: int,
+              since: int | None = None) -> bool:
         """A placement read from Raft (its watch stream, or a create_log's answer): applied
         when its epoch is above the one known (``update``), ignored when it is not (the same
-        record seen twice: a snapshot after a reconnect, an answer after its change)."""
+        record seen twice: a snapshot after a reconnect, an answer after its change).
+        ``since``: the record's ``leader_since`` (the same router has led since that epoch)."""
         if epoch <= self.leader_of(device).epoch:
             return False
+        if router is not None and since is not None and since < epoch:
+            self._since[device] = since
+        else:
+            self._since.pop(device, None)
         if router is not None and router not in self.routers:
             # a router this config does not list (removed from the config): no link has it,
             # so nothing is served or sent there; the log has no reachable leader here

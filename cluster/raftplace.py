@@ -41,6 +41,7 @@ from broker.forwarding import OwnerNotStored
 from broker.message import Message
 from cluster.metaclient import MetadataClient, MetadataUnavailable, watch
 from cluster.placement import Placement
+from cluster.routerreg import fenced
 from cluster.settings import ClusterSettings, split_router_id
 from commitlog.store import LogWriteError
 
@@ -95,6 +96,9 @@ class RaftFeed:
         self.socket_path = socket_path
         self.records: dict[str, dict] = {}
         self.synced = asyncio.Event()  # set once the first snapshot is in
+        # this router process's incarnation (hex; cluster/routerreg.py): a record naming this
+        # router as leader by an election of another process of it is fenced (no leader here)
+        self.incarnation: str | None = None
         self.on_learned: Callable[[str], None] | None = None
         # a router's check that it may lead what a record names it leader of (its log not
         # short of the record's floor: cluster/logfloor.py); False marks the log lost here
@@ -119,10 +123,19 @@ class RaftFeed:
         known = self.records.get(device)
         if known is None or rec.get("epoch", 0) >= known.get("epoch", 0):
             self.records[device] = rec
-        if self.admit is not None and not self.admit(device, rec):
+        leader = rec["leader"]
+        fenced_here = fenced(rec, self.placement.me or "", self.incarnation)
+        if fenced_here:
+            leader = None  # a previous process of this router led it: the controller elects
+        since = rec.get("leader_since")
+        # the lost-log check (cluster/logfloor.py) only for a record this process may lead: a
+        # restarted router named by its old incarnation leads nothing, so its short log is not
+        # "lost" while another in-sync replica holds the records (the controller elects it)
+        if not fenced_here and self.admit is not None and not self.admit(device, rec):
             self.placement.mark_lost(device, int(rec["epoch"]))
         else:
-            self.placement.learn(device, rec["leader"], int(rec["epoch"]))
+            self.placement.learn(device, leader, int(rec["epoch"]),
+                                 since if isinstance(since, int) else None)
         if self.on_learned is not None:
             self.on_learned(device)
 
@@ -297,8 +310,7 @@ class RaftPlacer:
             self.client = MetadataClient(self.feed.socket_path)
 
     async def _place(self, device: str, started: float) -> None:
-        leader = self.me
-        cmd = ["create_log", device, leader, replicas_for(self.settings, device, leader)]
+        cmd = self._create_cmd(device)
         answer = await self._propose(cmd, started + self.settings.append_timeout)
         if isinstance(answer, str):
             self.stats["no_majority"] += 1
@@ -334,9 +346,8 @@ class RaftPlacer:
         if not todo:
             return
         deadline = time.monotonic() + timeout
-        answers = await asyncio.gather(*(self._propose(
-            ["create_log", d, self.me, replicas_for(self.settings, d, self.me)], deadline)
-            for d in todo))
+        answers = await asyncio.gather(*(self._propose(self._create_cmd(d), deadline)
+                                         for d in todo))
         left = 0
         for device, answer in zip(todo, answers, strict=True):
             if isinstance(answer, str):
@@ -351,6 +362,13 @@ class RaftPlacer:
         if left:
             log.error("%d device logs on disk are not registered in Raft yet (no majority?): "
                       "they are not served until a publish places them", left)
+
+    def _create_cmd(self, device: str) -> list:
+        """create_log with this router as leader, and its incarnation when registered."""
+        cmd = ["create_log", device, self.me, replicas_for(self.settings, device, self.me)]
+        if self.feed.incarnation is not None:
+            cmd.append(self.feed.incarnation)
+        return cmd
 
     def _conflict(self, device: str, rec: dict) -> None:
         self.stats["conflicts"] += 1

@@ -18,6 +18,11 @@ from dataclasses import dataclass, field
 # frames asserts they agree: settings is read by the config and must not pull the codecs in)
 PROTOCOL_VERSION = 3
 MIN_PROTOCOL_VERSION = 2
+# seconds a router's leader lease may outlive what the controller waits for before it elects
+# elsewhere (cluster/controller.py): config requires node_timeout > leader_lease + this. It
+# covers a follower's one-message delay in learning its leader's majority time, the router's
+# lease poll interval (leader_lease / 5) and scheduling under load.
+LEASE_SLACK = 0.2
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,9 @@ class NodeAddress:
     host: str
     port: int  # router r of this node accepts mesh links on port + r
     raft_port: int = 0  # its metadata process's Raft port (cluster.placement = "raft"); 0: none
+    # "host:port" MQTT clients can reach this node at (""; unknown): what a router whose
+    # leader lease ran out names in its v5 Server Reference (cluster/lease.py)
+    mqtt: str = ""
 
 
 def router_id(node_id: str, index: int) -> str:
@@ -101,6 +109,15 @@ class ClusterSettings:
     # lost disk finds its logs short of their floor and reports them lost instead of
     # restarting them at offset 0; a loss within the last interval is not seen.
     log_floor_interval: float = 5.0
+    # Raft placement, failover (cluster/controller.py): seconds a node's Raft voter may go
+    # unheard by the Raft leader before the node is dead and its logs' leadership moves to
+    # live ISR members (Kafka's broker.session.timeout.ms). Must exceed leader_lease plus the
+    # controller's LEASE_SLACK (0.2 s), so a partitioned leader stopped acking first.
+    node_timeout: float = 1.0
+    # Raft placement: seconds a router keeps acknowledging publishes after its node's voter
+    # last heard from a Raft majority (cluster/lease.py); then QoS>=1 publishes are refused
+    # (v5 DISCONNECT 0x9C Use another server, 3.x: connection closed) until contact is back.
+    leader_lease: float = 0.5
     extra: dict = field(default_factory=dict, compare=False)
 
     def router_ids(self) -> list[str]:

@@ -88,14 +88,20 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     until Raft answers: a publish places them then)."""
     import os
 
+    from cluster.lease import Lease
     from cluster.logfloor import LogFloors
     from cluster.raftplace import RaftFeed, RaftPlacer, append_here
+    from cluster.routerreg import Registrar, wait_unfenced
     from meshmq.metadata_proc import metadata_socket
 
     settings = node.config.cluster
     # a router's data_dir is <node data_dir>/router-<i> (meshmq/router_proc.py, router_dir)
     node_dir = os.path.dirname(os.path.normpath(node.config.data_dir))
-    feed = RaftFeed(mesh.placement, metadata_socket(node_dir))
+    socket = metadata_socket(node_dir)
+    feed = RaftFeed(mesh.placement, socket)
+    # this process's incarnation (the mesh's): records led by a previous process of this
+    # router are fenced from the first snapshot on (cluster/routerreg.py)
+    feed.incarnation = mesh.incarnation.hex()
     placer = RaftPlacer(settings, mesh.rid, feed, mesh.append_at,
                         functools.partial(append_here, node.router))
     mesh.placer = placer
@@ -107,6 +113,12 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
         floors = LogFloors(mesh.rid, feed.socket_path, feed.records, store.durable_end,
                            store.high_watermark, settings.log_floor_interval)
         feed.admit = floors.admit
+    # the leader lease (cluster/lease.py): QoS>=1 publishes refused when cut off from the
+    # majority; ``mesh.lease.valid`` is what the replication's LeaderState takes as lease_ok
+    lease = Lease(settings, socket)
+    lease.start()
+    mesh.lease = lease
+    node.router.write_gate = lease.refusal
     feed.start()
     wait = 2 * settings.append_timeout
     try:
@@ -114,12 +126,19 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     except TimeoutError:
         log.error("no placement snapshot from this node's metadata process in %.0f s: device "
                   "logs stay unplaced (not served) until it answers", wait)
+    kept = node.store is not None and any(not k.startswith("#") for k in node.store.keys())
+    registrar = Registrar(socket, mesh.rid, feed.incarnation, kept)
+    await registrar.start(wait)
     if node.store is not None:
         await placer.register(node.store.keys(), wait)
+    if registrar.registered:  # before the links: peers' resent APPENDs find a leader again
+        await wait_unfenced(feed.records, mesh.rid, feed.incarnation,
+                            2 * settings.node_timeout)
     node.metrics.add_collector(lambda: placement_metrics(placer), "placement")
     if floors is not None:
         floors.start()
         node.metrics.add_collector(lambda: floor_metrics(floors), "log floors")
+    node.metrics.add_collector(lambda: lease_metrics(lease), "lease")
 
     closing = node.admin.app.on_cleanup
 
@@ -128,9 +147,25 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
             await floors.close()
         await placer.close()
         await feed.close()
+        await lease.close()
+        await registrar.close()
 
     closing.append(close_raft)
     return placer
+
+
+def lease_metrics(lease: Any) -> Iterable[Metric]:
+    """The leader lease (cluster/lease.py): whether this router may ack, and its refusals."""
+    valid = GaugeMetricFamily("meshmq_leader_lease_valid", "1 while this router's node's Raft "
+                              "voter heard from a majority within cluster.leader_lease (QoS>=1 "
+                              "publishes acknowledged), 0 while they are refused.")
+    valid.add_metric([], 1.0 if lease.valid() else 0.0)
+    yield valid
+    refused = CounterMetricFamily("meshmq_lease_refused", "QoS>=1 publishes refused (v5 "
+                                  "DISCONNECT 0x9C, 3.x closed) because the leader lease ran "
+                                  "out (cut off from the Raft majority).")
+    refused.add_metric([], lease.refused)
+    yield refused
 
 
 def placement_metrics(placer: Any) -> Iterable[Metric]:

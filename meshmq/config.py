@@ -44,6 +44,7 @@ from broker.clientid import USERNAME_TOKEN, ClientIdRule
 from broker.logrules import DEFAULT_RULES, LogRule, validate_rule
 from broker.settings import AuthSettings, BrokerSettings, ListenerSettings, MqttSettings
 from cluster.settings import (
+    LEASE_SLACK,
     MIN_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     ClusterSettings,
@@ -457,7 +458,7 @@ _RULES_KEY = "rules"
 _RULE_KEYS = ("filter", "log")
 # [[cluster.nodes]] likewise (_parse_nodes): a list of addresses does not fit one variable.
 _NODES_KEY = "nodes"
-_NODE_KEYS = ("id", "host", "port", "raft_port")
+_NODE_KEYS = ("id", "host", "port", "raft_port", "mqtt")
 _NODE_REQUIRED = ("id", "host", "port")
 PLACEMENTS = ("static", "raft")
 MAX_RAFT_VOTERS = 5  # Raft groups of more voters commit slower and gain nothing (etcd, KRaft)
@@ -535,6 +536,10 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         # Raft placement only: seconds between batches of device-log floors in Raft
         "log_floor_interval": (_Float(0.0, inclusive=False),
                                _CLUSTER_DEFAULTS.log_floor_interval),
+        # Raft placement, failover: a node unheard this long is dead (cluster/controller.py)
+        "node_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.node_timeout),
+        # Raft placement: a router acks only within this of its voter's majority contact
+        "leader_lease": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.leader_lease),
         # Raft port of this node's metadata process when [[cluster.nodes]] is absent (0: the
         # first port after the routers' mesh ports).
         "raft_port": (_Int(0, _U16), 0),
@@ -734,7 +739,17 @@ def _parse_nodes(value: object, path: str) -> tuple[NodeAddress, ...]:
                 or not 0 <= raft_port <= _U16:
             raise ConfigError(f"{here}.raft_port", f"expected an integer between 1 and {_U16} "
                                                    f"(0: none), got {_show(raft_port)}", path)
-        out.append(NodeAddress(node_id, host, port, raft_port))
+        mqtt = item.get("mqtt", "")
+        try:
+            if not isinstance(mqtt, str):
+                raise ValueError("not a string")
+            if mqtt:
+                parse_bind(mqtt)
+        except ValueError as exc:
+            raise ConfigError(f"{here}.mqtt", f"expected \"host:port\" MQTT clients can reach "
+                                              f"this node at, or \"\" ({exc}), got "
+                                              f"{_show(mqtt)}", path) from None
+        out.append(NodeAddress(node_id, host, port, raft_port, mqtt))
     if not out:
         raise ConfigError(base, "empty: list every node of the cluster, this one included "
                                 "(or leave [[cluster.nodes]] out for one node on loopback)", path)
@@ -835,6 +850,7 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
     if float(get("reconnect_min")) > float(get("reconnect_max")):
         raise ConfigError("cluster.reconnect_min", "must not exceed cluster.reconnect_max",
                           src("reconnect_min"))
+    _check_failover_timeouts(float(get("node_timeout")), float(get("leader_lease")), src)
     secret = _cluster_secret(get("secret"), get("secret_file"), src)
     total = len(nodes) * routers
     if total > 1 and not secret:
@@ -853,7 +869,19 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         placement_max_held=get("placement_max_held"),
         session_checkpoint_interval=float(get("session_checkpoint_interval")),
         log_floor_interval=float(get("log_floor_interval")),
+        node_timeout=float(get("node_timeout")), leader_lease=float(get("leader_lease")),
         protocol_version=get("protocol_version"))
+
+
+def _check_failover_timeouts(node_timeout: float, lease: float, src: Any) -> None:
+    """The controller elects a dead node's logs elsewhere only after ``node_timeout``; the
+    node's routers must have stopped acking by then (their ``leader_lease`` ran out, plus the
+    slack of cluster/controller.py): otherwise two leaders could ack in one epoch."""
+    if node_timeout <= lease + LEASE_SLACK:
+        raise ConfigError("cluster.node_timeout", f"must exceed cluster.leader_lease ({lease}) "
+                          f"+ {LEASE_SLACK} s, got {node_timeout}: a node is declared dead only "
+                          "after its routers stopped acknowledging (lower leader_lease or raise "
+                          "node_timeout)", src("node_timeout"))
 
 
 def _check_raft_ports(nodes: tuple[NodeAddress, ...], routers: int, port_keys: list[str],

@@ -58,6 +58,10 @@ class MetadataProcess:
                 "--parent-pid", str(os.getpid())]
         for peer in self.peers:
             argv += ["--peer", peer]
+        # the controller's node map and liveness timeout (cluster/controller.py)
+        for n in self.cluster.nodes:
+            argv += ["--node", f"{n.id}={n.host}:{n.raft_port}"]
+        argv += ["--node-timeout", repr(self.cluster.node_timeout)]
         env = dict(os.environ)
         env["MESHMQ_META_SECRET"] = self.cluster.secret.decode("utf-8", "replace")
         self.proc = await asyncio.create_subprocess_exec(*argv, env=env)

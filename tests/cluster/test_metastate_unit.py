@@ -16,10 +16,17 @@ DEVICES = ["d1", "d2"]
 _router = st.sampled_from(ROUTERS)
 _device = st.sampled_from(DEVICES)
 _epoch = st.sampled_from([0, 0, 1, 2])  # small: a matching epoch is common
+_inc = st.sampled_from(["i1", "i2"])
 _cmd = st.one_of(
     st.tuples(st.just("create_log"), _device, _router,
               st.lists(_router, min_size=1, max_size=3, unique=True)),
+    st.tuples(st.just("create_log"), _device, _router,
+              st.lists(_router, min_size=1, max_size=3, unique=True), _inc),
     st.tuples(st.just("elect"), _device, _epoch, _router),
+    st.tuples(st.just("elect"), _device, _epoch, _router,
+              st.lists(_router, min_size=1, max_size=3, unique=True)),
+    st.tuples(st.just("register_router"), _router, _inc,
+              st.fixed_dictionaries({"kept_logs": st.booleans()})),
     st.tuples(st.just("set_isr"), _device, _epoch, _epoch,
               st.lists(_router, min_size=1, max_size=3, unique=True)),
     st.tuples(st.just("claim_session"), st.sampled_from(["c1", "c2"]), _router),
@@ -53,8 +60,81 @@ def test_invariants_hold_under_any_sequence_with_retries(steps) -> None:
             assert rec["incarnation"] == old["incarnation"]
             if rec["leader"] != old["leader"]:
                 assert rec["epoch"] == old["epoch"] + 1 and rec["leader"] in old["isr"]
+            if cmd[0] == "elect" and applied and cmd[1] == device:
+                # an election never adds to the ISR (only the leader's set_isr does, once a
+                # follower caught up), and the record names the elected process
+                assert set(rec["isr"]) <= set(old["isr"]), (old, rec)
+                reg = s.routers.get(rec["leader"])
+                assert rec.get("leader_incarnation") == (reg and reg["incarnation"]), rec
+                # an unbroken run of one leader: since when (re-elected after a restart)
+                if rec["leader"] == old["leader"]:
+                    assert rec["leader_since"] == old.get("leader_since", old["epoch"])
+                else:
+                    assert "leader_since" not in rec
+            assert rec.get("leader_since", rec["epoch"]) <= rec["epoch"]
         for cid, rec in s.sessions.items():
             old = sessions_before.get(cid)
             assert old is None or rec["epoch"] >= old["epoch"]
     assert s.apply(["no_such_command"])[0] is False
     assert s.apply(["elect", "d1"])[0] is False  # malformed: refused, nothing changed
+
+
+def test_create_log_records_the_creating_routers_incarnation_and_the_old_form_still_works() -> None:
+    s = MetadataState()
+    applied, rec, _ = s.apply(["create_log", "d1", "a/0", ["a/0", "b/0"], "aa11"])
+    assert applied and rec["leader_incarnation"] == "aa11"
+    applied, rec, _ = s.apply(["create_log", "d2", "a/0", ["a/0", "b/0"]])
+    assert applied and "leader_incarnation" not in rec
+
+
+def test_register_router_keeps_the_current_incarnation_and_a_retry_is_already_so() -> None:
+    s = MetadataState()
+    applied, rec, change = s.apply(["register_router", "b/0", "bb01", {"kept_logs": True}])
+    assert applied and rec == {"incarnation": "bb01", "node": "b", "kept_logs": True}
+    assert change == ("router", "b/0", rec)
+    again, rec2, change2 = s.apply(["register_router", "b/0", "bb01", {"kept_logs": True}])
+    assert not again and rec2 == rec and change2 is None  # a retried proposal: no change
+    applied, rec, _ = s.apply(["register_router", "b/0", "bb02"])  # restarted: replaced
+    assert applied and s.routers["b/0"]["incarnation"] == "bb02"
+    assert s.apply(["register_router", "nonode", "x"])[0] is False  # not a router id
+    assert "routers" in s.snapshot()
+
+
+def test_elect_takes_the_chosen_routers_registered_incarnation_and_shrinks_the_isr() -> None:
+    s = MetadataState()
+    s.apply(["register_router", "b/0", "bb01"])
+    s.apply(["create_log", "d1", "a/0", ["a/0", "b/0", "c/0"], "aa01"])
+    # the ISR may only shrink, and must keep the new leader
+    assert s.apply(["elect", "d1", 0, "b/0", ["b/0", "x/0"]])[0] is False
+    assert s.apply(["elect", "d1", 0, "b/0", ["c/0"]])[0] is False
+    applied, rec, _ = s.apply(["elect", "d1", 0, "b/0", ["b/0", "c/0"]])
+    assert applied, rec
+    assert (rec["leader"], rec["epoch"], rec["isr"], rec["isr_version"],
+            rec["leader_incarnation"]) == ("b/0", 1, ["b/0", "c/0"], 1, "bb01")
+    # a router no longer in the ISR is never elected (no unclean election)
+    assert s.apply(["elect", "d1", 1, "a/0"])[0] is False
+    # an unregistered leader: no incarnation named (it cannot be fenced by one)
+    applied, rec, _ = s.apply(["elect", "d1", 1, "c/0"])
+    assert applied and "leader_incarnation" not in rec and rec["isr"] == ["b/0", "c/0"]
+
+
+def test_a_snapshot_from_a_build_without_the_registry_loads() -> None:
+    import pickle
+
+    old = MetadataState()
+    del old.__dict__["routers"]
+    s = pickle.loads(pickle.dumps(old))
+    assert s.routers == {} and s.apply(["register_router", "a/0", "aa"])[0]
+
+
+def test_re_electing_the_same_router_keeps_since_when_it_leads() -> None:
+    s = MetadataState()
+    s.apply(["create_log", "d1", "a/0", ["a/0", "b/0"], "a1"])
+    s.apply(["register_router", "a/0", "a2", {"kept_logs": True}])
+    applied, rec, _ = s.apply(["elect", "d1", 0, "a/0"])  # a/0 restarted, elected again
+    assert applied and (rec["epoch"], rec["leader_since"], rec["leader_incarnation"]) == (
+        1, 0, "a2")
+    applied, rec, _ = s.apply(["elect", "d1", 1, "a/0"])
+    assert rec["leader_since"] == 0  # still one unbroken run
+    applied, rec, _ = s.apply(["elect", "d1", 2, "b/0"])
+    assert applied and "leader_since" not in rec  # another leader: the run ends

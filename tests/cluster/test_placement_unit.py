@@ -85,3 +85,18 @@ def test_a_replay_cursor_reads_the_leader_at_each_read():
     assert cursor.owner == "n1/0"
     placement.update(device, "n0/0", 2)
     assert cursor.owner is None  # led here now: read from the local store
+
+
+def test_an_append_naming_an_epoch_of_the_same_leaders_unbroken_run_is_accepted() -> None:
+    """A router re-elected after its process restarted (cluster/controller.py) leads at a new
+    epoch; APPENDs its peers queued for the previous epoch are for the same log (no other
+    leader in between: ``leader_since``), so they are not fenced; after another leader they
+    are."""
+    p = Placement(["a/0", "b/0"], me="a/0", static=False)
+    p.learn("d", "a/0", 1)
+    p.learn("d", "a/0", 3, since=1)
+    assert p.leads("d", 3) and p.leads("d", 2) and p.leads("d", 1)
+    assert not p.leads("d", 0) and not p.leads("d", 4)
+    p.learn("d", "b/0", 4)
+    p.learn("d", "a/0", 5)
+    assert p.leads("d", 5) and not p.leads("d", 3)

@@ -77,8 +77,12 @@ def _leader(cluster: Cluster, i: int, device: str) -> str | None:
 
 @pytest.fixture(scope="module")
 def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    # failover out of the way (a lease and node timeout far longer than any test here): these
+    # tests freeze voters to test placement; the controller moving logs off a frozen node and
+    # the minority side refusing publishes are tests/cluster/test_failover.py's
     cluster = Cluster(tmp_path_factory.mktemp("raftplace"), n=3, raft=True,
-                      overrides={"cluster": {"append_timeout": 3.0}})
+                      overrides={"cluster": {"append_timeout": 3.0, "leader_lease": 60.0,
+                                             "node_timeout": 61.0}})
     try:
         cluster.start()
         yield cluster

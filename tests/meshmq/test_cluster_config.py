@@ -164,6 +164,13 @@ CASES = [
      "static"),
     ("raft-without-raft-port", _config(cluster='placement = "raft"'), {},
      "cluster.nodes[0].raft_port", "required"),
+    # failover (cluster/controller.py): a node is declared dead only after its lease ran out
+    ("node-timeout-within-lease", _config(cluster="node_timeout = 0.6\nleader_lease = 0.5"), {},
+     "cluster.node_timeout", "must exceed cluster.leader_lease"),
+    ("leader-lease-zero", _config(cluster="leader_lease = 0"), {}, "cluster.leader_lease", ""),
+    ("node-mqtt-not-an-address", _config(nodes=THREE_NODES.replace(
+        'port = 7883\n', 'port = 7883\nmqtt = "nowhere"\n', 1)), {},
+     "cluster.nodes[0].mqtt", "host:port"),
     ("raft-port-in-mesh-range",
      _config(cluster='placement = "raft"\nrouters = 2', nodes=_raft_nodes(
          THREE_NODES.replace("port = 7883\n", "port = 7883\nraft_port = 7884\n", 1))), {},
@@ -259,3 +266,14 @@ def test_kubernetes_statefulset_matches_its_config(tmp_path):
         assert own.host == f"{pod}.{headless['metadata']['name']}"
         assert {own.port + r for r in range(cluster.routers)} == mesh_ports
     assert len(cluster.nodes) == sts["spec"]["replicas"]
+
+
+def test_failover_keys_load(tmp_path):
+    """cluster.node_timeout, cluster.leader_lease and [[cluster.nodes]] mqtt (failover)."""
+    nodes = THREE_NODES.replace('port = 7883\n', 'port = 7883\nmqtt = "10.0.0.10:1883"\n', 1)
+    c = load_config(_write(tmp_path, _config(cluster="node_timeout = 3.0\nleader_lease = 2.0",
+                                             nodes=nodes)), {}).cluster
+    assert c is not None and (c.node_timeout, c.leader_lease) == (3.0, 2.0)
+    assert c.nodes[0].mqtt == "10.0.0.10:1883" and c.nodes[1].mqtt == ""
+    d = load_config(_write(tmp_path, _config()), {}).cluster
+    assert d is not None and (d.node_timeout, d.leader_lease) == (1.0, 0.5)
