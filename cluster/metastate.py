@@ -280,7 +280,7 @@ class MetadataState:
             leader, epoch = target[0], epoch + 1  # target[0] is in the ISR (checked above)
         rec = {k: v for k, v in rec.items() if k not in ("target", "adding", "removing")}
         if leader != rec["leader"]:  # as elect does: only that process of the new leader leads
-            rec.pop("leader_since", None)
+            rec = {k: v for k, v in rec.items() if k != "leader_since"}
             registered = self.routers.get(leader)
             if registered is not None:
                 rec["leader_incarnation"] = registered["incarnation"]

@@ -57,8 +57,8 @@ def failover_mutations(mutation: Any) -> tuple[Any, ...]:
         m("failover-restarted-resumes", "router: a record naming this router by an election "
           "of its previous process is led here again (no incarnation fencing)",
           "cluster/raftplace.py",
-          "        if fenced(rec, self.placement.me or \"\", self.incarnation):",
-          "        if False:",
+          "        fenced_here = fenced(rec, self.placement.me or \"\", self.incarnation)\n",
+          "        fenced_here = False\n",
           (f"{FO}::test_a_restarted_router_never_resumes_leading_with_what_it_has",)),
         m("failover-empty-disk-reelected", "controller: a restarted leader re-elected even "
           "with its disk lost (offsets would restart at 0)", CTL,
