@@ -85,10 +85,17 @@ def append_here(router: Any, device: str, msg: Message, expiry: int | None,
         done(err, -1)
 
 
+# A log record listener (``RaftFeed.listeners``): called with each newer record of a device
+# before the placement applies it; False holds the placement change until ``release(device)``
+# (a new leader's epoch-start record must precede its first append: cluster/replication.py).
+RecordListener = Callable[[str, dict], bool]
+
+
 class RaftFeed:
     """Feeds ``placement`` from the metadata process's watch stream (see the module
     docstring); ``records`` holds every log record as Raft committed it (leader, ISR,
-    replicas, epoch) for whoever answers "who leads D" with more than the leader."""
+    replicas, epoch) for whoever answers "who leads D" with more than the leader, and
+    ``listeners`` hear each newer one (the replica manager's role transitions)."""
 
     def __init__(self, placement: Placement, socket_path: str) -> None:
         self.placement = placement
@@ -96,6 +103,13 @@ class RaftFeed:
         self.records: dict[str, dict] = {}
         self.synced = asyncio.Event()  # set once the first snapshot is in
         self.on_learned: Callable[[str], None] | None = None
+        self.listeners: list[RecordListener] = []
+        # this router process's ``mesh.incarnation`` in hex (None: the node admin). A record
+        # naming this router as leader with another ``leader_incarnation`` (the controller
+        # chose this router's previous run) is not led here: a follower-in-waiting until the
+        # controller elects again (docs/replication.md, restart safety)
+        self.incarnation: str | None = None
+        self._held: set[str] = set()  # placement changes a listener holds (``release``)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -114,9 +128,44 @@ class RaftFeed:
         if not isinstance(rec, dict) or "leader" not in rec:
             return
         known = self.records.get(device)
-        if known is None or rec.get("epoch", 0) >= known.get("epoch", 0):
+        # newer: a later epoch, or the same epoch's later ISR (set_isr keeps the epoch); the
+        # same record seen twice (a proposal's answer, then the stream) is not news
+        if known is None or _version(rec) > _version(known):
             self.records[device] = rec
-        self.placement.learn(device, rec["leader"], int(rec["epoch"]))
+            held = False
+            for listener in list(self.listeners):
+                try:
+                    held = listener(device, rec) is False or held
+                except Exception:  # noqa: BLE001 - one listener's bug must not hide the record
+                    log.exception("a Raft log record listener failed", extra={"device": device})
+            if held:
+                self._held.add(device)
+                return
+        elif device in self._held:
+            return
+        self._apply(device)
+
+    def release(self, device: str) -> None:
+        """A listener is ready for the placement change it held (``learn``)."""
+        if device in self._held:
+            self._held.discard(device)
+            self._apply(device)
+
+    def leads_here(self, rec: dict) -> bool:
+        """Whether ``rec`` makes this router process the leader: named, and by this run's
+        incarnation when the record says one (a restarted router is not its old self)."""
+        me = self.placement.me
+        if me is None or rec.get("leader") != me:
+            return False
+        inc = rec.get("leader_incarnation")
+        return inc is None or self.incarnation is None or inc == self.incarnation
+
+    def _apply(self, device: str) -> None:
+        rec = self.records[device]
+        leader = rec["leader"]
+        if leader == self.placement.me and not self.leads_here(rec):
+            leader = None  # a follower-in-waiting: no leader here until the controller elects
+        self.placement.learn(device, leader, int(rec["epoch"]))
         if self.on_learned is not None:
             self.on_learned(device)
 
@@ -144,6 +193,10 @@ class RaftFeed:
                     "committed meanwhile arrive with the next snapshot", why, _RECONNECT,
                     extra={"socket": self.socket_path})
             await asyncio.sleep(_RECONNECT)
+
+
+def _version(rec: dict) -> tuple[int, int]:
+    return int(rec.get("epoch", 0)), int(rec.get("isr_version", 0))
 
 
 class RaftPlacer:
@@ -282,6 +335,12 @@ class RaftPlacer:
             self.stats["retries"] += 1
             log.debug("placement proposal retried: %s", why, extra={"command": cmd[0]})
             await asyncio.sleep(min(_RETRY, max(0.0, deadline - time.monotonic())))
+
+    async def propose(self, cmd: list, timeout: float) -> tuple[bool, Any] | str:
+        """Propose ``cmd`` (another module's compare-and-set: the replica manager's
+        ``set_isr``) on this placer's connection, retried like a placement (unknown outcome:
+        the same command again) until Raft answers or ``timeout`` passes (then: why)."""
+        return await self._propose(cmd, time.monotonic() + timeout)
 
     def _redial(self, client: MetadataClient) -> None:
         """Drop ``client``'s connection for a new one, once (the proposals that failed on it

@@ -90,6 +90,21 @@ class ClusterSettings:
     # highest version both ends speak. Pinned to the old version while a cluster is rolled to
     # a new build, then raised (Kafka's inter.broker.protocol.version). Default: the newest.
     protocol_version: int = PROTOCOL_VERSION
+    # Replication (Raft placement, issue 24 step 3, cluster/replication.py). "all": a QoS>=1
+    # publish is acknowledged once every ISR member holds it (the high-water mark passed it)
+    # and the ISR has min_insync_replicas members; "leader": once the leader's fsync holds it
+    # (Kafka's acks=1: faster, and an acknowledged message dies with its leader).
+    acks: str = "all"
+    # The high-water mark advances only while the ISR has this many members (leader
+    # included), capped by the log's replication factor (Kafka's min.insync.replicas, KIP-966).
+    min_insync_replicas: int = 2
+    # A follower not caught up for this long leaves the ISR (Kafka's replica.lag.time.max.ms,
+    # 30 s there; 2 s here: the failover target is 2 s, and an ISR member that is gone stalls
+    # acks=all until it is shrunk out).
+    replica_lag_time_max: float = 2.0
+    # How long a leader parks a follower's fetch that has nothing new (Kafka's
+    # replica.fetch.wait.max.ms, 500 ms there); the answer goes as soon as records are durable.
+    replica_fetch_wait: float = 0.1
     extra: dict = field(default_factory=dict, compare=False)
 
     def router_ids(self) -> list[str]:

@@ -56,6 +56,12 @@ async def attach_mesh(node: Any) -> Any:
     placer = None
     if node.config.cluster.placement == "raft":
         placer = await _attach_raft(node, mesh)
+    elif node.store is not None:
+        # a node back on the static placement after Raft's: no replication moves the marks
+        # its logs kept in the checkpoint, so each is its durable end again (else its acks
+        # would wait forever for a mark nobody moves)
+        for key in node.store.keys():
+            node.store.set_high_watermark(key, None)
     await mesh.start()
 
     async def cluster_status(request: web.Request) -> web.Response:
@@ -96,6 +102,11 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     placer = RaftPlacer(settings, mesh.rid, feed, mesh.append_at,
                         functools.partial(append_here, node.router))
     mesh.placer = placer
+    replication = None
+    if node.store is not None and node.committer is not None:
+        from meshmq.replication_wiring import attach_replication
+
+        replication = attach_replication(node, mesh, feed, placer)
     feed.start()
     wait = 2 * settings.append_timeout
     try:
@@ -110,6 +121,8 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     closing = node.admin.app.on_cleanup
 
     async def close_raft(_app: web.Application) -> None:
+        if replication is not None:
+            await replication.close()
         await placer.close()
         await feed.close()
 

@@ -177,6 +177,13 @@ CASES = [
      "cluster.replication_factor", "between 1 and 5"),
     ("placement-max-held-zero", _config(cluster="placement_max_held = 0"), {},
      "cluster.placement_max_held", ">= 1"),
+    # replication (cluster/replication.py)
+    ("acks-unknown", _config(cluster='acks = "one"'), {}, "cluster.acks", "leader"),
+    ("min-insync-zero", _config(cluster="min_insync_replicas = 0"), {},
+     "cluster.min_insync_replicas", "between 1 and 5"),
+    ("fetch-wait-past-lag-max",
+     _config(cluster="replica_lag_time_max = 1.0\nreplica_fetch_wait = 1.0"), {},
+     "cluster.replica_fetch_wait", "below cluster.replica_lag_time_max"),
 ]
 
 
