@@ -10,6 +10,7 @@ from typing import Any
 
 REP = "tests/cluster/test_replication.py"
 UNIT = "tests/cluster/test_replica_unit.py"
+HOOKS = "tests/commitlog/test_commitlog_replication_hooks.py"
 CFG = "tests/meshmq/test_cluster_config.py::test_misconfiguration_exits_2_naming_the_key"
 
 
@@ -43,6 +44,15 @@ def fetcher_mutations(mutation: Any) -> tuple[Any, ...]:
         m("fetcher-no-lease", "the leader's mark moves without its lease",
           "cluster/replica.py", "        if not self.lease_ok():\n", "        if False:\n",
           (f"{UNIT}::test_without_the_lease_the_mark_is_held",)),
+        m("fetcher-store-silent-commit", "the store's commit does not tell the replica "
+          "manager which logs moved (parked fetches wait out their timer, a leader-only ISR's "
+          "mark stalls)", "commitlog/store.py", "        if moved:\n", "        if False:\n",
+          (f"{HOOKS}::test_the_commit_names_the_logs_whose_durable_end_moved",)),
+        m("fetcher-store-fail-too-few", "failing the waiters leaves some above the mark "
+          "waiting forever", "commitlog/store.py",
+          "self._waiters.take_between(key, dev.high_watermark, 1 << 62)",
+          "self._waiters.take_between(key, dev.high_watermark + 1, 1 << 62)",
+          (f"{HOOKS}::test_failing_the_waiters_refuses_only_what_is_above_the_mark",)),
         m("fetcher-cfg-fetch-wait", "config: replica_fetch_wait at or past "
           "replica_lag_time_max accepted", "meshmq/config.py",
           '    if get("replica_fetch_wait") >= get("replica_lag_time_max"):',
