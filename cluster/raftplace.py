@@ -141,6 +141,7 @@ class RaftFeed:
             if held:
                 self._held.add(device)
                 return
+            self._held.discard(device)  # a newer record no listener holds replaces it
         elif device in self._held:
             return
         self._apply(device)

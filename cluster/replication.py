@@ -234,7 +234,8 @@ class ReplicaManager:
         state = LeaderState(self.me, epoch, start, set(rec["isr"]), replicas, min_insync,
                             self.settings.replica_lag_time_max,
                             high_watermark=store.high_watermark(device),
-                            started_at=time.monotonic(), lease_ok=self.lease_ok)
+                            started_at=time.monotonic(),
+                            lease_ok=lambda: self.lease_ok())  # rewired later: look it up
         led = self.leading[device] = _Led(state, int(rec.get("isr_version", 0)), replicas)
         if not self.acks_all or len(replicas) == 1:
             store.set_high_watermark(device, None)  # the single-node rule: acks=leader, RF 1
