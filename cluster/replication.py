@@ -271,6 +271,16 @@ class ReplicaManager:
             moves = led.moves
             while moves and moves[0][0] <= hw:
                 self._observe(now - moves.popleft()[1])
+            # the followers parked meanwhile learn the new mark now, not at the end of their
+            # wait (a follower's mark is where a new leader's starts after a failover)
+            self._answer_parked(device, led)
+
+    def _answer_parked(self, device: str, led: _Led) -> None:
+        parked = self.parked.pop(device, None)
+        for p in parked or ():
+            if p.timer is not None:
+                p.timer.cancel()
+            self._serve_now(led, p.fetch, p.answer)
 
     def _observe(self, seconds: float) -> None:
         self.latency_sum += seconds
@@ -291,12 +301,7 @@ class ReplicaManager:
             if self.acks_all:
                 led.moves.append((self.store.durable_end(key), now))
             self._publish_hw(key, led)
-            parked = self.parked.pop(key, None)
-            if parked:
-                for p in parked:
-                    if p.timer is not None:
-                        p.timer.cancel()
-                    self._serve_now(led, p.fetch, p.answer)
+            self._answer_parked(key, led)
 
     # -- serving followers -----------------------------------------------------------------------
     def serves(self, device: str, replica: str) -> bool:
