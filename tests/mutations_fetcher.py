@@ -11,6 +11,7 @@ from typing import Any
 REP = "tests/cluster/test_replication.py"
 UNIT = "tests/cluster/test_replica_unit.py"
 HOOKS = "tests/commitlog/test_commitlog_replication_hooks.py"
+FEED = "tests/cluster/test_raftfeed_roles_unit.py"
 CFG = "tests/meshmq/test_cluster_config.py::test_misconfiguration_exits_2_naming_the_key"
 
 
@@ -53,6 +54,21 @@ def fetcher_mutations(mutation: Any) -> tuple[Any, ...]:
           "self._waiters.take_between(key, dev.high_watermark, 1 << 62)",
           "self._waiters.take_between(key, dev.high_watermark + 1, 1 << 62)",
           (f"{HOOKS}::test_failing_the_waiters_refuses_only_what_is_above_the_mark",)),
+        m("fetcher-feed-ignores-incarnation", "a router leads a log Raft gave to its previous "
+          "run (restarted under the same id): two leaders", "cluster/raftplace.py",
+          "return inc is None or self.incarnation is None or inc == self.incarnation",
+          "return True",
+          (f"{FEED}::test_a_record_naming_an_older_incarnation_of_this_router_leads_nothing_here",)),
+        m("fetcher-feed-epoch-only", "a record is newer only by its epoch: the leader never "
+          "hears its own ISR changes", "cluster/raftplace.py",
+          'return int(rec.get("epoch", 0)), int(rec.get("isr_version", 0))',
+          'return int(rec.get("epoch", 0)), 0',
+          (f"{FEED}::test_the_same_epochs_later_isr_replaces_an_earlier_one_never_the_reverse",)),
+        m("fetcher-feed-no-hold", "the placement moves before the new leader's epoch started "
+          "(records of the new epoch before its epoch start)", "cluster/raftplace.py",
+          "                self._held.add(device)\n                return\n",
+          "                self._held.add(device)\n",
+          (f"{FEED}::test_a_listener_holds_the_placement_until_it_releases_it",)),
         m("fetcher-cfg-fetch-wait", "config: replica_fetch_wait at or past "
           "replica_lag_time_max accepted", "meshmq/config.py",
           '    if get("replica_fetch_wait") >= get("replica_lag_time_max"):',
