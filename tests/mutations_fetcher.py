@@ -69,6 +69,10 @@ def fetcher_mutations(mutation: Any) -> tuple[Any, ...]:
           "                self._held.add(device)\n                return\n",
           "                self._held.add(device)\n",
           (f"{FEED}::test_a_listener_holds_the_placement_until_it_releases_it",)),
+        m("fetcher-acks-ignored", "cluster.acks = \"leader\" still waits for the ISR",
+          "cluster/replication.py", '        self.acks_all = settings.acks == "all"',
+          "        self.acks_all = True",
+          (f"{REP}::test_acks_leader_acknowledges_at_the_leaders_fsync",)),
         m("fetcher-cfg-fetch-wait", "config: replica_fetch_wait at or past "
           "replica_lag_time_max accepted", "meshmq/config.py",
           '    if get("replica_fetch_wait") >= get("replica_lag_time_max"):',

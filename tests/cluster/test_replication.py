@@ -9,6 +9,7 @@ acks=all, min_insync_replicas 2:
 * Both followers frozen: a QoS 1 publish is refused with 0x80 and the NOT_ENOUGH_REPLICAS
   reason string, never acked (what the planted "ack at the leader's durable end" breaks), and
   a subscriber never gets it while it is above the high-water mark.
+* With `cluster.acks = "leader"` a publish is acked with both followers frozen (the trade).
 * A follower with a diverged tail (records of an old epoch its leader never had, written
   into its stopped node's store) truncates it and ends identical to the leader.
 """
@@ -121,6 +122,7 @@ def test_a_frozen_follower_is_shrunk_out_and_rejoins(trio: Cluster, raw) -> None
     try:
         wait_for(lambda: sorted(_owner(trio, 0, device)["isr"]) == ["n0/0", "n1/0"], 60,
                  message="the leader shrinks the frozen follower out of the ISR")
+        assert trio.nodes[0].metric("meshmq_replica_under_replicated_logs") >= 1
         for k in range(5):  # min_insync 2: acks go on with the leader and one follower
             ack = _publish(pub, device, f"b{k}".encode(), k + 2)
             assert ack.reason_code == 0, ack
@@ -151,6 +153,13 @@ def test_without_min_insync_replicas_a_publish_is_refused_never_acked(trio: Clus
         assert ack.reason_code == 0x80, f"a publish without min_insync_replicas got {ack!r}"
         why = ack.properties.get(R.REASON_STRING, "")
         assert "not enough in-sync replicas" in why and "min_insync_replicas 2" in why, ack
+        # a 3.1.1 publisher has no negative PUBACK: its connection closes, nothing acked
+        old = raw(trio.nodes[0], version=4)
+        old.connect(unique("v311"))
+        old.send(R.publish(f"devices/{device}/t", b"refused-311", qos=1, packet_id=1))
+        with pytest.raises(ConnectionError):
+            got = old.recv(timeout=60)
+            raise AssertionError(f"a 3.1.1 publish without min_insync_replicas got {got!r}")
         # above the high-water mark: no subscriber gets it while the followers are away
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline:
@@ -158,7 +167,7 @@ def test_without_min_insync_replicas_a_publish_is_refused_never_acked(trio: Clus
                 got = sub.recv(timeout=0.5)
             except TimeoutError:
                 continue
-            assert got.type != R.PUBLISH or got.payload != b"refused", \
+            assert got.type != R.PUBLISH or not got.payload.startswith(b"refused"), \
                 f"a subscriber got a record above the high-water mark: {got!r}"
     finally:
         _thawed(followers)
@@ -222,3 +231,24 @@ def test_a_diverged_follower_truncates_and_ends_identical(tmp_path: Path, raw) -
         f_data, f_end, _ = _replica_bytes(cluster, i, device)
         assert f_end == end == 8, (i, f_end, end)
         assert f_data == data, f"n{i}'s log is not byte-identical to the leader's"
+
+
+def test_acks_leader_acknowledges_at_the_leaders_fsync(tmp_path: Path, raw) -> None:
+    """The documented trade: with cluster.acks = "leader" a publish is acked once the leader
+    holds it, even with every follower gone (and lost if the leader dies then)."""
+    cluster = Cluster(tmp_path, n=3, raft=True,
+                      overrides={"cluster": {**OVERRIDES["cluster"], "acks": "leader"}})
+    try:
+        cluster.start()
+        device = unique("leader")
+        pub = _publisher(raw, cluster, 0)
+        assert _publish(pub, device, b"a", 1).reason_code == 0
+        followers = [cluster.router_pid(1), cluster.router_pid(2)]
+        _frozen(followers)
+        try:
+            ack = _publish(pub, device, b"b", 2)
+            assert ack.reason_code == 0, f"acks=leader refused a publish the leader holds: {ack!r}"
+        finally:
+            _thawed(followers)
+    finally:
+        cluster.stop()
