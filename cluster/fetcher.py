@@ -56,6 +56,9 @@ class Fetchers:
         self.committer = committer
         self.fetch_wait = fetch_wait
         self.devices: dict[str, _Follow] = {}
+        # the role the replica manager asked for last (a start deferred until appends are
+        # durable must not revive an older one)
+        self._want: dict[str, tuple[str, int]] = {}
         self.stats = {"bytes_in": 0, "truncations": 0, "fetch_failures": 0}
         self._log = RateLimitedLog(log, logging.WARNING, "follower fetches failed", burst=3,
                                    window=10.0)
@@ -65,6 +68,7 @@ class Fetchers:
     def follow(self, device: str, leader: str, epoch: int) -> None:
         """Fetch ``device``'s log from ``leader`` (at ``epoch``), from this replica's log end."""
         fol = self.devices.get(device)
+        self._want[device] = (leader, epoch)
         if fol is not None and fol.state.leader == leader and fol.state.leader_epoch == epoch:
             return
         store = self.store
@@ -80,6 +84,8 @@ class Fetchers:
         self._start(device, leader, epoch)
 
     def _start(self, device: str, leader: str, epoch: int) -> None:
+        if self._want.get(device) != (leader, epoch):
+            return  # unfollowed, or told to follow another leader meanwhile
         store = self.store
         if store.log_end(device) != store.durable_end(device):
             self.loop.call_later(_BACKOFF, self._start, device, leader, epoch)
@@ -92,6 +98,7 @@ class Fetchers:
         self._send(device, fol)
 
     def unfollow(self, device: str) -> None:
+        self._want.pop(device, None)
         self.devices.pop(device, None)  # an answer in flight finds it gone and stops
 
     # -- fetching ---------------------------------------------------------------------------------
