@@ -130,9 +130,11 @@ class ReplicaManager:
         self.parked: dict[str, list[_Parked]] = {}
         self.lease_ok: Callable[[], bool] = lambda: True  # failover's lease (the lead wires it)
         self.stats = {"isr_shrinks": 0, "isr_expands": 0, "bytes_out": 0, "acks_refused": 0,
-                      "isr_proposals_failed": 0}
+                      "isr_proposals_failed": 0, "lost_log_refusals": 0}
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
+        self._lost_log_line = RateLimitedLog(log, logging.ERROR, "leader lacks replicas' "
+                                             "records", burst=3, window=10.0)
         self._refused_log = RateLimitedLog(log, logging.WARNING, "acks refused: high-water "
                                            "mark stuck", burst=3, window=10.0)
         self._tasks: set[asyncio.Task] = set()
@@ -320,6 +322,20 @@ class ReplicaManager:
             f.replica, f.offset, f.last_epoch, end, partial(store.end_offset_for_epoch, device),
             time.monotonic())
         self._publish_hw(device, led)
+        if isinstance(div, Diverging) and f.last_epoch >= 0 \
+                and div.epoch in (-1, led.state.leader_epoch):
+            # The replica holds records of this leader's own epoch (or of one this log has no
+            # trace of) past this log's end: this leader lost records it once had (a router
+            # restarted with its disk lost, named by a record without leader_incarnation).
+            # Telling the replica to truncate would erase acknowledged messages everywhere;
+            # it keeps them, this leader's mark stays, and its acks are refused.
+            why = (f"leader {self.me} lacks records of {device!r} that replica {f.replica} "
+                   f"holds (epoch {f.last_epoch}, up to offset {f.offset}; this log ends at "
+                   f"{end}): its log was lost or cut; not truncating the replica")
+            self._lost_log(why, device)
+            answer(frames.Records(f.request, frames.RECORDS_FAILED, -1, -1, f.offset,
+                                  why.encode(), end, led.state.leader_epoch))
+            return
         if isinstance(div, Diverging):
             start, _ = store.log_range(device)
             answer(frames.Records(f.request, frames.RECORDS_DIVERGING, start,
@@ -333,6 +349,12 @@ class ReplicaManager:
         p.timer = self.loop.call_later(self.settings.replica_fetch_wait, self._parked_out,
                                        device, p)
         self.parked.setdefault(device, []).append(p)
+
+    def _lost_log(self, why: str, device: str) -> None:
+        self.stats["lost_log_refusals"] += 1
+        self._lost_log_line("%s. Move leadership to an in-sync replica that has them "
+                            "(meshmq cluster status --device %s); publishes here are not "
+                            "acknowledged meanwhile", why, device, extra={"device": device})
 
     def _parked_out(self, device: str, p: _Parked) -> None:
         parked = self.parked.get(device)

@@ -69,6 +69,10 @@ def replication_metrics(manager: Any, fetchers: Any, store: Any) -> Iterable[Met
                                   "within cluster.append_timeout (ISR below "
                                   "min_insync_replicas, followers unreachable).",
                                   value=stats["acks_refused"])
+    lost = CounterMetricFamily("meshmq_replica_lost_log_refusals", "Follower fetches this "
+                               "router refused as leader because the follower holds records "
+                               "of its log that it lacks (its log was lost: see the ERROR).",
+                               value=stats["lost_log_refusals"])
     waiting = GaugeMetricFamily("meshmq_replica_acks_waiting", "Acks (per device and batch) "
                                 "waiting for their high-water mark.",
                                 value=store.high_watermark_waiters)
@@ -84,5 +88,5 @@ def replication_metrics(manager: Any, fetchers: Any, store: Any) -> Iterable[Met
                                     "fsync to the high-water mark passing it (what acks=all "
                                     "adds to an ack).", buckets=buckets,
                                     sum_value=manager.latency_sum)
-    return [lag, following, under, isr, nbytes, truncations, failures, refused, waiting,
+    return [lag, following, under, isr, nbytes, truncations, failures, refused, lost, waiting,
             latency]

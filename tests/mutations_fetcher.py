@@ -73,6 +73,12 @@ def fetcher_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/replication.py", '        self.acks_all = settings.acks == "all"',
           "        self.acks_all = True",
           (f"{REP}::test_acks_leader_acknowledges_at_the_leaders_fsync",)),
+        m("fetcher-lost-log-truncates", "a leader that lost its log (restarted without it, "
+          "named by a record without leader_incarnation) tells its followers to truncate "
+          "the acknowledged records it lacks", "cluster/replication.py",
+          "                and div.epoch in (-1, led.state.leader_epoch):",
+          "                and False:",
+          (f"{REP}::test_a_leader_restarted_without_its_log_does_not_erase_its_followers",)),
         m("fetcher-cfg-fetch-wait", "config: replica_fetch_wait at or past "
           "replica_lag_time_max accepted", "meshmq/config.py",
           '    if get("replica_fetch_wait") >= get("replica_lag_time_max"):',

@@ -10,6 +10,8 @@ acks=all, min_insync_replicas 2:
   reason string, never acked (what the planted "ack at the leader's durable end" breaks), and
   a subscriber never gets it while it is above the high-water mark.
 * With `cluster.acks = "leader"` a publish is acked with both followers frozen (the trade).
+* A leader restarted with its log directory gone (the record names it, no incarnation) does
+  not make its followers truncate the acknowledged records it lacks, and acks nothing.
 * A follower with a diverged tail (records of an old epoch its leader never had, written
   into its stopped node's store) truncates it and ends identical to the leader.
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -252,3 +255,39 @@ def test_acks_leader_acknowledges_at_the_leaders_fsync(tmp_path: Path, raw) -> N
             _thawed(followers)
     finally:
         cluster.stop()
+
+
+def test_a_leader_restarted_without_its_log_does_not_erase_its_followers(tmp_path: Path,
+                                                                        raw) -> None:
+    """The Raft record (created without leader_incarnation) still names n0 after n0 came back
+    with its log directory gone: n0 leads an empty log at the same epoch. Its followers hold
+    the acknowledged records of that epoch past its end; answering "diverging" would have them
+    truncate every acknowledged message. They keep them, and n0 acknowledges nothing."""
+    cluster = _cluster(tmp_path)
+    try:
+        cluster.start()
+        device = unique("lost")
+        pub = _publisher(raw, cluster, 0)
+        for k in range(5):
+            assert _publish(pub, device, f"m{k}".encode(), k + 1).reason_code == 0
+        wait_for(lambda: cluster.nodes[1].metric("meshmq_replica_follower_lag_records") == 0,
+                 30, message="n1 caught up")
+        pub.close()
+        cluster.nodes[0].stop()
+        shutil.rmtree(_store_dir(cluster, 0))
+        cluster.nodes[0].start()
+        cluster.wait_links_up()
+        n1 = cluster.nodes[1]
+        wait_for(lambda: n1.metric("meshmq_replica_fetch_failures_total")
+                 + n1.metric("meshmq_replica_truncations_total") >= 1, 60,
+                 message="n1 fetched from the restarted n0")
+        pub = _publisher(raw, cluster, 0)
+        ack = _publish(pub, device, b"after-loss", 1)
+        assert ack.reason_code == 0x80, f"a leader that lost its log acknowledged {ack!r}"
+        assert "lacks records of" in cluster.nodes[0].log_text()
+    finally:
+        cluster.stop()
+    for i in (1, 2):
+        _, end, recs = _replica_bytes(cluster, i, device)
+        assert end == 5, f"n{i}'s log was cut to {end}: acknowledged messages erased"
+        assert [p for _, p in recs] == [f"m{k}".encode() for k in range(len(recs))], recs
