@@ -213,8 +213,8 @@ class ReplicaManager:
         if store.log_end(device) != store.durable_end(device):
             self.loop.call_later(_RETRY, self._retry_leader, device)
             return
-        self._start_leading(device)
-        self.feed.release(device)
+        if self._start_leading(device):
+            self.feed.release(device)
 
     def _start_leading(self, device: str) -> bool:
         rec = self.feed.records[device]
@@ -225,10 +225,11 @@ class ReplicaManager:
         except (LogStoreError, ValueError) as err:
             # the log already has a newer epoch than Raft's record (cannot be, unless the disk
             # came from elsewhere): never lead it backwards
-            log.error("cannot lead device log at epoch %d: %s; not served here", epoch, err,
+            log.error("cannot lead device log at epoch %d: %s; not served here (the "
+                      "placement change is held: publishes go where they went)", epoch, err,
                       extra={"device": device, "router": self.me})
             self.waiting.add(device)
-            return True
+            return False
         epochs = store.epochs(device)
         start = epochs[-1][1] if epochs else store.log_end(device)
         replicas = list(rec["replicas"])
