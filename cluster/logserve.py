@@ -25,6 +25,20 @@ FETCH_MAX_RECORDS = 1000
 FETCH_MAX_BYTES = 1 << 20  # per RECORDS frame: one replay step's worth, far below MAX_FRAME
 
 
+class RawRecords:
+    """A FETCH's ``done`` that wants the RECORDS answer as it came (a follower's fetch,
+    cluster/fetcher.py: the bytes are appended unchanged, and the log end, epoch or
+    diverging answer matter), not decoded into a ``FetchResult`` for a reader."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    def __call__(self, r: frames.Records) -> None:
+        self.call(r)
+
+
 def serve_fetch(store: Any, f: frames.Fetch, epoch: int) -> frames.Records:
     """The answer of this router, leading ``f.device``'s log at ``epoch``, to a peer's FETCH."""
     req, device, offset = f.request, f.device, f.offset

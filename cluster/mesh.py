@@ -35,7 +35,7 @@ from cluster.connection import LinkConnection
 from cluster.fencing import Fenced, append_refusal
 from cluster.idempotence import source_value
 from cluster.link import Done, LinkFull, MeshLink
-from cluster.logserve import FETCH_MAX_RECORDS, fetch_result, serve_fetch
+from cluster.logserve import FETCH_MAX_RECORDS, RawRecords, fetch_result, serve_fetch
 from cluster.placement import LOST, UNPLACED, Placement
 from cluster.requests import Requests
 from cluster.retainsync import RetainSync
@@ -92,6 +92,9 @@ class Mesh:
         # set by the node wiring under Raft placement: places a device log on its first
         # publish (cluster/raftplace.py, RaftPlacer)
         self.placer: Any = None
+        # set by the node wiring under Raft placement: serves followers' FETCHes of the logs
+        # this router leads (cluster/replication.py, ReplicaManager)
+        self.replication: Any = None
         self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
                                            burst=3, window=10.0)
         self._entry_log = RateLimitedLog(log, logging.ERROR, "mesh entries not applied",
@@ -559,6 +562,11 @@ class Mesh:
                     fetch.request, frames.RECORDS_FAILED, -1, -1, fetch.offset,
                     b"the owner's link to this router is busy"), link.version))
                 return
+            rep = self.replication
+            if rep is not None and fetch.replica and rep.serves(fetch.device, fetch.replica):
+                rep.serve(fetch, lambda r: link.send_request(  # maybe later: parked
+                    frames.encode_records(r, link.version)))
+                return
             link.send_request(frames.encode_records(self._serve_fetch(fetch), link.version))
         elif ftype == frames.RESOLVE:
             req, device, spec, reset = frames.decode_resolve(body)
@@ -598,7 +606,7 @@ class Mesh:
         r = frames.decode_records(body, link.version)
         done = self._read_answered(link, r.request)
         if done is not None:
-            self._answer(done, fetch_result(r))
+            self._answer(done, r if isinstance(done, RawRecords) else fetch_result(r))
 
     # -- operations -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

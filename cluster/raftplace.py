@@ -41,7 +41,6 @@ from broker.forwarding import OwnerNotStored
 from broker.message import Message
 from cluster.metaclient import MetadataClient, MetadataUnavailable, watch
 from cluster.placement import Placement
-from cluster.routerreg import fenced
 from cluster.settings import ClusterSettings, split_router_id
 from commitlog.store import LogWriteError
 
@@ -86,10 +85,17 @@ def append_here(router: Any, device: str, msg: Message, expiry: int | None,
         done(err, -1)
 
 
+# A log record listener (``RaftFeed.listeners``): called with each newer record of a device
+# before the placement applies it; False holds the placement change until ``release(device)``
+# (a new leader's epoch-start record must precede its first append: cluster/replication.py).
+RecordListener = Callable[[str, dict], bool]
+
+
 class RaftFeed:
     """Feeds ``placement`` from the metadata process's watch stream (see the module
     docstring); ``records`` holds every log record as Raft committed it (leader, ISR,
-    replicas, epoch) for whoever answers "who leads D" with more than the leader."""
+    replicas, epoch) for whoever answers "who leads D" with more than the leader, and
+    ``listeners`` hear each newer one (the replica manager's role transitions)."""
 
     def __init__(self, placement: Placement, socket_path: str) -> None:
         self.placement = placement
@@ -103,6 +109,8 @@ class RaftFeed:
         # a router's check that it may lead what a record names it leader of (its log not
         # short of the record's floor: cluster/logfloor.py); False marks the log lost here
         self.admit: Callable[[str, dict], bool] | None = None
+        self.listeners: list[RecordListener] = []
+        self._held: set[str] = set()  # placement changes a listener holds (``release``)
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -121,12 +129,51 @@ class RaftFeed:
         if not isinstance(rec, dict) or "leader" not in rec:
             return
         known = self.records.get(device)
-        if known is None or rec.get("epoch", 0) >= known.get("epoch", 0):
+        # newer: a later epoch, or the same epoch's later ISR (set_isr keeps the epoch); the
+        # same record seen twice (a proposal's answer, then the stream) is not news
+        if known is None or _version(rec) > _version(known):
             self.records[device] = rec
+            held = False
+            for listener in list(self.listeners):
+                try:
+                    held = listener(device, rec) is False or held
+                except Exception:  # noqa: BLE001 - one listener's bug must not hide the record
+                    log.exception("a Raft log record listener failed", extra={"device": device})
+            if held:
+                self._held.add(device)
+                return
+            self._held.discard(device)  # a newer record no listener holds replaces it
+        elif _version(rec) == _version(known) and rec != known:
+            # the same leader, epoch and ISR with other fields moved (ops' floor or lost mark,
+            # a reassignment's replica lists): kept, and not news to the role listeners
+            self.records[device] = rec
+            if device in self._held:
+                return
+        elif device in self._held:
+            return
+        self._apply(device)
+
+    def release(self, device: str) -> None:
+        """A listener is ready for the placement change it held (``learn``)."""
+        if device in self._held:
+            self._held.discard(device)
+            self._apply(device)
+
+    def leads_here(self, rec: dict) -> bool:
+        """Whether ``rec`` makes this router process the leader: named, and by this run's
+        incarnation when the record says one (a restarted router is not its old self)."""
+        me = self.placement.me
+        if me is None or rec.get("leader") != me:
+            return False
+        inc = rec.get("leader_incarnation")
+        return inc is None or self.incarnation is None or inc == self.incarnation
+
+    def _apply(self, device: str) -> None:
+        rec = self.records[device]
         leader = rec["leader"]
-        fenced_here = fenced(rec, self.placement.me or "", self.incarnation)
+        fenced_here = leader == self.placement.me and not self.leads_here(rec)
         if fenced_here:
-            leader = None  # a previous process of this router led it: the controller elects
+            leader = None  # a follower-in-waiting: no leader here until the controller elects
         since = rec.get("leader_since")
         # the lost-log check (cluster/logfloor.py) only for a record this process may lead: a
         # restarted router named by its old incarnation leads nothing, so its short log is not
@@ -163,6 +210,10 @@ class RaftFeed:
                     "committed meanwhile arrive with the next snapshot", why, _RECONNECT,
                     extra={"socket": self.socket_path})
             await asyncio.sleep(_RECONNECT)
+
+
+def _version(rec: dict) -> tuple[int, int]:
+    return int(rec.get("epoch", 0)), int(rec.get("isr_version", 0))
 
 
 class RaftPlacer:
@@ -301,6 +352,12 @@ class RaftPlacer:
             self.stats["retries"] += 1
             log.debug("placement proposal retried: %s", why, extra={"command": cmd[0]})
             await asyncio.sleep(min(_RETRY, max(0.0, deadline - time.monotonic())))
+
+    async def propose(self, cmd: list, timeout: float) -> tuple[bool, Any] | str:
+        """Propose ``cmd`` (another module's compare-and-set: the replica manager's
+        ``set_isr``) on this placer's connection, retried like a placement (unknown outcome:
+        the same command again) until Raft answers or ``timeout`` passes (then: why)."""
+        return await self._propose(cmd, time.monotonic() + timeout)
 
     def _redial(self, client: MetadataClient) -> None:
         """Drop ``client``'s connection for a new one, once (the proposals that failed on it

@@ -64,12 +64,19 @@ class LeaderState:
     min_insync: int
     lag_max_s: float
     high_watermark: int = 0
+    # when this leadership began (the caller's clock): every follower counts as caught up
+    # then, as Kafka's makeLeader resets lastCaughtUpTime; from 0 every follower of a new
+    # leader was "behind for ages" and the first ISR check shrank the ISR to the leader alone
+    started_at: float = 0.0
     followers: dict[str, _Follower] = field(default_factory=dict)
+    # Held False, the high-water mark does not move (a leader past its lease may have been
+    # replaced: it must not call anything committed). failover builds it (cluster/lease.py).
+    lease_ok: Callable[[], bool] = field(default=lambda: True)
 
     def __post_init__(self) -> None:
         for r in self.replicas:
             if r != self.me:
-                self.followers.setdefault(r, _Follower())
+                self.followers.setdefault(r, _Follower(caught_up_at=self.started_at))
 
     def on_fetch(self, replica: str, fetch_offset: int, last_fetched_epoch: int,
                  log_end: int, end_offset_for_epoch: EndOffsetForEpoch,
@@ -99,11 +106,14 @@ class LeaderState:
         returns it. Never back; held while the ISR is below ``min_insync``."""
         if len(self.isr) < self.min_insync:
             return self.high_watermark
+        if not self.lease_ok():
+            return self.high_watermark
         lowest = log_end
         for r in self.isr:
             if r == self.me:
                 continue
-            end = self.followers[r].log_end
+            f = self.followers.get(r)
+            end = UNDEFINED if f is None else f.log_end  # an ISR member we never heard of
             if end < lowest:
                 lowest = end
         if lowest > self.high_watermark:

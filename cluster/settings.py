@@ -118,6 +118,24 @@ class ClusterSettings:
     # last heard from a Raft majority (cluster/lease.py); then QoS>=1 publishes are refused
     # (v5 DISCONNECT 0x9C Use another server, 3.x: connection closed) until contact is back.
     leader_lease: float = 0.5
+    # Replication (Raft placement, issue 24 step 3, cluster/replication.py). "all": a QoS>=1
+    # publish is acknowledged once every ISR member holds it (the high-water mark passed it)
+    # and the ISR has min_insync_replicas members; "leader": once the leader's fsync holds it
+    # (Kafka's acks=1: faster, and an acknowledged message dies with its leader).
+    acks: str = "all"
+    # The high-water mark advances only while the ISR has this many members (leader
+    # included), capped by the log's replication factor (Kafka's min.insync.replicas, KIP-966).
+    min_insync_replicas: int = 2
+    # A follower not caught up for this long leaves the ISR (Kafka's replica.lag.time.max.ms,
+    # 30 s there; 2 s here: the failover target is 2 s, and an ISR member that is gone stalls
+    # acks=all until it is shrunk out).
+    replica_lag_time_max: float = 2.0
+    # How long a leader parks a follower's fetch that has nothing new (Kafka's
+    # replica.fetch.wait.max.ms, the same 500 ms); the answer goes as soon as records are
+    # durable or the high-water mark moves, so this bounds only an idle log's fetch rate (one
+    # FETCH per device and follower per wait: 0.1 s cost 2,800 frames/s per link at 300 idle
+    # devices) and how stale a caught-up follower's "last caught up" time gets.
+    replica_fetch_wait: float = 0.5
     extra: dict = field(default_factory=dict, compare=False)
 
     def router_ids(self) -> list[str]:

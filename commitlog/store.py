@@ -51,7 +51,7 @@ import time
 import zlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from commitlog import epochs as _ep
 from commitlog import quarantine as _q
@@ -607,6 +607,11 @@ class LogStore:
         self._lock_fd = -1
         self._closed = False
         self._waiters = HighWaterWaiters()  # per-device commit waiters (waiters.py)
+        # Replication (cluster/replication.py): told, once per commit, the keys whose durable
+        # end moved (a leader answers parked follower fetches and moves its high-water mark
+        # then, Kafka's delayed fetch completed on append). None on a single node: nothing
+        # is collected.
+        self.durable_listener: Callable[[list[str]], object] | None = None
         self._ckpt_hw: set[str] = set()  # during recovery: keys whose hw the checkpoint gave
         self._new_gaps: dict[str, list[tuple[int, int]]] = {}  # found by this recovery
         self._gap_hints: list[tuple[str, int]] = []  # (key, offset) read in bad ranges
@@ -1420,11 +1425,14 @@ class LogStore:
         lru = self._lru
         waiting = self._waiters.by_key  # per-device commit waiters: checked only if any
         woke: list[DeviceLog] = []
+        moved: list[str] | None = None if self.durable_listener is None else []
         while infl and infl[0][0] <= token:
             _end, infos = infl.popleft()
             for dev, nxt, total, since, segb, mx in infos:
                 if waiting and dev.replicated_hw < 0 and dev.key in waiting:
                     woke.append(dev)
+                if moved is not None and nxt != dev.durable_end:
+                    moved.append(dev.key)
                 dev.durable_end = nxt
                 dev.c_total = total
                 dev.c_since = since
@@ -1444,6 +1452,8 @@ class LogStore:
         self.stats.tail_cache_bytes = self._cache_total
         if woke:
             self._wake(woke)
+        if moved:
+            self.durable_listener(moved)  # type: ignore[misc]
 
     def _trim_cache_front(self, dev: DeviceLog, cap: int) -> None:
         klen = len(dev.kb)
@@ -2434,6 +2444,19 @@ class LogStore:
     def cancel_high_watermark_wait(self, handle: tuple[str, int, int] | None) -> bool:
         """Forget a waiter (a long poll that timed out); False if it already ran."""
         return handle is not None and self._waiters.cancel(handle)
+
+    def fail_high_watermark_waiters(self, key: str, exc: BaseException) -> int:
+        """Fail every commit waiter of ``key`` still waiting (``callback(exc)``): a leader
+        that cannot move the mark in time (the ISR below ``min_insync_replicas``, followers
+        unreachable) refuses the acks instead of leaving them hanging. Their records stay in
+        the log and may become visible later (at least once, as with Kafka's
+        NOT_ENOUGH_REPLICAS_AFTER_APPEND). Returns how many were failed."""
+        dev = self._devices.get(key)
+        if dev is None or not self._waiters.count or key not in self._waiters.by_key:
+            return 0
+        gone = self._waiters.take_between(key, dev.high_watermark, 1 << 62)
+        call_all(gone, exc)
+        return len(gone)
 
     @property
     def device_count(self) -> int:

@@ -58,6 +58,12 @@ async def attach_mesh(node: Any) -> Any:
         placer = await _attach_raft(node, mesh)
         from meshmq.session_wiring import attach_sessions
         await attach_sessions(node, mesh.rid)  # the session registry (meshmq/session_wiring.py)
+    elif node.store is not None:
+        # a node back on the static placement after Raft's: no replication moves the marks
+        # its logs kept in the checkpoint, so each is its durable end again (else its acks
+        # would wait forever for a mark nobody moves)
+        for key in node.store.keys():
+            node.store.set_high_watermark(key, None)
     await mesh.start()
 
     async def cluster_status(request: web.Request) -> web.Response:
@@ -119,6 +125,11 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     lease.start()
     mesh.lease = lease
     node.router.write_gate = lease.refusal
+    replication = None
+    if node.store is not None and node.committer is not None:
+        from meshmq.replication_wiring import attach_replication
+
+        replication = attach_replication(node, mesh, feed, placer)
     feed.start()
     wait = 2 * settings.append_timeout
     try:
@@ -145,6 +156,8 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     async def close_raft(_app: web.Application) -> None:
         if floors is not None:
             await floors.close()
+        if replication is not None:
+            await replication.close()
         await placer.close()
         await feed.close()
         await lease.close()

@@ -461,6 +461,7 @@ _NODES_KEY = "nodes"
 _NODE_KEYS = ("id", "host", "port", "raft_port", "mqtt")
 _NODE_REQUIRED = ("id", "host", "port")
 PLACEMENTS = ("static", "raft")
+ACKS = ("all", "leader")  # cluster.acks (cluster/replication.py)
 MAX_RAFT_VOTERS = 5  # Raft groups of more voters commit slower and gain nothing (etcd, KRaft)
 _ARRAY_KEYS: dict[tuple[str, ...], list[str]] = {(COMMITLOG_SECTION,): [_RULES_KEY],
                                                  (CLUSTER_SECTION,): [_NODES_KEY]}
@@ -540,6 +541,13 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "node_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.node_timeout),
         # Raft placement: a router acks only within this of its voter's majority contact
         "leader_lease": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.leader_lease),
+        # Raft placement only: replication (cluster/replication.py, docs/replication.md)
+        "acks": (_Choice(ACKS), _CLUSTER_DEFAULTS.acks),
+        "min_insync_replicas": (_Int(1, 5), _CLUSTER_DEFAULTS.min_insync_replicas),
+        "replica_lag_time_max": (_Float(0.0, inclusive=False),
+                                 _CLUSTER_DEFAULTS.replica_lag_time_max),
+        "replica_fetch_wait": (_Float(0.0, inclusive=False),
+                               _CLUSTER_DEFAULTS.replica_fetch_wait),
         # Raft port of this node's metadata process when [[cluster.nodes]] is absent (0: the
         # first port after the routers' mesh ports).
         "raft_port": (_Int(0, _U16), 0),
@@ -859,6 +867,13 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
                           "cluster.secret_file (a file only meshmq can read, e.g. from "
                           "`head -c 32 /dev/urandom | base64`) or cluster.secret "
                           "(MESHMQ_CLUSTER__SECRET), the same on every node", path)
+    if get("replica_fetch_wait") >= get("replica_lag_time_max"):
+        # a parked fetch must answer before its follower counts as behind (Kafka requires
+        # replica.fetch.wait.max.ms < replica.lag.time.max.ms for the same reason)
+        raise ConfigError("cluster.replica_fetch_wait", "must be below "
+                          "cluster.replica_lag_time_max (a follower whose fetch is parked "
+                          "that long would leave the ISR while caught up)",
+                          src("replica_fetch_wait"))
     return ClusterSettings(
         name=name, node_id=node_id, routers=routers, nodes=nodes, secret=secret,
         link_window=get("link_window"), link_max_queued_bytes=get("link_max_queued_bytes"),
@@ -870,6 +885,9 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         session_checkpoint_interval=float(get("session_checkpoint_interval")),
         log_floor_interval=float(get("log_floor_interval")),
         node_timeout=float(get("node_timeout")), leader_lease=float(get("leader_lease")),
+        acks=str(get("acks")), min_insync_replicas=get("min_insync_replicas"),
+        replica_lag_time_max=float(get("replica_lag_time_max")),
+        replica_fetch_wait=float(get("replica_fetch_wait")),
         protocol_version=get("protocol_version"))
 
 

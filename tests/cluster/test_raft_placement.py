@@ -332,7 +332,8 @@ def test_logs_from_static_placement_are_registered_where_they_are(tmp_path: Path
 def test_a_log_on_disk_that_raft_places_elsewhere_is_reported_not_served(
         tmp_path: Path, raw) -> None:
     device = _device("dup", not_on="n0/0", nodes=2)
-    first = Cluster(tmp_path, n=2, raft=True)
+    # one replica: n0 must not hold a follower's copy of n1's log (replication, issue 24)
+    first = Cluster(tmp_path, n=2, raft=True, overrides={"cluster": {"replication_factor": 1}})
     try:
         first.start()
         assert _offset(_publish(_publisher(raw, first, 1), device, b"a", 1)) == 0  # led by n1

@@ -103,3 +103,24 @@ def test_a_follower_keeps_no_more_of_an_epoch_than_it_had_itself() -> None:
     f = FollowerState(leader="b", leader_epoch=2, log_end=10, last_fetched_epoch=1)
     own = [(0, 0, 0, 0), (1, 5, 0, 0)]
     assert f.on_diverging(answer, lambda e: end_offset_for(own, e, 10)) == 5
+
+
+def test_a_new_leaders_followers_count_as_caught_up_when_it_started() -> None:
+    """Kafka's makeLeader resets each follower's last caught-up time: a leader elected at
+    t=1000 (the monotonic clock) must not shrink followers that have not fetched *yet*."""
+    lead = LeaderState(me="a", leader_epoch=1, epoch_start=0, isr={"a", "b", "c"},
+                       replicas=["a", "b", "c"], min_insync=2, lag_max_s=2.0,
+                       started_at=1000.0)
+    assert lead.isr_change(now=1001.0) is None
+    assert lead.isr_change(now=1003.0) == {"a"}  # silent past lag_max_s: shrunk
+
+
+def test_without_the_lease_the_mark_is_held() -> None:
+    held = [True]
+    lead = LeaderState(me="a", leader_epoch=1, epoch_start=0, isr={"a", "b"},
+                       replicas=["a", "b"], min_insync=2, lag_max_s=10.0,
+                       lease_ok=lambda: not held[0])
+    lead.on_fetch("b", 5, 1, 5, _same_epoch(1), now=0.0)
+    assert lead.high_watermark == 0
+    held[0] = False
+    assert lead.advance(5) == 5

@@ -188,6 +188,13 @@ CASES = [
      {}, "cluster.session_checkpoint_interval", "a number > 0"),
     ("log-floor-interval-zero", _config(cluster="log_floor_interval = 0"), {},
      "cluster.log_floor_interval", "> 0"),
+    # replication (cluster/replication.py)
+    ("acks-unknown", _config(cluster='acks = "one"'), {}, "cluster.acks", "leader"),
+    ("min-insync-zero", _config(cluster="min_insync_replicas = 0"), {},
+     "cluster.min_insync_replicas", "between 1 and 5"),
+    ("fetch-wait-past-lag-max",
+     _config(cluster="replica_lag_time_max = 1.0\nreplica_fetch_wait = 1.0"), {},
+     "cluster.replica_fetch_wait", "below cluster.replica_lag_time_max"),
 ]
 
 
