@@ -57,7 +57,7 @@ def failover_mutations(mutation: Any) -> tuple[Any, ...]:
         m("failover-restarted-resumes", "router: a record naming this router by an election "
           "of its previous process is led here again (no incarnation fencing)",
           "cluster/raftplace.py",
-          "        fenced_here = fenced(rec, self.placement.me or \"\", self.incarnation)\n",
+          "        fenced_here = leader == self.placement.me and not self.leads_here(rec)\n",
           "        fenced_here = False\n",
           (f"{FO}::test_a_restarted_router_never_resumes_leading_with_what_it_has",)),
         m("failover-empty-disk-reelected", "controller: a restarted leader re-elected even "
