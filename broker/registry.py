@@ -195,7 +195,16 @@ class RegisteredSessions:
         if conn.closing:
             return
         conn.pending = None
-        if pkt.protocol_level == 5:
+        # on the minority side of a partition (the node's leader lease ran out: the router's
+        # write gate says so, and where the majority is) a v5 client is sent there: 0x9C Use
+        # another server with a Server Reference, as a refused publish is (cluster/lease.py)
+        gate = getattr(self.router, "write_gate", None)
+        refusal = gate() if gate is not None else None
+        if pkt.protocol_level == 5 and refusal is not None and refusal[1]:
+            conn.send(Connack(reason_code=Reason.USE_ANOTHER_SERVER,
+                              properties={Prop.REASON_STRING: f"{text}; {refusal[0]}"[:500],
+                                          Prop.SERVER_REFERENCE: refusal[1]}))
+        elif pkt.protocol_level == 5:
             conn.send(Connack(reason_code=Reason.SERVER_UNAVAILABLE,
                               properties={Prop.REASON_STRING: text[:500]}))
         else:

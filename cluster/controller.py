@@ -120,6 +120,13 @@ def plan(logs: Mapping[str, dict], routers: Mapping[str, dict], alive: frozenset
                 and not (r == leader and lost)]
         if not keep:
             offline.append(device)
+            floor = int(rec.get("floor") or 0)
+            if lost and floor > 0 and not rec.get("lost") and not any(
+                    _node(r) in alive and r in routers for r in isr if r != leader):
+                # its only in-sync replica came back with an empty disk: what Raft recorded as
+                # acknowledged (the floor: cluster/logfloor.py) is gone with it. Reported lost
+                # everywhere (status, metrics), never restarted at offset 0
+                cmds.append(["mark_lost", device, rec["incarnation"], floor, 0])
             continue
         # the restarted leader with its logs first (it holds the most: its tail past the
         # high-water mark too, and offsets continue where its clients saw them), then the

@@ -178,7 +178,8 @@ class RaftFeed:
         # the lost-log check (cluster/logfloor.py) only for a record this process may lead: a
         # restarted router named by its old incarnation leads nothing, so its short log is not
         # "lost" while another in-sync replica holds the records (the controller elects it)
-        if not fenced_here and self.admit is not None and not self.admit(device, rec):
+        if (not fenced_here or rec.get("lost")) and self.admit is not None \
+                and not self.admit(device, rec):
             self.placement.mark_lost(device, int(rec["epoch"]))
         else:
             self.placement.learn(device, leader, int(rec["epoch"]),

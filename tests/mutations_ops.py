@@ -70,7 +70,8 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
         m("ops-lost-unchecked-after-snapshot", "cluster/raftplace.py learn: records are not "
           "checked against the floor (a voter that catches up after its snapshot names the "
           "router leader of a log it lost)", "cluster/raftplace.py",
-          "        if not fenced_here and self.admit is not None and not self.admit(device, rec):",
+          "        if (not fenced_here or rec.get(\"lost\")) and self.admit is not None \\\n"
+          "                and not self.admit(device, rec):",
           "        if False:", (LOST,)),
         m("ops-cfg-floor-interval-zero", "meshmq/config.py: cluster.log_floor_interval = 0 "
           "accepted (a router proposing floors in a busy loop)", "meshmq/config.py",

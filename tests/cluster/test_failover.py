@@ -347,10 +347,13 @@ def test_a_router_cut_off_from_raft_refuses_publishes_before_the_majority_elects
             old.send(R.publish(f"devices/{device}/t", b"cut311", qos=1, packet_id=1))
             got = old.wait_closed(30)
             assert not [p for p in got if p.type == R.PUBACK], got
-            # CONNECT is still accepted on the minority side (subscribers read, QoS 0 flows)
+            # a new CONNECT on the minority side: its claim cannot commit in the session
+            # registry (cluster/sessionreg.py), so a v5 client is sent to the majority side
             fresh = raw(cluster.nodes[victim], version=5)
-            assert fresh.connect(unique("minority")).reason_code == 0
-            assert fresh.is_open()
+            connack = fresh.connect(unique("minority"), expect_rc=None)
+            assert connack.reason_code == 0x9C, connack
+            assert connack.properties.get(R.SERVER_REFERENCE) == \
+                f"127.0.0.1:{cluster.nodes[raft].port}", connack
             print(f"\n[failover] voter of n{victim} frozen: new leader elected after "
                   f"{elected - frozen:.2f} s (node_timeout 3 s); its router refused with 0x9C")
         finally:

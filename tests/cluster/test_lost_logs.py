@@ -47,7 +47,8 @@ def _publish(pub: R.RawClient, device: str, payload: bytes, pid: int) -> R.Packe
 def test_a_log_lost_with_its_only_replica_is_reported_lost_not_restarted(
         tmp_path: Path, raw) -> None:
     cluster = Cluster(tmp_path, n=3, raft=True,
-                      overrides={"cluster": {"append_timeout": 3.0, "log_floor_interval": 0.2}})
+                      overrides={"cluster": {"append_timeout": 3.0, "log_floor_interval": 0.2,
+                                              "replication_factor": 1}})
     try:
         cluster.start()
         device, kept = unique("lost"), unique("kept")
