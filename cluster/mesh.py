@@ -529,10 +529,12 @@ class Mesh:
                          _READ_TIMEOUT)
         if req:
             link = self.links[owner]
-            # a reader, not a replica: no last fetched epoch (the follower fetch of issue 24
-            # says its own, and is answered where it diverged: _serve_fetch)
+            # a reader, not a replica: no replica id and no last fetched epoch, so the leader
+            # serves it as a read even when this router is also one of the log's followers
+            # (the follower's own fetch, cluster/fetcher.py, names itself: a reader naming
+            # itself was taken for the follower, its offset for the follower's log end)
             link.send_request(frames.encode_fetch(frames.Fetch(
-                req, device, offset, min(max_records, FETCH_MAX_RECORDS), self.rid),
+                req, device, offset, min(max_records, FETCH_MAX_RECORDS), ""),
                 link.version))
 
     def _read(self, owner: str, done: Any, fail: Any, timeout: float) -> int:
@@ -563,7 +565,11 @@ class Mesh:
                     b"the owner's link to this router is busy"), link.version))
                 return
             rep = self.replication
-            if rep is not None and fetch.replica and rep.serves(fetch.device, fetch.replica):
+            # a replica's fetch comes from that replica itself: its id is the link's peer (a
+            # reader's FETCH names no replica; one naming another router is served as a read,
+            # never counted toward the high-water mark)
+            if rep is not None and fetch.replica == link.peer \
+                    and rep.serves(fetch.device, fetch.replica):
                 rep.serve(fetch, lambda r: link.send_request(  # maybe later: parked
                     frames.encode_records(r, link.version)))
                 return

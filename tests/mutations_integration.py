@@ -1,0 +1,36 @@
+"""Planted bugs found when replication, failover, sessions and ops met (the lead's merge of
+issue 24's branches), each caught by a real-process test."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SESSIONS = "tests/cluster/test_session_registry.py"
+FAILOVER = "tests/cluster/test_failover.py"
+
+
+def integration_mutations(mutation: Any) -> tuple[Any, ...]:
+    m = mutation
+    return (
+        m("integration-reader-named-replica", "cluster/mesh.py fetch: a router's log read names "
+          "the router as replica, so a leader that router follows takes the read for its "
+          "follower's fetch (diverging answers, the follower's log end learned from a reader)",
+          "cluster/mesh.py",
+          "                req, device, offset, min(max_records, FETCH_MAX_RECORDS), \"\"),\n",
+          "                req, device, offset, min(max_records, FETCH_MAX_RECORDS), self.rid),\n",
+          (f"{SESSIONS}::test_a_persistent_subscriber_resumes_on_another_node_after_its_node_"
+           "is_lost",)),
+        m("integration-minority-connect-0x88", "broker/registry.py: a minority-side CONNECT "
+          "gets 0x88 with no Server Reference (the client is not told where the majority is)",
+          "broker/registry.py",
+          "        if pkt.protocol_level == 5 and refusal is not None and refusal[1]:\n",
+          "        if False:\n",
+          (f"{FAILOVER}::test_a_router_cut_off_from_raft_refuses_publishes_before_the_"
+           "majority_elects",)),
+        m("integration-lost-only-replica-not-marked", "cluster/controller.py plan: a log whose "
+          "only in-sync replica came back empty stays 'offline', never reported lost",
+          "cluster/controller.py",
+          "                cmds.append([\"mark_lost\", device, rec[\"incarnation\"], floor, 0])\n",
+          "                pass\n",
+          ("tests/cluster/test_lost_logs.py",)),
+    )
