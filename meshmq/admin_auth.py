@@ -141,6 +141,18 @@ class AdminAuth:
         name = request.get(READER_KEY)
         return any(acl.can_subscribe(name, "", flt) for flt in self._rules.filters_for(device))
 
+    def may(self, request: web.Request, topic: str, write: bool) -> bool:
+        """The MQTT ACL of the request's reader for one topic: ``read`` (as a SUBSCRIBE to
+        it) or ``write`` (as a PUBLISH). The admin routes of meshmq/admin_api.py use it for
+        retained topics and for their ``$CONTROL/meshmq/clients`` guard. True without an ACL."""
+        acl = self._acl
+        if acl is None:
+            return True
+        name = request.get(READER_KEY)
+        if write:
+            return acl.can_publish(name, "", topic)
+        return acl.can_subscribe(name, "", topic)
+
     # -- credentials --------------------------------------------------------------------------
     async def _identify(self, request: web.Request) -> tuple[int, str | None]:
         header = request.headers.get("Authorization", "")
