@@ -31,7 +31,7 @@ from typing import Any, TextIO
 from commitlog.fetch import decode_fetch_response
 from commitlog.record import ATTR_QOS_MASK, ATTR_RETAIN, Record
 
-__all__ = ["add_log_parser", "run_log", "DEFAULT_ADMIN", "format_record"]
+__all__ = ["add_log_parser", "run_log", "DEFAULT_ADMIN", "format_record", "read_token"]
 
 DEFAULT_ADMIN = "127.0.0.1:9883"
 POLL_INTERVAL_S = 0.5
@@ -144,7 +144,7 @@ class _Http:
     def __init__(self, admin: str, token_file: str | None = None) -> None:
         self.admin = admin
         self.base = admin_url(admin)
-        self.headers = {"Authorization": "Bearer " + _read_token(token_file)} if token_file \
+        self.headers = {"Authorization": "Bearer " + read_token(token_file)} if token_file \
             else {}
 
     def get(self, path: str, query: dict[str, int] | None = None) -> tuple[int, dict[str, str],
@@ -180,7 +180,7 @@ class _Http:
         return status, data
 
 
-def _read_token(path: str) -> str:
+def read_token(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as fh:
             lines = [ln.strip() for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
