@@ -141,10 +141,11 @@ class SubscribeRoom:
                     replays: list[Subscription]) -> None:
         """SUBACK (once a persistent session's subscriptions are stored), then retained."""
         conn.send(suback)
-        for sub, messages in retained_out:
-            ids = (sub.sub_id,) if sub.sub_id else None
-            for msg in messages:
-                self.deliver(session, msg, sub.qos, True, ids)
+        if retained_out:  # paced by the window, never dropped for room (broker/retainpace.py)
+            pacer = self.retained_pacer
+            for sub, messages in retained_out:
+                pacer.add(session, sub.qos, (sub.sub_id,) if sub.sub_id else None, messages)
+            pacer.pump(session)
         if replays:
             self._replaying.add(session)
             self._pump_replays(session)

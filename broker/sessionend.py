@@ -62,6 +62,7 @@ class SessionEndRoom:
 
     def end_session(self, session: Session) -> None:
         self._replaying.discard(session)
+        self.retained_pacer.forget(session)
         self.persist.ended(session)
         if self.catchup is not None:
             self.catchup.forget(session)
