@@ -111,10 +111,12 @@ class AuthSettings:
     clientid_pattern: str = "%u"  # for "pattern": %u = the username, * = any characters
     # Password checks (scrypt) running at once; the rest wait in arrival order (authgate.py).
     max_concurrent_checks: int = 2
-    # Failed logins from one address or for one username within failure_window seconds after
-    # which further attempts are refused at once (EMQX flapping detection: 15 in 1 min).
+    # Failed logins for one username from one address within failure_window seconds after
+    # which further attempts are refused at once (EMQX flapping detection: 15 in 1 min)...
     max_failures: int = 15
     failure_window: float = 60.0
+    # ...and from one address, whatever the usernames (issue 27: never a username alone)
+    max_address_failures: int = 100
 
 
 @dataclass(frozen=True, slots=True)

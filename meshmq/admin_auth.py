@@ -79,7 +79,7 @@ class AdminAuth:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, authenticator: Authenticator | None,
                  token_file: str | None, rules: LogRules | None, *, max_failures: int,
-                 failure_window: float) -> None:
+                 failure_window: float, max_address_failures: int | None = None) -> None:
         self._auth = authenticator
         self._token_file = token_file
         self._tokens = load_tokens(token_file) if token_file else {}
@@ -88,7 +88,8 @@ class AdminAuth:
             else None
         self._gate = PasswordCheckGate(loop, authenticator.authenticate, max_concurrent=1,
                                        max_failures=max_failures,
-                                       failure_window=failure_window) \
+                                       failure_window=failure_window,
+                                       max_address_failures=max_address_failures) \
             if authenticator is not None and authenticator.uses_passwords else None
         self._verified: dict[tuple[str, bytes], float] = {}
 

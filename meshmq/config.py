@@ -503,6 +503,7 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "max_concurrent_checks": (_Int(1, 1024), 2),
         "max_failures": (_Int(1), 15),
         "failure_window": (_Float(0.0, inclusive=False), 60.0),
+        "max_address_failures": (_Int(1), 100),
     },
     ("log",): {
         "level": (_Choice(LOG_LEVELS), "info"),
@@ -1029,6 +1030,7 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
             max_concurrent_checks=get("auth", "max_concurrent_checks"),
             max_failures=get("auth", "max_failures"),
             failure_window=get("auth", "failure_window"),
+            max_address_failures=get("auth", "max_address_failures"),
         ),
     )
     return NodeConfig(

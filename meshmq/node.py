@@ -90,7 +90,8 @@ class Node:
             self.admin_auth = AdminAuth(
                 asyncio.get_event_loop(), self.auth if auth.password_file else None,
                 config.admin_token_file, LogRules(config.commitlog.rules),
-                max_failures=auth.max_failures, failure_window=auth.failure_window)
+                max_failures=auth.max_failures, failure_window=auth.failure_window,
+                max_address_failures=auth.max_address_failures)
         ctx = None
         if config.admin_certfile and config.admin_keyfile:
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
