@@ -53,50 +53,50 @@ keeps them in sync), so those routes answer locally.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 from aiohttp import web
 
-from broker.message import Message
 from broker.port import RouterPort
 from broker.protocol.reasons import Reason
 from broker.session import NEVER, Session
-from commitlog.store import LogWriteError
 from meshmq.admin_auth import READER_KEY
+from meshmq.admin_retained import register_retained_routes
+from meshmq.adminhttp import (
+    API,
+    CHECK_KEY,
+    NAME_KEY,
+    ROUTER_KEY,
+    Bad,
+    Check,
+    allowed,
+    check_params,
+    flag,
+    handled,
+    json_response,
+    page_limit,
+    router_of,
+    who,
+)
 from meshmq.fetch_api import RELAYED_HEADER, ClusterView
 
 __all__ = ["register_admin_routes", "attach_admin_cluster", "CONTROL_TOPIC", "merge_sorted"]
 
 log = logging.getLogger("meshmq.admin_api")
 
-API = "/api/v1"
 #: the ACL topic guarding the clients/sessions/subscriptions routes (read: look; write: act)
 CONTROL_TOPIC = "$CONTROL/meshmq/clients"
-DEFAULT_PAGE = 1000
-MAX_PAGE = 10_000
 RELAY_TIMEOUT_S = 10.0
 _PROTOCOLS = {3: "mqttv31", 4: "mqttv311", 5: "mqttv5"}
 
-# What the routes need beside the router: the reader's ACL (None: no ACL) and this router's
-# name. Kept in the app under keys of this module.
-Check = Callable[[web.Request, str, bool], bool]  # (request, topic, write) -> allowed
-_ROUTER_KEY = web.AppKey("meshmq_admin_router", object)
-_NAME_KEY = web.AppKey("meshmq_admin_name", str)
-_CHECK_KEY = web.AppKey("meshmq_admin_check", object)
 _VIEW_KEY = web.AppKey("meshmq_admin_cluster", object)
 
 
-class _Bad(Exception):
-    def __init__(self, status: int, message: str, **extra: object) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = {"error": message, **extra}
 
 
 def register_admin_routes(app: web.Application, router: RouterPort, name: str,
@@ -104,10 +104,10 @@ def register_admin_routes(app: web.Application, router: RouterPort, name: str,
     """Add the routes of the module docstring to ``app`` (before it starts). ``name`` is this
     router's id (``n1/0``; the node id on a single node); ``check(request, topic, write)``,
     when given, is the reader's ACL decision (meshmq/admin_auth.py ``AdminAuth.may``)."""
-    app[_ROUTER_KEY] = router
-    app[_NAME_KEY] = name
+    app[ROUTER_KEY] = router
+    app[NAME_KEY] = name
     if check is not None:
-        app[_CHECK_KEY] = check
+        app[CHECK_KEY] = check
     app.router.add_get(API + "/clients", _clients)
     app.router.add_get(API + "/clients/{id}", _client)
     app.router.add_delete(API + "/clients/{id}", _kick)
@@ -115,76 +115,37 @@ def register_admin_routes(app: web.Application, router: RouterPort, name: str,
     app.router.add_get(API + "/sessions/{id}", _session)
     app.router.add_delete(API + "/sessions/{id}", _delete_session)
     app.router.add_get(API + "/subscriptions", _subscriptions)
-    app.router.add_get(API + "/retained", _retained_list)
-    app.router.add_get(API + "/retained/{topic:.+}", _retained_get)
-    app.router.add_delete(API + "/retained/{topic:.+}", _retained_delete)
+    register_retained_routes(app)
 
 
 def attach_admin_cluster(app: web.Application, view: ClusterView) -> None:
     """Make these routes answer for the whole cluster (meshmq/cluster_wiring.py)."""
-    if _ROUTER_KEY in app:
+    if ROUTER_KEY in app:
         app[_VIEW_KEY] = view
 
 
 # ------------------------------------------------------------------ helpers
 
 
-def _json(status: int, body: Mapping[str, object]) -> web.Response:
-    return web.Response(status=status, content_type="application/json", text=json.dumps(body))
 
 
-def _allowed(request: web.Request, topic: str, write: bool) -> bool:
-    check = request.app.get(_CHECK_KEY)
-    return check is None or check(request, topic, write)
 
 
 def _control(request: web.Request, write: bool) -> None:
-    if not _allowed(request, CONTROL_TOPIC, write):
+    if not allowed(request, CONTROL_TOPIC, write):
         what = "write" if write else "read"
-        raise _Bad(403, f"not authorised: the ACL must grant {what} on {CONTROL_TOPIC} to "
+        raise Bad(403, f"not authorised: the ACL must grant {what} on {CONTROL_TOPIC} to "
                    f"{request.get(READER_KEY)!r} for this route")
 
 
-def _who(request: web.Request) -> dict[str, object]:
-    """Who asked, for the INFO line of an action."""
-    return {"admin_user": request.get(READER_KEY), "peer": request.remote,
-            "relayed": RELAYED_HEADER in request.headers}
 
 
-def _params(request: web.Request, allowed: tuple[str, ...]) -> dict[str, str]:
-    query = request.query
-    for key in query:
-        if key not in allowed:
-            raise _Bad(400, f"unknown parameter {key!r}; allowed: {', '.join(allowed)}",
-                       parameter=key)
-        if len(query.getall(key)) > 1:
-            raise _Bad(400, f"parameter {key!r} given twice", parameter=key)
-    return dict(query)
 
 
-def _limit(params: Mapping[str, str]) -> int:
-    text = params.get("limit")
-    if text is None:
-        return DEFAULT_PAGE
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_PAGE:
-        raise _Bad(400, f"limit must be an integer between 1 and {MAX_PAGE}, got {text!r}",
-                   parameter="limit")
-    return int(text)
 
 
-def _flag(params: Mapping[str, str], name: str) -> bool | None:
-    text = params.get(name)
-    if text is None:
-        return None
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise _Bad(400, f"{name} must be true or false, got {text!r}", parameter=name)
 
 
-def _router(request: web.Request) -> Any:
-    return request.app[_ROUTER_KEY]
 
 
 def _view(request: web.Request) -> ClusterView | None:
@@ -193,15 +154,6 @@ def _view(request: web.Request) -> ClusterView | None:
     return request.app.get(_VIEW_KEY)
 
 
-def _handle(fn: Callable[[web.Request], Any]) -> Callable[[web.Request], Any]:
-    async def run(request: web.Request) -> web.Response:
-        try:
-            return await fn(request)
-        except _Bad as bad:
-            return _json(bad.status, bad.body)
-    run.__name__ = fn.__name__
-    run.__doc__ = fn.__doc__
-    return run
 
 
 def merge_sorted(pages: list[tuple[list[dict[str, Any]], bool]], key: Callable[[dict], Any],
@@ -318,7 +270,7 @@ async def _listing(request: web.Request, field: str, rows: list[dict[str, Any]],
         if status == 200 and isinstance(doc, dict) and isinstance(doc.get(field), list):
             pages.append((doc[field], "next_after" in doc))
         elif status in (401, 403, 400):
-            raise _Bad(status, f"router {peer}: {_why(status, doc)}", router=peer)
+            raise Bad(status, f"router {peer}: {_why(status, doc)}", router=peer)
         else:
             unreachable[peer] = _why(status, doc)
     out, more = merge_sorted(pages, key, limit)
@@ -329,14 +281,14 @@ async def _listing(request: web.Request, field: str, rows: list[dict[str, Any]],
         log.warning("admin API: %s listing misses routers that did not answer: %s", field,
                     unreachable)
         body["unreachable"] = unreachable
-    return _json(200, body)
+    return json_response(200, body)
 
 
 async def _one(request: web.Request, local: dict[str, Any] | None, what: str,
                ident: str) -> web.Response:
     """The local answer, else the first peer's 200; 404 only when every router said so."""
     if local is not None:
-        return _json(200, local)
+        return json_response(200, local)
     unreachable: dict[str, str] = {}
     found: list[dict[str, Any]] = []
     for peer, status, doc in await _gather(request, request.rel_url.raw_path,
@@ -344,35 +296,35 @@ async def _one(request: web.Request, local: dict[str, Any] | None, what: str,
         if status == 200 and isinstance(doc, dict):
             found.append(doc)
         elif status in (401, 403):
-            raise _Bad(status, f"router {peer}: {_why(status, doc)}", router=peer)
+            raise Bad(status, f"router {peer}: {_why(status, doc)}", router=peer)
         elif status != 404:
             unreachable[peer] = _why(status, doc)
     if found:
-        return _json(200, found[0])
+        return json_response(200, found[0])
     if unreachable:
         # not found where we could look: it may be at a router that did not answer
-        raise _Bad(503, f"{what} {ident!r} not found on the routers that answered; these did "
+        raise Bad(503, f"{what} {ident!r} not found on the routers that answered; these did "
                    f"not: {unreachable}", unreachable=unreachable)
-    raise _Bad(404, f"no {what} {ident!r}")
+    raise Bad(404, f"no {what} {ident!r}")
 
 
 # ------------------------------------------------------------------ clients
 
 
-@_handle
+@handled
 async def _clients(request: web.Request) -> web.Response:
-    params = _params(request, ("prefix", "username", "node", "protocol", "after", "limit"))
+    params = check_params(request, ("prefix", "username", "node", "protocol", "after", "limit"))
     _control(request, write=False)
-    limit = _limit(params)
-    name = request.app[_NAME_KEY]
+    limit = page_limit(params)
+    name = request.app[NAME_KEY]
     prefix, user = params.get("prefix", ""), params.get("username")
     node, proto = params.get("node"), params.get("protocol")
     if proto is not None and proto not in _PROTOCOLS.values():
-        raise _Bad(400, f"protocol must be one of {', '.join(_PROTOCOLS.values())}, got "
+        raise Bad(400, f"protocol must be one of {', '.join(_PROTOCOLS.values())}, got "
                    f"{proto!r}", parameter="protocol")
     rows = []
     if node is None or _node_matches(name, node):
-        for session in list(_router(request).sessions.values()):
+        for session in list(router_of(request).sessions.values()):
             conn = _connected(session)
             if conn is None or not session.client_id.startswith(prefix):
                 continue
@@ -387,39 +339,39 @@ async def _clients(request: web.Request) -> web.Response:
 
 
 def _local_session(request: web.Request) -> Session | None:
-    return _router(request).sessions.get(request.match_info["id"])
+    return router_of(request).sessions.get(request.match_info["id"])
 
 
-@_handle
+@handled
 async def _client(request: web.Request) -> web.Response:
-    _params(request, ())
+    check_params(request, ())
     _control(request, write=False)
     session = _local_session(request)
     conn = _connected(session) if session is not None else None
     local = None
     if conn is not None:
-        local = _client_row(request.app[_NAME_KEY], session, conn)
-        local["subscription_list"] = [_sub_row(request.app[_NAME_KEY], session, k, s)
+        local = _client_row(request.app[NAME_KEY], session, conn)
+        local["subscription_list"] = [_sub_row(request.app[NAME_KEY], session, k, s)
                                       for k, s in sorted(session.subscriptions.items())]
     return await _one(request, local, "connected client", request.match_info["id"])
 
 
-@_handle
+@handled
 async def _kick(request: web.Request) -> web.Response:
-    params = _params(request, ("clean",))
+    params = check_params(request, ("clean",))
     _control(request, write=True)
-    clean = bool(_flag(params, "clean"))
+    clean = bool(flag(params, "clean"))
     session = _local_session(request)
     conn = _connected(session) if session is not None else None
     if conn is None:
         return await _act_elsewhere(request, "connected client", clean)
-    name = request.app[_NAME_KEY]
+    name = request.app[NAME_KEY]
     cid = session.client_id
     log.info("admin: kicking client %r (%s)%s", cid, conn.peer,
              ", ending its session" if clean else ", its session kept", extra={
-                 **_who(request), "client_id": cid, "clean": clean})
-    _close(_router(request), session, conn, clean, request)
-    return _json(200, {"client_id": cid, "router": name, "kicked": True,
+                 **who(request), "client_id": cid, "clean": clean})
+    _close(router_of(request), session, conn, clean, request)
+    return json_response(200, {"client_id": cid, "router": name, "kicked": True,
                        "session_ended": clean or session.expiry_interval == 0})
 
 
@@ -445,34 +397,34 @@ async def _act_elsewhere(request: web.Request, what: str, clean: bool) -> web.Re
         if status == 200 and isinstance(doc, dict):
             done.append(doc)
         elif status in (401, 403):
-            raise _Bad(status, f"router {peer}: {_why(status, doc)}", router=peer)
+            raise Bad(status, f"router {peer}: {_why(status, doc)}", router=peer)
         elif status != 404:
             unreachable[peer] = _why(status, doc)
     if done:
         log.info("admin: %s %r %s at router %s", what, ident,
                  "deleted" if what == "session" else "kicked",
                  ", ".join(str(d.get("router")) for d in done),
-                 extra={**_who(request), "client_id": ident, "clean": clean})
-        return _json(200, done[0])
+                 extra={**who(request), "client_id": ident, "clean": clean})
+        return json_response(200, done[0])
     if unreachable:
-        raise _Bad(503, f"{what} {ident!r} not found on the routers that answered; not done: "
+        raise Bad(503, f"{what} {ident!r} not found on the routers that answered; not done: "
                    f"these did not answer: {unreachable}", unreachable=unreachable)
-    raise _Bad(404, f"no {what} {ident!r}")
+    raise Bad(404, f"no {what} {ident!r}")
 
 
 # ------------------------------------------------------------------ sessions
 
 
-@_handle
+@handled
 async def _sessions(request: web.Request) -> web.Response:
-    params = _params(request, ("prefix", "connected", "after", "limit"))
+    params = check_params(request, ("prefix", "connected", "after", "limit"))
     _control(request, write=False)
-    limit = _limit(params)
-    connected = _flag(params, "connected")
+    limit = page_limit(params)
+    connected = flag(params, "connected")
     prefix = params.get("prefix", "")
-    name = request.app[_NAME_KEY]
+    name = request.app[NAME_KEY]
     rows = []
-    for session in list(_router(request).sessions.values()):
+    for session in list(router_of(request).sessions.values()):
         if not session.client_id.startswith(prefix):
             continue
         row = _session_row(name, session)
@@ -483,14 +435,14 @@ async def _sessions(request: web.Request) -> web.Response:
                           lambda r: r["client_id"])
 
 
-@_handle
+@handled
 async def _session(request: web.Request) -> web.Response:
-    _params(request, ())
+    check_params(request, ())
     _control(request, write=False)
     session = _local_session(request)
     local = None
     if session is not None:
-        name = request.app[_NAME_KEY]
+        name = request.app[NAME_KEY]
         local = _session_row(name, session)
         local["subscription_list"] = [_sub_row(name, session, k, s)
                                       for k, s in sorted(session.subscriptions.items())]
@@ -498,38 +450,38 @@ async def _session(request: web.Request) -> web.Response:
     return await _one(request, local, "session", request.match_info["id"])
 
 
-@_handle
+@handled
 async def _delete_session(request: web.Request) -> web.Response:
-    _params(request, ())
+    check_params(request, ())
     _control(request, write=True)
     session = _local_session(request)
     if session is None:
         return await _act_elsewhere(request, "session", True)
-    router = _router(request)
+    router = router_of(request)
     conn = _connected(session)
     cid = session.client_id
     log.info("admin: deleting session %r (%s)", cid,
              "connected: closing it with 0x98" if conn is not None else "offline", extra={
-                 **_who(request), "client_id": cid})
+                 **who(request), "client_id": cid})
     if conn is not None:
         _close(router, session, conn, True, request)
     else:
         router.end_session(session)
         router.flush_writes()
-    return _json(200, {"client_id": cid, "router": request.app[_NAME_KEY], "deleted": True})
+    return json_response(200, {"client_id": cid, "router": request.app[NAME_KEY], "deleted": True})
 
 
 # ------------------------------------------------------------------ subscriptions
 
 
-@_handle
+@handled
 async def _subscriptions(request: web.Request) -> web.Response:
-    params = _params(request, ("client_id", "filter", "after", "limit"))
+    params = check_params(request, ("client_id", "filter", "after", "limit"))
     _control(request, write=False)
-    limit = _limit(params)
-    name = request.app[_NAME_KEY]
+    limit = page_limit(params)
+    name = request.app[NAME_KEY]
     cid, flt = params.get("client_id"), params.get("filter")
-    sessions = _router(request).sessions
+    sessions = router_of(request).sessions
     chosen = [sessions[cid]] if cid is not None and cid in sessions else \
         [] if cid is not None else list(sessions.values())
     rows = []
@@ -558,7 +510,7 @@ async def _subscriptions(request: web.Request) -> web.Response:
                                                                   list):
             pages.append((doc["subscriptions"], "next_after" in doc))
         elif status in (401, 403, 400):
-            raise _Bad(status, f"router {peer}: {_why(status, doc)}", router=peer)
+            raise Bad(status, f"router {peer}: {_why(status, doc)}", router=peer)
         else:
             unreachable[peer] = _why(status, doc)
     merged = sorted((r for p, _ in pages for r in p),
@@ -577,132 +529,4 @@ async def _subscriptions(request: web.Request) -> web.Response:
         body["next_after"] = out[-1]["client_id"]
     if unreachable:
         body["unreachable"] = unreachable
-    return _json(200, body)
-
-
-# ------------------------------------------------------------------ retained
-
-
-def _payload(payload: bytes) -> tuple[str, str]:
-    try:
-        text = payload.decode("utf-8")
-        if text.isprintable():
-            return text, "utf-8"
-    except UnicodeDecodeError:
-        pass
-    return base64.b64encode(payload).decode(), "base64"
-
-
-def _retained_row(topic: str, msg: Any, with_payload: bool) -> dict[str, Any]:
-    row: dict[str, Any] = {"topic": topic, "qos": msg.qos, "payload_bytes": len(msg.payload),
-                           "expires_in": (msg.remaining_expiry() or None)}
-    if with_payload:
-        row["payload"], row["payload_encoding"] = _payload(bytes(msg.payload))
-        props = msg.properties or {}
-        user = props.get(0x26)  # v5 User Property pairs, as the publisher sent them
-        if user:
-            row["user_properties"] = [list(p) for p in user]
-    return row
-
-
-def _valid_filter(flt: str) -> bool:
-    levels = flt.split("/")
-    for i, level in enumerate(levels):
-        if "#" in level and (level != "#" or i != len(levels) - 1):
-            return False
-        if "+" in level and level != "+":
-            return False
-    return bool(flt)
-
-
-@_handle
-async def _retained_list(request: web.Request) -> web.Response:
-    params = _params(request, ("match", "after", "limit"))
-    limit = _limit(params)
-    flt = params.get("match", "#")
-    if not _valid_filter(flt):
-        raise _Bad(400, f"match must be an MQTT topic filter, got {flt!r}", parameter="match")
-    after = params.get("after")
-    store = _router(request).retained
-    now = time.monotonic()
-    rows = []
-    for topic, msg in store.items():
-        if after is not None and topic <= after:
-            continue
-        if msg.expired(now) or not _matches(flt, topic) or not _allowed(request, topic, False):
-            continue
-        rows.append(_retained_row(topic, msg, False))
-    rows.sort(key=lambda r: r["topic"])
-    body: dict[str, Any] = {"retained": rows[:limit]}
-    if len(rows) > limit:
-        body["next_after"] = rows[limit - 1]["topic"]
-    return _json(200, body)
-
-
-def _matches(flt: str, topic: str) -> bool:
-    """MQTT matching, ``$`` topics only for filters that name them [MQTT-4.7.2-1]."""
-    f, t = flt.split("/"), topic.split("/")
-    if topic.startswith("$") and f[0] in ("+", "#"):
-        return False
-    for i, level in enumerate(f):
-        if level == "#":
-            return True
-        if i >= len(t) or (level != "+" and level != t[i]):
-            return False
-    return len(f) == len(t)
-
-
-def _retained_topic(request: web.Request, write: bool) -> str:
-    topic = request.match_info["topic"]
-    if "+" in topic or "#" in topic:
-        raise _Bad(400, f"{topic!r} is a filter: name one topic (list with ?match=)",
-                   parameter="topic")
-    if not _allowed(request, topic, write):
-        raise _Bad(403, f"not authorised to {'write' if write else 'read'} {topic!r}")
-    return topic
-
-
-@_handle
-async def _retained_get(request: web.Request) -> web.Response:
-    _params(request, ())
-    topic = _retained_topic(request, False)
-    found = _router(request).retained.match(topic)  # one topic: a walk, expired ones dropped
-    if not found:
-        raise _Bad(404, f"no retained message on {topic!r}")
-    msg = found[0]
-    return _json(200, _retained_row(topic, msg, True))
-
-
-@_handle
-async def _retained_delete(request: web.Request) -> web.Response:
-    _params(request, ())
-    topic = _retained_topic(request, True)
-    router = _router(request)
-    if not router.retained.match(topic):
-        raise _Bad(404, f"no retained message on {topic!r}")
-    clear = Message(topic, b"", 0, True, None, None, None)
-    logs = router.logs
-    persist = logs.retain_log if logs is not None else None
-    if persist is not None and persist.keeps(topic):
-        # the tombstone is stored before the answer, as an empty retained PUBLISH's PUBACK
-        # waits for it: a delete the operator saw succeed does not come back at a restart
-        try:
-            persist.write(clear)
-        except LogWriteError as err:
-            raise _Bad(503, f"the #retained state log cannot write: {err}") from None
-        loop = asyncio.get_running_loop()
-        stored: asyncio.Future[BaseException | None] = loop.create_future()
-        persist.log.committer.when_durable(
-            lambda exc: stored.done() or stored.set_result(exc))
-        exc = await stored
-        if exc is not None:
-            raise _Bad(503, f"the delete was not stored (#retained state log: {exc})")
-    router.retain(clear)  # cleared here and on every peer router (cluster/retainsync.py)
-    log.info("admin: deleted the retained message on %r", topic,
-             extra={**_who(request), "topic": topic})
-    return _json(200, {"topic": topic, "deleted": True})
-
-
-def retained_path(topic: str) -> str:
-    """The URL path of one retained topic (for the CLI)."""
-    return f"{API}/retained/{quote(topic, safe='/')}"
+    return json_response(200, body)
