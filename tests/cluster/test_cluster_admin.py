@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,6 +79,15 @@ def test_clients_of_every_node_listed_and_kicked_from_node_0(
         if after is None:
             break
     assert seen == [f"{tag}-0", f"{tag}-1", f"{tag}-2"]
+    # a page filled by one peer alone: its "more" must survive the merge
+    other = [clients(cluster.nodes[2], f"{tag}-only-{i}", protocol=V5).connect()
+             for i in range(2)]
+    code, body = cluster.nodes[0].http_get(f"/api/v1/clients?prefix={tag}-only&limit=1")
+    page = json.loads(body)
+    assert [r["client_id"] for r in page["clients"]] == [f"{tag}-only-0"]
+    assert page.get("next_after") == f"{tag}-only-0", page
+    for c in other:
+        c.disconnect()
     # show and kick a client held by node 2, from node 0
     code, out, err = cli(cluster.nodes[0], tokens, "clients", "show", f"{tag}-2", "--json")
     assert code == 0 and json.loads(out)["router"] == "n2/0", (out, err)
