@@ -16,8 +16,13 @@ retained messages in batches as the subscriber's inflight window frees. So does 
   (``writable``), when a persistent session comes back (its pending retained messages then
   continue), and once after the SUBACK. A socket congested only by this tick's unflushed
   writes gets one more try on the next tick (after the flush).
-* Nothing pending is ever dropped for room: the session's queue is not used for them. They
-  go with the session if it ends (or moves to another router in a cluster), like its queue.
+* Nothing pending is dropped for the queue's room: the session's queue is not used for them.
+  They go with the session if it ends (or moves to another router in a cluster), like its
+  queue. A re-SUBSCRIBE to the same filter replaces what that filter was still owed (it asks
+  for the retained messages again), and ``mqtt.max_retained_pending`` bounds what one session
+  may be owed at once (a client sending SUBSCRIBE after SUBSCRIBE without reading would grow
+  it otherwise): past it the rest of that SUBSCRIBE's are dropped, counted
+  (``reason="retained_pending"``, ``limit="max_retained_pending"``) and logged.
 
 Metrics: ``meshmq_retained_pending`` (messages waiting for their turn, over all sessions) and
 ``meshmq_retained_paced_sessions``. Precedent: EMQX's ``retainer.flow_control``
@@ -31,6 +36,8 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from broker.stats import DropReason
+
 if TYPE_CHECKING:
     from broker.message import Message
     from broker.port import RouterPort
@@ -40,9 +47,11 @@ if TYPE_CHECKING:
 class _Batch:
     """One subscription's retained messages still to send."""
 
-    __slots__ = ("qos", "ids", "messages", "next")
+    __slots__ = ("key", "qos", "ids", "messages", "next")
 
-    def __init__(self, qos: int, ids: tuple[int, ...] | None, messages: list[Message]) -> None:
+    def __init__(self, key: str, qos: int, ids: tuple[int, ...] | None,
+                 messages: list[Message]) -> None:
+        self.key = key  # the filter as subscribed: a re-SUBSCRIBE replaces the batch
         self.qos = qos
         self.ids = ids
         self.messages = messages
@@ -57,11 +66,32 @@ class RetainedPacer:
         self.pending: dict[Session, deque[_Batch]] = {}
         self._retry: set[Session] = set()  # pumps scheduled for the next tick
 
-    def add(self, session: Session, qos: int, ids: tuple[int, ...] | None,
+    def add(self, session: Session, key: str, qos: int, ids: tuple[int, ...] | None,
             messages: list[Message]) -> None:
-        """Owe ``session`` these retained messages (in order, after what it is owed already)."""
-        if messages:
-            self.pending.setdefault(session, deque()).append(_Batch(qos, ids, messages))
+        """Owe ``session`` the retained messages of its subscription ``key`` (in order, after
+        what it is owed already; replacing what ``key`` was still owed)."""
+        work = self.pending.get(session)
+        if work is not None:
+            for old in [b for b in work if b.key == key]:
+                work.remove(old)
+        if not messages:
+            return
+        owed = sum(len(b.messages) - b.next for b in work) if work else 0
+        room = self.router.settings.mqtt.max_retained_pending - owed
+        if len(messages) > room:
+            dropped = len(messages) - max(room, 0)
+            messages = messages[:max(room, 0)]
+            self.router.stats.dropped(DropReason.RETAINED_PENDING, dropped)
+            self.router.limits.hit(
+                "max_retained_pending", f"{dropped} retained messages of a SUBSCRIBE dropped: "
+                "the session is owed mqtt.max_retained_pending already (raise it, or have the "
+                "client read before subscribing again)",
+                client_id=session.client_id, filter=key)
+            if not messages:
+                return
+        if work is None:
+            work = self.pending[session] = deque()
+        work.append(_Batch(key, qos, ids, messages))
 
     def forget(self, session: Session) -> None:
         self.pending.pop(session, None)

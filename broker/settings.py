@@ -64,6 +64,9 @@ class MqttSettings:
     # Device logs one session may be behind on (one small cursor each); past it, logged messages
     # fall back to the queue above and its policy.
     max_lagging_devices: int = 100_000
+    # Retained messages one session may be owed on SUBSCRIBE, waiting for its window (a
+    # reference each, broker/retainpace.py); past it the rest of that SUBSCRIBE's are dropped.
+    max_retained_pending: int = 100_000
     # Upper bound on a client's requested session expiry, seconds; 0 = no cap.
     max_session_expiry: int = 0
     # Keepalive above this is answered with v5 Server Keep Alive; 0 = accept what the client asks.

@@ -375,6 +375,7 @@ _MQTT_KINDS: dict[str, _Kind] = {
     "receive_maximum": _Int(1, _U16),
     "max_queued_messages": _Int(1),
     "max_lagging_devices": _Int(1),
+    "max_retained_pending": _Int(1),
     "max_session_expiry": _Int(0, _U32),
     "max_keepalive": _Int(0, _U16),
     "topic_alias_maximum": _Int(0, _U16),

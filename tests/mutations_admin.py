@@ -152,4 +152,13 @@ def admin_mutations(mutation: Any) -> tuple[Any, ...]:
           "index", "README.md", "`.venv/bin/pip install -e '.[spark]'`",
           "`pip install 'meshmq[spark]'`",
           ("tests/meshmq/test_readme_snippets.py::test_install_lines_name_the_checkout",)),
+        m("admin27-retained-unbounded", "mqtt.max_retained_pending not enforced",
+          "broker/retainpace.py", "        if len(messages) > room:\n", "        if False:\n",
+          ("tests/broker/test_retained_pacing.py::test_what_a_session_may_be_owed_is_bounded",)),
+        m("admin27-retained-resubscribe-adds", "a re-SUBSCRIBE adds a second batch instead of "
+          "replacing its filter's", "broker/retainpace.py",
+          "            for old in [b for b in work if b.key == key]:\n",
+          "            for old in [b for b in work if b.key == key and False]:\n",
+          ("tests/broker/test_retained_pacing.py::"
+           "test_a_resubscribe_replaces_what_its_filter_was_owed",)),
     )

@@ -85,3 +85,56 @@ def test_every_retained_message_reaches_new_subscribers(tmp_path, clients: Clien
                  message="meshmq_retained_pending back to 0")
     finally:
         broker.stop()
+
+
+def test_what_a_session_may_be_owed_is_bounded(tmp_path, clients: ClientFactory) -> None:
+    """mqtt.max_retained_pending: a SUBSCRIBE owed more than the bound gets the bound's worth,
+    the rest dropped, counted and logged (a client re-subscribing without reading must not
+    grow the broker's memory without end)."""
+    broker = BrokerProc(tmp_path / "b", {"mqtt": {"max_retained_pending": 50}}, ws=False)
+    broker.start()
+    try:
+        pub = clients(broker, unique("bpub"), protocol=V5).connect()
+        prefix = unique("bound")
+        for i in range(200):
+            pub.publish(f"{prefix}/{i}", f"v{i}", qos=1, retain=True, wait=False)
+        wait_for(lambda: broker.metric("meshmq_retained_messages") >= 200, 60,
+                 message="200 retained messages stored")
+        offset = broker.log_size()
+        sub = clients(broker, unique("bsub"), protocol=V5)
+        sub.connect(properties=props(PacketTypes.CONNECT, ReceiveMaximum=10))
+        sub.subscribe(f"{prefix}/#", 1)
+        got = _receive(broker, sub, 50)
+        assert len(got) == 50
+        sub.expect_no_message(1.0)
+        assert broker.metric("meshmq_messages_dropped_total", reason="retained_pending") == 150
+        assert broker.metric("meshmq_limit_hits_total", limit="max_retained_pending") >= 1
+        assert "limit max_retained_pending hit" in broker.log_since(offset)
+    finally:
+        broker.stop()
+
+
+def test_a_resubscribe_replaces_what_its_filter_was_owed(tmp_path,
+                                                          clients: ClientFactory) -> None:
+    """A SUBSCRIBE to the same filter again asks for its retained messages again: it replaces
+    what that filter was still owed instead of adding to it (nothing dropped for the bound
+    that two copies would have passed)."""
+    broker = BrokerProc(tmp_path / "b", {"mqtt": {"max_retained_pending": 150}}, ws=False)
+    broker.start()
+    try:
+        pub = clients(broker, unique("rpub"), protocol=V5).connect()
+        prefix = unique("again")
+        for i in range(100):
+            pub.publish(f"{prefix}/{i}", f"v{i}", qos=1, retain=True, wait=False)
+        wait_for(lambda: broker.metric("meshmq_retained_messages") >= 100, 60,
+                 message="100 retained messages stored")
+        sub = clients(broker, unique("rsub"), protocol=V5, manual_ack=True)  # never acks:
+        sub.connect(properties=props(PacketTypes.CONNECT, ReceiveMaximum=10))  # window stays
+        sub.subscribe(f"{prefix}/#", 1)  # full, 90 stay owed
+        sub.subscribe(f"{prefix}/#", 1)
+        wait_for(lambda: broker.metric("meshmq_retained_pending") > 0, 20,
+                 message="retained messages owed")
+        assert broker.metric("meshmq_retained_pending") <= 100
+        assert broker.metric("meshmq_messages_dropped_total", reason="retained_pending") == 0
+    finally:
+        broker.stop()
