@@ -67,7 +67,8 @@ ALIASES = {"maxoffsetspertrigger": "maxrecordspertrigger",
            "minoffsetspertrigger": "minrecordspertrigger",
            "subscribepattern": "devicepattern",
            "ssl.cafile": "cafile"}
-_SINK_KEYS = {"servers", "clientid", "username", "password", "requesttimeout", "maxinflight"}
+_SINK_KEYS = {"servers", "clientid", "username", "password", "requesttimeout", "maxinflight",
+              "cafile", "insecure"}  # issue 27: TLS to the MQTT listener
 _CAMEL = {k.lower(): k for k in (
     "servers", "devices", "devicePattern", "topicFilter", "startingOffsets",
     "startingTimestamp", "endingOffsets", "maxRecordsPerTrigger", "minRecordsPerTrigger",
@@ -168,6 +169,7 @@ class SinkOptions:
     password: str | None = None
     request_timeout_s: float = 30.0
     max_inflight: int = 32
+    tls: HttpAuth | None = None  # TLS to the listener (caFile / insecure / mqtts:// servers)
 
 
 def _name(key: str) -> str:
@@ -431,9 +433,24 @@ def _timestamps_json(opts: Mapping[str, str]) -> dict[str, int] | None:
 def parse_sink_options(opts: Mapping[str, str]) -> SinkOptions:
     """Validate the sink's options; OptionError naming the first bad one."""
     lower = {k.lower(): str(v) for k, v in opts.items()}
-    _check_keys(lower, _SINK_KEYS, "sink")
+    _check_keys(lower, _SINK_KEYS | {"ssl.cafile"}, "sink")
+    lower = _resolve_aliases(lower)
+    text = lower.get("servers", DEFAULT_MQTT_SERVER)
+    items = [s.strip() for s in text.split(",")]
+    tls = any(s.startswith("mqtts://") for s in items)
+    text = ",".join(s.removeprefix("mqtts://").removeprefix("mqtt://") for s in items)
+    cafile = lower.get("cafile")
+    if cafile is not None:
+        try:
+            with open(cafile, "rb"):
+                pass
+        except OSError as exc:
+            raise OptionError(f"option caFile: cannot read {cafile!r}: {exc.strerror}") from None
+    insecure = _bool(lower, "insecure", False)
+    tls = tls or cafile is not None or insecure
     return SinkOptions(
-        servers=parse_servers(lower.get("servers", DEFAULT_MQTT_SERVER), 1883),
+        tls=HttpAuth(tls=True, cafile=cafile, insecure=insecure) if tls else None,
+        servers=parse_servers(text, 1883),
         client_id=lower.get("clientid", ""),
         username=lower.get("username"),
         password=lower.get("password"),

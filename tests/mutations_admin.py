@@ -161,4 +161,14 @@ def admin_mutations(mutation: Any) -> tuple[Any, ...]:
           "            for old in [b for b in work if b.key == key and False]:\n",
           ("tests/broker/test_retained_pacing.py::"
            "test_a_resubscribe_replaces_what_its_filter_was_owed",)),
+        m("admin27-sink-no-tls", "Spark sink: caFile / mqtts:// ignored (plain TCP to a TLS "
+          "listener)", "spark_connector/mqtt.py",
+          "                if self._tls is not None:\n                    sock = self._wrap(",
+          "                if False:\n                    sock = self._wrap(",
+          (f"{SA}::test_sink_over_tls_and_its_refusal",)),
+        m("admin27-sink-auth-vague", "Spark sink: a refused login reported as a bare reason "
+          "code", "spark_connector/mqtt.py",
+          "                if body[1] in (0x86, 0x87):  # bad user name or password, not",
+          "                if False:  # bad user name or password, not",
+          (f"{SA}::test_sink_over_tls_and_its_refusal",)),
     )

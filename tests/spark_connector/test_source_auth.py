@@ -20,6 +20,7 @@ import pytest
 from helpers.authfiles import auth_overrides
 from helpers.broker import BrokerProc
 from helpers.certs import self_signed
+from helpers.clients import V5, Client
 from helpers.spark import device_messages, publish, unique_device
 
 pytestmark = pytest.mark.timeout(600)
@@ -46,7 +47,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[BrokerPr
     overrides = auth_overrides(base / "auth", USERS, ACL, allow_anonymous=True)
     overrides.update({"admin": {"token_file": str(tokens), "certfile": cert, "keyfile": key},
                       "log": {"level": "info"}})
-    broker = BrokerProc(base / "node", overrides)
+    broker = BrokerProc(base / "node", overrides, tls=(cert, key))  # + an MQTT TLS listener
     broker.start(wait=False)
     ctx = ssl.create_default_context(cafile=cert)
     deadline = time.monotonic() + 60
@@ -119,3 +120,28 @@ def test_unknown_option_names_the_closest(spark: Any, secured: Any, tmp_path: Pa
             .option("maxOffsetPerTrigger", "10").load()
     text = str(info.value)
     assert "did you mean 'maxOffsetsPerTrigger'?" in text, text[-2000:]
+
+
+def test_sink_over_tls_and_its_refusal(spark: Any, secured: Any) -> None:
+    """The sink publishes to the node's TLS listener with caFile; a wrong password is an
+    authentication error naming the user and the options (issue 27)."""
+    broker, cert, _ = secured
+    topic = f"devices/{unique_device('sk')}/cmd"
+    sub = Client(broker, protocol=V5)
+    sub.connect()
+    sub.subscribe(topic, qos=1)
+    try:
+        df = spark.createDataFrame([(topic, f"c{i}".encode()) for i in range(5)],
+                                   "topic string, payload binary")
+        df.write.format("meshmq").option("servers", f"127.0.0.1:{broker.tls_port}") \
+            .option("caFile", cert).mode("append").save()
+        got = sub.expect_messages(5, timeout=120)
+        assert sorted(m.payload for m in got) == [f"c{i}".encode() for i in range(5)]
+        with pytest.raises(Exception) as info:
+            df.write.format("meshmq").option("servers", f"mqtts://127.0.0.1:{broker.tls_port}") \
+                .option("caFile", cert).option("username", "alice") \
+                .option("password", "wrong").mode("append").save()
+        text = str(info.value)
+        assert "authentication failed for user 'alice'" in text, text[-2000:]
+    finally:
+        sub.disconnect()
