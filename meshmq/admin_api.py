@@ -33,7 +33,8 @@ Routes (admin bind, JSON; the CLI is ``meshmq clients|sessions|retained``, meshm
     with its payload (``payload`` as UTF-8 text or base64, ``payload_encoding`` says which);
     delete one: written to the ``#retained`` state log (a tombstone, durable before the
     answer) and cleared on every router, as an empty retained PUBLISH would be, but sent to
-    no subscriber.
+    no subscriber. (Implemented in meshmq/admin_retained.py; the shared helpers are in
+    meshmq/adminhttp.py.)
 
 Authentication and authorization are the fetch API's (meshmq/admin_auth.py): the same
 credentials; with an ACL, the clients, sessions and subscriptions routes need ``read`` on the
