@@ -6,18 +6,22 @@ answered at ~51/s and a valid client's CONNACK waited 5.35 s behind them (issue 
 
 * runs at most ``auth.max_concurrent_checks`` checks at once, on threads of its own (the default
   executor stays free for everything else), the rest waiting in arrival order;
-* refuses at once, without hashing, a CONNECT from an address or for a username that failed
-  ``auth.max_failures`` times in the last ``auth.failure_window`` seconds; checked again when a
-  queued check reaches the front, so a burst queued before its first failures were known is cut
-  short too. This is EMQX's flapping detection (max_count within window_time -> banned) applied to
-  failed logins, keyed as EMQX's banned table is (peer host and username). The refusal is v5
-  0x9F Connection rate exceeded (3.1.1: 3 Server unavailable), which tells a client "later", not
-  "wrong password";
+* refuses at once, without hashing, a login for a (client address, username) pair that failed
+  ``auth.max_failures`` times in the last ``auth.failure_window`` seconds, and any login from an
+  address that failed ``auth.max_address_failures`` times (whatever the usernames); checked
+  again when a queued check reaches the front, so a burst queued before its first failures
+  were known is cut short too. This is EMQX's flapping detection (max_count within
+  window_time -> banned) applied to failed logins. The refusal is v5 0x9F Connection rate
+  exceeded (3.1.1: 3 Server unavailable), which tells a client "later", not "wrong password";
 * skips a queued check whose client has gone away meanwhile.
 
-An attacker's failures lock out only its own address and the usernames it tries, for at most one
-window after its last failure; every other client's check waits for at most the checks already
-running and those queued before it by clients that are not locked out.
+An attacker's failures lock out only its own address (with the usernames it tries there), for
+at most one window after its last failure: never a username for everyone. Until issue 27 a
+username was also counted alone, so anyone who knew it could keep its owner out from every
+address (300 wrong passwords from one host locked the real user out for 59.5 s); the lockout
+key is now the pair, as fail2ban's and sshd's per-source counting is. Every other client's
+check waits for at most the checks already running and those queued before it by clients
+that are not locked out.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ log = logging.getLogger("broker.authgate")
 
 #: v5 CONNACK 0x9F Connection rate exceeded: the answer to a locked-out address or username.
 THROTTLED = 0x9F
-THROTTLED_WHY = ("login refused without a password check: too many failed logins from this "
-                 "address or for this user name (auth.max_failures)")
+THROTTLED_WHY = ("login refused without a password check: too many failed logins for this user "
+                 "name from this address (auth.max_failures), or from this address "
+                 "(auth.max_address_failures)")
 _FAILED = (0x86, 0x87)  # bad user name or password, not authorised
 _MAX_KEYS = 100_000  # addresses + usernames with recent failures remembered (oldest forgotten)
 
@@ -52,11 +57,14 @@ class PasswordCheckGate:
     def __init__(self, loop: asyncio.AbstractEventLoop,
                  check: Callable[[str | None, bytes | None], int], *, max_concurrent: int,
                  max_failures: int, failure_window: float,
+                 max_address_failures: int | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         self._loop = loop
         self._check = check
         self._max = max_concurrent
-        self._max_failures = max_failures
+        self._max_failures = max_failures  # per (address, username)
+        # per address, any usernames (a host spraying many names); default: the pair's bound
+        self._max_address = max_address_failures or max_failures
         self._window = failure_window
         self._clock = clock or loop.time
         self._executor: ThreadPoolExecutor | None = None
@@ -73,14 +81,16 @@ class PasswordCheckGate:
         if authenticator is None or not settings.password_file:
             return None
         return cls(loop, authenticator.authenticate, max_concurrent=settings.max_concurrent_checks,
-                   max_failures=settings.max_failures, failure_window=settings.failure_window)
+                   max_failures=settings.max_failures, failure_window=settings.failure_window,
+                   max_address_failures=settings.max_address_failures)
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
     def locked_out(self, address: str, username: str | None) -> bool:
-        return self._over("a:" + address) or (username is not None and self._over("u:" + username))
+        return (self._over("a:" + address, self._max_address)
+                or self._over(_pair(address, username), self._max_failures))
 
     def submit(self, address: str, username: str | None, password: bytes | None, done: Done,
                alive: Callable[[], bool]) -> int | None:
@@ -122,15 +132,14 @@ class PasswordCheckGate:
             log.exception("password check failed with an error", extra={"peer": address})
             code = 0x88  # Server unavailable
         if code in _FAILED:
-            self._failed("a:" + address)
-            if username is not None:
-                self._failed("u:" + username)
+            self._failed("a:" + address, self._max_address)
+            self._failed(_pair(address, username), self._max_failures)
         try:
             done(code)
         finally:
             self._start_next()
 
-    def _over(self, key: str) -> bool:
+    def _over(self, key: str, bound: int) -> bool:
         times = self._failures.get(key)
         if times is None:
             return False
@@ -140,12 +149,18 @@ class PasswordCheckGate:
         if not times:
             del self._failures[key]
             return False
-        return len(times) >= self._max_failures
+        return len(times) >= bound
 
-    def _failed(self, key: str) -> None:
+    def _failed(self, key: str, bound: int) -> None:
         times = self._failures.get(key)
         if times is None:
             if len(self._failures) >= _MAX_KEYS:
                 del self._failures[next(iter(self._failures))]
-            times = self._failures[key] = deque(maxlen=self._max_failures)
+            times = self._failures[key] = deque(maxlen=bound)
         times.append(self._clock())
+
+
+def _pair(address: str, username: str | None) -> str:
+    """The lockout key of one username tried from one address (no username: the address's
+    anonymous attempts)."""
+    return "p:" + address + "\0" + (username if username is not None else "")

@@ -172,6 +172,13 @@ class Connection(asyncio.Protocol):
         self.closing = True
         self.router.connection_lost(self)
 
+    @property
+    def write_paused(self) -> bool:
+        """The transport asked us to stop writing (its buffer is past the high-water mark):
+        ``writable`` comes when it drains. (``congested`` also counts this tick's unflushed
+        bytes, which the next flush clears without any callback.)"""
+        return self._write_paused
+
     # -- writing ------------------------------------------------------------------------------
     @property
     def congested(self) -> bool:

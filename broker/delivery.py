@@ -228,3 +228,5 @@ class DeliveryRoom:
             self._pump_replays(session)
         if session.lag_behind:
             self.catchup.pump(session)
+        if session in self._retained_owed:
+            self.retained_pacer.pump(session)

@@ -243,6 +243,7 @@ class ConnectRoom:
             self._pump_replays(session)
             if session.lag_behind:
                 self.catchup.pump(session)
+            self.retained_pacer.pump(session)  # retained messages still owed on SUBSCRIBE
 
     def _on_pingreq(self, conn: Connection, _pkt: Packet) -> None:
         conn.send(PingResp())

@@ -41,7 +41,7 @@ class SubscribeRoom:
             if ids:
                 sub_id = ids[0]
         codes: list[int] = []
-        retained_out: list[tuple[Subscription, list[Message]]] = []
+        retained_out: list[tuple[str, Subscription, list[Message]]] = []
         replays: list[Subscription] = []
         reasons: list[str] = []
         resolving: list[tuple[int, str, Subscription, Subscription | None]] = []
@@ -120,7 +120,7 @@ class SubscribeRoom:
                                   or (opts.retain_handling == 1 and is_new)):
                 found = self.retained.match(real)
                 if found:
-                    retained_out.append((sub, found))
+                    retained_out.append((key_flt, sub, found))
         if resolving:  # offset replays of logs other routers own: they say where each starts
             self.replays.resolve(conn, session, resolving, codes, reasons, replays,
                                         lambda: self._suback(conn, session, pkt.packet_id, codes,
@@ -129,7 +129,7 @@ class SubscribeRoom:
         self._suback(conn, session, pkt.packet_id, codes, reasons, retained_out, replays)
 
     def _suback(self, conn: Connection, session: Session, packet_id: int, codes: list[int],
-                reasons: list[str], retained_out: list[tuple[Subscription, list[Message]]],
+                reasons: list[str], retained_out: list[tuple[str, Subscription, list[Message]]],
                 replays: list[Subscription]) -> None:
         props = ({Prop.REASON_STRING: "; ".join(reasons)} if reasons and conn.level == 5
                  else None)
@@ -140,14 +140,16 @@ class SubscribeRoom:
               retained_out, replays)
 
     def _subscribed(self, conn: Connection, session: Session, suback: Suback,
-                    retained_out: list[tuple[Subscription, list[Message]]],
+                    retained_out: list[tuple[str, Subscription, list[Message]]],
                     replays: list[Subscription]) -> None:
         """SUBACK (once a persistent session's subscriptions are stored), then retained."""
         conn.send(suback)
-        for sub, messages in retained_out:
-            ids = (sub.sub_id,) if sub.sub_id else None
-            for msg in messages:
-                self.deliver(session, msg, sub.qos, True, ids)
+        if retained_out:  # paced by the window, never dropped for room (broker/retainpace.py)
+            pacer = self.retained_pacer
+            for key, sub, messages in retained_out:
+                pacer.add(session, key, sub.qos, (sub.sub_id,) if sub.sub_id else None,
+                          messages)
+            pacer.pump(session)
         if replays:
             self._replaying.add(session)
             self._pump_replays(session)

@@ -37,6 +37,7 @@ LIMIT_NAMES = (
     "max_queued_bytes",
     "max_failures",
     "max_lagging_devices",  # a session's log positions (broker/positions.py)
+    "max_retained_pending",  # retained messages owed on SUBSCRIBE (broker/retainpace.py)
 )
 
 _LOG_EVERY_S = 10.0  # at most one log line per limit in this many seconds

@@ -62,6 +62,7 @@ from broker.protocol.reasons import Reason
 from broker.pubdedupe import for_router
 from broker.replay import Replays
 from broker.retained import RetainedStore
+from broker.retainpace import RetainedPacer
 from broker.session import Session
 from broker.sessionend import SWEEP_INTERVAL, SessionEndRoom
 from broker.sessionstore import NO_PERSISTENCE, SessionHooks
@@ -151,6 +152,9 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
         self._pump_replays = self.replays.pump  # bound once: called per ack and drain
         self._replaying = self.replays.replaying  # the same set, read per ack
         self.shared = SharedDelivery(self)
+        # retained messages owed on SUBSCRIBE, sent as the window frees (broker/retainpace.py)
+        self.retained_pacer = RetainedPacer(self)
+        self._retained_owed = self.retained_pacer.pending  # read per ack
         self._log_no_connect = RateLimitedLog(log, logging.INFO,
                                               "connections closed for sending no CONNECT",
                                               burst=10, window=5.0)
@@ -199,6 +203,8 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
             "retained_bytes": self.retained.payload_bytes(),
             **(self.catchup.gauges() if self.catchup is not None else {}),
             "offline_sessions": len(self.limits.offline),
+            "retained_pending": self.retained_pacer.waiting(),
+            "retained_paced_sessions": len(self.retained_pacer.pending),
         }
 
     # -- connection events ----------------------------------------------------------------------
@@ -254,6 +260,8 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
             self._pump_replays(session)
             if session.lag_behind:
                 self.catchup.pump(session)
+            if session in self._retained_owed:
+                self.retained_pacer.pump(session)
 
     # -- writing ------------------------------------------------------------------------------
     def want_flush(self, conn: Connection) -> None:

@@ -64,6 +64,7 @@ class SessionEndRoom:
 
     def end_session(self, session: Session) -> None:
         self._replaying.discard(session)
+        self.retained_pacer.forget(session)
         self.persist.ended(session)
         if self.registry is not None:
             self.registry.ended(session)  # the claim in the session registry is given up

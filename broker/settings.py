@@ -74,6 +74,9 @@ class MqttSettings:
     # Device logs one session may be behind on (one small cursor each); past it, logged messages
     # fall back to the queue above and its policy.
     max_lagging_devices: int = 100_000
+    # Retained messages one session may be owed on SUBSCRIBE, waiting for its window (a
+    # reference each, broker/retainpace.py); past it the rest of that SUBSCRIBE's are dropped.
+    max_retained_pending: int = 100_000
     # Upper bound on a client's requested session expiry, seconds; 0 = no cap.
     max_session_expiry: int = 0
     # Keepalive above this is answered with v5 Server Keep Alive; 0 = accept what the client asks.
@@ -126,10 +129,12 @@ class AuthSettings:
     clientid_pattern: str = "%u"  # for "pattern": %u = the username, * = any characters
     # Password checks (scrypt) running at once; the rest wait in arrival order (authgate.py).
     max_concurrent_checks: int = 2
-    # Failed logins from one address or for one username within failure_window seconds after
-    # which further attempts are refused at once (EMQX flapping detection: 15 in 1 min).
+    # Failed logins for one username from one address within failure_window seconds after
+    # which further attempts are refused at once (EMQX flapping detection: 15 in 1 min)...
     max_failures: int = 15
     failure_window: float = 60.0
+    # ...and from one address, whatever the usernames (issue 27: never a username alone)
+    max_address_failures: int = 100
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,8 @@ class DropReason:
     SHARE_UNCLAIMED = "share_unclaimed"
     # a replay from an offset skipped records a corrupt record took (quarantined by the log)
     CORRUPT = "corrupt"
+    # retained messages a SUBSCRIBE was owed past mqtt.max_retained_pending (broker/retainpace)
+    RETAINED_PENDING = "retained_pending"
 
 
 # Why a TLS listener's handshake failed (the label of meshmq_tls_handshake_failures_total).

@@ -79,7 +79,7 @@ class AdminAuth:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, authenticator: Authenticator | None,
                  token_file: str | None, rules: LogRules | None, *, max_failures: int,
-                 failure_window: float) -> None:
+                 failure_window: float, max_address_failures: int | None = None) -> None:
         self._auth = authenticator
         self._token_file = token_file
         self._tokens = load_tokens(token_file) if token_file else {}
@@ -88,7 +88,8 @@ class AdminAuth:
             else None
         self._gate = PasswordCheckGate(loop, authenticator.authenticate, max_concurrent=1,
                                        max_failures=max_failures,
-                                       failure_window=failure_window) \
+                                       failure_window=failure_window,
+                                       max_address_failures=max_address_failures) \
             if authenticator is not None and authenticator.uses_passwords else None
         self._verified: dict[tuple[str, bytes], float] = {}
 
@@ -140,6 +141,18 @@ class AdminAuth:
             return True
         name = request.get(READER_KEY)
         return any(acl.can_subscribe(name, "", flt) for flt in self._rules.filters_for(device))
+
+    def may(self, request: web.Request, topic: str, write: bool) -> bool:
+        """The MQTT ACL of the request's reader for one topic: ``read`` (as a SUBSCRIBE to
+        it) or ``write`` (as a PUBLISH). The admin routes of meshmq/admin_api.py use it for
+        retained topics and for their ``$CONTROL/meshmq/clients`` guard. True without an ACL."""
+        acl = self._acl
+        if acl is None:
+            return True
+        name = request.get(READER_KEY)
+        if write:
+            return acl.can_publish(name, "", topic)
+        return acl.can_subscribe(name, "", topic)
 
     # -- credentials --------------------------------------------------------------------------
     async def _identify(self, request: web.Request) -> tuple[int, str | None]:

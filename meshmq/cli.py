@@ -1,5 +1,5 @@
 """The ``meshmq`` command line: ``serve``, ``passwd``, ``log``, ``cluster``, ``dev-cluster``,
-``version``.
+``clients``, ``sessions``, ``retained`` (``meshmq.admincli``), ``version``.
 
 Why argparse subcommands: one binary for the daemon and its operator tools, like
 ``mosquitto``/``mosquitto_passwd`` folded together. ``log list|tail|inspect`` lives in
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cluster_parser(sub)
     add_dev_cluster_parser(sub)
+    from meshmq.admincli import add_admin_parsers
+
+    add_admin_parsers(sub)  # clients, sessions, retained (issue 27)
 
     sub.add_parser("version", help="print the version")
     return parser
@@ -104,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from meshmq.devcluster import run_dev_cluster
 
         return run_dev_cluster(args)
+    if args.command in ("clients", "sessions", "retained"):
+        from meshmq.admincli import run_admin
+
+        return run_admin(args)
     if args.command == "version":
         print(f"meshmq {_version()}")
         return EXIT_OK

@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from meshmq.admin_api import attach_admin_cluster
 from meshmq.fetch_api import RELAYED_HEADER, attach_cluster
 
 log = logging.getLogger("meshmq.cluster")
@@ -81,6 +82,7 @@ async def attach_mesh(node: Any) -> Any:
     node.admin.app.router.add_get("/api/v1/cluster", cluster_status)
     _relay_device_requests(node, mesh)
     attach_cluster(node.admin.app, MeshView(mesh))
+    attach_admin_cluster(node.admin.app, MeshView(mesh))  # clients, sessions (admin_api.py)
     node.metrics.add_collector(lambda: mesh_metrics(mesh), "mesh")
     return mesh
 

@@ -376,6 +376,7 @@ _MQTT_KINDS: dict[str, _Kind] = {
     "receive_maximum": _Int(1, _U16),
     "max_queued_messages": _Int(1),
     "max_lagging_devices": _Int(1),
+    "max_retained_pending": _Int(1),
     "max_session_expiry": _Int(0, _U32),
     "max_keepalive": _Int(0, _U16),
     "topic_alias_maximum": _Int(0, _U16),
@@ -506,6 +507,7 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "max_concurrent_checks": (_Int(1, 1024), 2),
         "max_failures": (_Int(1), 15),
         "failure_window": (_Float(0.0, inclusive=False), 60.0),
+        "max_address_failures": (_Int(1), 100),
     },
     ("log",): {
         "level": (_Choice(LOG_LEVELS), "info"),
@@ -1084,6 +1086,7 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
             max_concurrent_checks=get("auth", "max_concurrent_checks"),
             max_failures=get("auth", "max_failures"),
             failure_window=get("auth", "failure_window"),
+            max_address_failures=get("auth", "max_address_failures"),
         ),
     )
     return NodeConfig(

@@ -39,6 +39,10 @@ exactly as if it had never published.
     the page, and a reader must not take them as gone. A request carrying
     ``X-Meshmq-Relayed`` lists only the logs of the router it reaches (what a peer asks for).
 
+    With authentication, a log the reader's read ACL does not allow is not listed, and
+    ``"hidden_by_acl": N`` (absent when 0) counts those the page skipped (issue 27): an
+    empty page with it means "not allowed", not "no logs" (``meshmq log list`` says so).
+
 ``GET /api/v1/logs/{device}``
     200 ``{"device": "d1", "log_start": 0, "high_watermark": 42, "start": 0, "end": 42}``;
     404 ``{"error": "unknown device 'd1'"}``.
@@ -290,14 +294,19 @@ def _local_page(request: web.Request, store: LogStore, after: str | None, limit:
                 ) -> tuple[list[dict[str, object]], str | None]:
     """One page of this router's own logs: ``(logs, next_after)``, ``next_after`` None on
     the last page. A page that is not the last holds exactly ``limit`` logs (hidden and
-    uncommitted devices are skipped, not counted): the cluster merge relies on it."""
+    uncommitted devices are skipped, not counted): the cluster merge relies on it. How many
+    the read ACL hid is left in ``request[HIDDEN_KEY]`` (issue 27: an empty listing caused by
+    the ACL must say so, or the reader cannot tell it from a node with no logs)."""
     keys = _sorted_keys(request.app, store)
     i = 0 if after is None else bisect.bisect_right(keys, after)
     logs: list[dict[str, object]] = []
+    hidden = 0
     while i < len(keys) and len(logs) < limit:
         device = keys[i]
         i += 1
         if not _may_read(request, device):
+            hidden += 1
+            request[HIDDEN_KEY] = hidden
             continue  # listed only to readers who may read it
         rng = _committed_range(store, device)
         if rng is not None:
@@ -319,11 +328,15 @@ async def _list_logs(request: web.Request) -> web.Response:
         page: dict[str, object] = {"logs": logs}
         if next_after is not None:
             page["next_after"] = next_after
+        if request.get(HIDDEN_KEY):
+            page["hidden_by_acl"] = request[HIDDEN_KEY]
         return _json(200, page)
     return _json(200, await _cluster_page(request, view, logs, next_after, after, limit))
 
 
 _SORTED_KEY = web.AppKey("meshmq_sorted_keys", dict)
+# request key: logs of this page the reader's read ACL hid (``hidden_by_acl`` in the listing)
+HIDDEN_KEY = "meshmq_hidden_by_acl"
 
 
 def _sorted_keys(app: web.Application, store: LogStore) -> list[str]:
@@ -792,6 +805,7 @@ async def _cluster_page(request: web.Request, view: ClusterView,
     sources: list[tuple[str | None, list[dict[str, object]], str | None]] = [
         (None, logs, next_after)]
     unreachable: dict[str, str] = {}
+    hidden = int(request.get(HIDDEN_KEY) or 0)
     for peer, (status, ctype, body) in zip(peers, answers, strict=True):
         if status != 200:
             unreachable[peer] = str(_peer_error(peer, status, ctype, body))
@@ -800,6 +814,7 @@ async def _cluster_page(request: web.Request, view: ClusterView,
             page = json.loads(body)
             entries = list(page["logs"])
             nxt = page.get("next_after")
+            hidden += int(page.get("hidden_by_acl") or 0)
         except (ValueError, KeyError, TypeError):
             unreachable[peer] = f"router {peer}: answered a listing that is not one"
             continue
@@ -810,6 +825,8 @@ async def _cluster_page(request: web.Request, view: ClusterView,
     out = merge_pages(sources, limit, view.owner_of)
     if unreachable:
         out["unreachable"] = unreachable
+    if hidden:
+        out["hidden_by_acl"] = hidden
     return out
 
 

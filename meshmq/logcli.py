@@ -31,7 +31,7 @@ from typing import Any, TextIO
 from commitlog.fetch import decode_fetch_response
 from commitlog.record import ATTR_QOS_MASK, ATTR_RETAIN, Record
 
-__all__ = ["add_log_parser", "run_log", "DEFAULT_ADMIN", "format_record"]
+__all__ = ["add_log_parser", "run_log", "DEFAULT_ADMIN", "format_record", "read_token"]
 
 DEFAULT_ADMIN = "127.0.0.1:9883"
 POLL_INTERVAL_S = 0.5
@@ -79,8 +79,9 @@ def add_log_parser(sub: Any) -> None:
 
     insp = log_sub.add_parser(
         "inspect", help="verify a store directory offline (CRC of every record)",
-        description="Verify every record of the store in PATH (usually <data_dir>/log) and "
-        "summarise its keys. Read-only; safe on a live node's directory. Exit 1 if corrupt.")
+        description="Verify every record of the store in PATH (usually <data_dir>/log; router "
+        "R of a cluster node: <data_dir>/router-R/log) and summarise its keys. Read-only; safe "
+        "on a live node's directory. Exit 1 if corrupt.")
     insp.add_argument("path", metavar="PATH")
 
 
@@ -144,7 +145,7 @@ class _Http:
     def __init__(self, admin: str, token_file: str | None = None) -> None:
         self.admin = admin
         self.base = admin_url(admin)
-        self.headers = {"Authorization": "Bearer " + _read_token(token_file)} if token_file \
+        self.headers = {"Authorization": "Bearer " + read_token(token_file)} if token_file \
             else {}
 
     def get(self, path: str, query: dict[str, int] | None = None) -> tuple[int, dict[str, str],
@@ -180,7 +181,7 @@ class _Http:
         return status, data
 
 
-def _read_token(path: str) -> str:
+def read_token(path: str) -> str:
     try:
         with open(path, encoding="utf-8") as fh:
             lines = [ln.strip() for ln in fh if ln.strip() and not ln.lstrip().startswith("#")]
@@ -215,6 +216,7 @@ def _list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     http = _Http(args.admin, args.token_file)
     logs: list[dict[str, Any]] = []
     unreachable: dict[str, str] = {}
+    hidden = 0
     after: str | None = None
     while True:  # the listing is paged (a node may hold 100k devices)
         path = "/api/v1/logs?limit=10000"
@@ -225,10 +227,19 @@ def _list(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             raise LogCliError(f"HTTP {status}: {data.get('error', data)}")
         logs += data.get("logs", [])
         unreachable.update(data.get("unreachable") or {})
+        hidden += int(data.get("hidden_by_acl") or 0)
         after = data.get("next_after")  # absent on the last page
         if after is None:
             break
     code = EXIT_OK
+    if hidden:
+        # Exit 0 all the same, as Kafka's kafka-topics --list without Describe rights: the
+        # listing is what this reader may see; the hint says why it is short (issue 27).
+        what = "no device log is listed" if not logs else f"{len(logs)} listed"
+        print(f"meshmq log list: {what}: the node's read ACL hides {hidden} device log(s) from "
+              "this reader (the token's name or the user of --token-file / the password "
+              "file): the listing shows only logs it may subscribe to; add an ACL rule such "
+              "as 'topic read devices/#' under 'user NAME'", file=err)
     if unreachable:
         print("meshmq log list: incomplete, these routers did not answer (their logs are not "
               "listed): " + "; ".join(unreachable.values()), file=err)
@@ -369,20 +380,40 @@ def _json_or_empty(body: bytes) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ inspect
 
 
+_STORE_HINT = ("usually <data_dir>/log on a single node, <data_dir>/router-<r>/log for router r "
+               "of a cluster node")
+
+
+def _stores_below(path: str) -> str:
+    """Name the stores under a data directory given instead of a store: a single node's
+    ``log/`` or a cluster node's ``router-<r>/log`` (issue 27: the hint only knew the first)."""
+    found = [os.path.join(path, "log")] if os.path.isdir(os.path.join(path, "log")) else []
+    try:
+        routers = sorted((d for d in os.listdir(path) if d.startswith("router-")),
+                         key=lambda d: (len(d), d))
+    except OSError:
+        routers = []
+    found += [os.path.join(path, d, "log") for d in routers
+              if os.path.isdir(os.path.join(path, d, "log"))]
+    if not found:
+        return ""
+    return " This looks like a data directory; its stores: " + ", ".join(found)
+
+
 def _inspect(path: str, out: TextIO, err: TextIO) -> int:
     from commitlog.inspect import inspect
     from commitlog.store import SEGMENT_SUFFIX
 
     if not os.path.isdir(path):
         what = "does not exist" if not os.path.exists(path) else "is not a directory"
-        raise LogCliError(f"{path} {what} (give the store directory, usually <data_dir>/log)")
+        raise LogCliError(f"{path} {what} (give the store directory: {_STORE_HINT})")
     try:
         report = inspect(path)
     except OSError as exc:
         raise LogCliError(f"{path}: {exc.strerror or exc}") from None
     if not report.segments:  # before printing: an empty report would end in "RESULT: ok"
         raise LogCliError(f"no segment files (*{SEGMENT_SUFFIX}) in {path}: is this the "
-                          "commit-log directory (usually <data_dir>/log)?")
+                          f"commit-log directory ({_STORE_HINT})?{_stores_below(path)}")
     print(report.format(), file=out)
     if not report.ok:
         bad = next((s for s in report.segments if s.corrupt_at is not None), None)

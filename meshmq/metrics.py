@@ -75,6 +75,11 @@ _ROUTER_GAUGES = (
      "(per session: GET /api/v1/lag)."),
     ("offline_sessions", "meshmq_sessions_offline",
      "Sessions kept for offline clients (bounded by mqtt.max_offline_sessions)."),
+    ("retained_pending", "meshmq_retained_pending",
+     "Retained messages owed to new subscribers, waiting for room in their window or socket "
+     "(paced, never dropped: broker/retainpace.py)."),
+    ("retained_paced_sessions", "meshmq_retained_paced_sessions",
+     "Sessions still being sent the retained messages of a SUBSCRIBE."),
 )
 
 

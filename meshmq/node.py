@@ -92,7 +92,8 @@ class Node:
             self.admin_auth = AdminAuth(
                 asyncio.get_event_loop(), self.auth if auth.password_file else None,
                 config.admin_token_file, LogRules(config.commitlog.rules),
-                max_failures=auth.max_failures, failure_window=auth.failure_window)
+                max_failures=auth.max_failures, failure_window=auth.failure_window,
+                max_address_failures=auth.max_address_failures)
         ctx = None
         if config.admin_certfile and config.admin_keyfile:
             ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -143,6 +144,7 @@ class Node:
             # from those owners (the mesh itself starts below, once they are restored)
             self.router.logs.remote_owner = owner_lookup(self)
         self._attach_persistence()
+        self._register_admin_api()
         if self.router.catchup is not None:
             from meshmq.lag_api import register_lag_routes
 
@@ -186,6 +188,18 @@ class Node:
                                               "mqtt": self.listeners.bound.get(
                                                   "tcp", self.config.broker.listeners.tcp_bind),
                                               "admin": self.config.admin_bind})
+
+    def _register_admin_api(self) -> None:
+        """Clients, sessions, subscriptions and retained messages on the admin port
+        (meshmq/admin_api.py), under the fetch API's authentication and ACL."""
+        from meshmq.admin_api import register_admin_routes
+
+        cluster = self.config.cluster
+        name = (f"{cluster.node_id}/{self.router_index}" if cluster is not None
+                else self.config.node_id)
+        assert self.router is not None
+        register_admin_routes(self.admin.app, self.router, name,
+                              self.admin_auth.may if self.admin_auth else None)
 
     def _attach_persistence(self) -> None:
         """Retained messages and persistent sessions from the state logs (mqtt.persistence),

@@ -208,7 +208,8 @@ class NodeAdmin:
             self._authenticator = Authenticator(auth)
         self.auth = AdminAuth(asyncio.get_running_loop(), self._authenticator,
                               self.config.admin_token_file, LogRules(self.config.commitlog.rules),
-                              max_failures=auth.max_failures, failure_window=auth.failure_window)
+                              max_failures=auth.max_failures, failure_window=auth.failure_window,
+                              max_address_failures=auth.max_address_failures)
 
     def reload(self) -> None:
         """SIGHUP: re-read the password, ACL and token files, as the routers do."""

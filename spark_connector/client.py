@@ -33,12 +33,13 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from commitlog.fetch import DeviceFetch, decode_multi_fetch
+from spark_connector.options import HttpAuth
 
 # Devices per page of GET /api/v1/logs (the server's maximum page).
 LIST_PAGE = 10_000
 
 __all__ = ["LogClient", "LogRange", "FetchResult", "ServerUnavailable", "OffsetOutOfRange",
-           "UnknownDevice", "MAX_DEVICES_PER_REQUEST"]
+           "UnknownDevice", "AuthenticationFailed", "MAX_DEVICES_PER_REQUEST"]
 
 log = logging.getLogger("spark_connector.client")
 
@@ -51,6 +52,12 @@ MAX_DEVICES_PER_REQUEST = 10_000
 
 class ServerUnavailable(ConnectionError):
     """No server in ``servers`` answered within the request timeout."""
+
+
+class AuthenticationFailed(Exception):
+    """The node refused the credentials (401) or the reader's ACL (403): a configuration to
+    fix, never a server to fail over from (issue 27: it used to surface as ServerUnavailable).
+    The message names the node, the identity and the option to set."""
 
 
 class UnknownDevice(LookupError):
@@ -88,11 +95,14 @@ class LogClient:
     """Blocking client of one or more nodes' fetch API. Not thread-safe; cheap to build, holds
     no connection until the first request (so objects holding one pickle only while idle)."""
 
-    def __init__(self, servers: tuple[tuple[str, int], ...], timeout_s: float = 30.0) -> None:
+    def __init__(self, servers: tuple[tuple[str, int], ...], timeout_s: float = 30.0,
+                 auth: HttpAuth | None = None) -> None:
         if not servers:
             raise ValueError("no servers")
         self.servers = servers
         self.timeout_s = timeout_s
+        self.auth = auth
+        self._authorization = auth.header() if auth is not None else None
         self._current = 0
         self._conn: http.client.HTTPConnection | None = None
 
@@ -198,14 +208,19 @@ class LogClient:
                 conn = self._conn
                 if conn is None:
                     left = max(0.5, deadline - time.monotonic())
-                    conn = self._conn = http.client.HTTPConnection(host, port, timeout=left)
+                    conn = self._conn = self._connect(host, port, left)
                 headers = {"Connection": "keep-alive"}
+                if self._authorization is not None:
+                    headers["Authorization"] = self._authorization
                 if body is not None:
                     headers["Content-Type"] = "application/json"
                 conn.request(method, path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 got = {k.lower(): v for k, v in resp.getheaders()}
+                if resp.status in (401, 403):
+                    self.close()
+                    raise self._refused(resp.status, f"{host}:{port}", path, data)
                 if resp.status < 500:
                     if resp.will_close:
                         self.close()
@@ -223,6 +238,35 @@ class LogClient:
             if attempt % len(self.servers) == 0:  # every server failed once: back off a little
                 log.warning("meshmq servers unavailable, retrying: %s", errors[-1])
                 time.sleep(min(1.0, 0.05 * attempt))
+
+
+    def _connect(self, host: str, port: int, timeout: float) -> http.client.HTTPConnection:
+        auth = self.auth
+        if auth is None or not auth.tls:
+            return http.client.HTTPConnection(host, port, timeout=timeout)
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=auth.cafile)
+        if auth.insecure:  # option insecure: no certificate or name check (tests, labs)
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return http.client.HTTPSConnection(host, port, timeout=timeout, context=ctx)
+
+    def _refused(self, status: int, node: str, path: str, body: bytes) -> AuthenticationFailed:
+        who = self.auth.who() if self.auth is not None else "no credentials"
+        info = _json_or_text(body)
+        why = info.get("error") if isinstance(info, dict) else info
+        if status == 401:
+            fix = ("set the options username and password (an MQTT user of the node's "
+                   "auth.password_file) or token / tokenFile (a token of admin.token_file)")
+            what = "authentication failed" if self._authorization else \
+                "the node requires credentials"
+            return AuthenticationFailed(f"meshmq node {node}: {what} for {who} (HTTP 401 on "
+                                        f"{path.split('?')[0]}: {why}): {fix}")
+        return AuthenticationFailed(
+            f"meshmq node {node}: authorization failed for {who} (HTTP 403 on "
+            f"{path.split('?')[0]}: {why}): the node's ACL must let it read (subscribe to) "
+            "the devices' topics, e.g. 'topic read devices/#'")
 
 
 def _json_or_text(body: bytes) -> object:

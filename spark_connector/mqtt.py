@@ -18,6 +18,10 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from spark_connector.options import HttpAuth
 
 __all__ = ["Publisher", "PublishError", "OutgoingMessage"]
 
@@ -133,8 +137,10 @@ class Publisher:
 
     def __init__(self, servers: tuple[tuple[str, int], ...], client_id: str,
                  username: str | None = None, password: str | None = None,
-                 timeout_s: float = 30.0, max_inflight: int = 32) -> None:
+                 timeout_s: float = 30.0, max_inflight: int = 32,
+                 tls: HttpAuth | None = None) -> None:
         self.timeout_s = timeout_s
+        self._tls = tls  # TLS to the listener (caFile, insecure), None: plain TCP
         self._buf = bytearray()
         self._sock = self._connect(servers, client_id, username, password)
         self.window = min(max_inflight, self._receive_maximum)
@@ -151,11 +157,19 @@ class Publisher:
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
+                if self._tls is not None:
+                    sock = self._wrap(sock, host)
                 sock.sendall(encode_connect(client_id, username, password))
                 first, body = self._read_packet(sock)
                 if first >> 4 != 2 or len(body) < 2:
                     raise PublishError(f"{host}:{port} is not an MQTT server (answered "
                                        f"packet type {first >> 4})")
+                if body[1] in (0x86, 0x87):  # bad user name or password, not authorized
+                    who = f"user {username!r}" if username else "no credentials"
+                    raise PublishError(f"{host}:{port}: authentication failed for {who} "
+                                       f"(CONNACK 0x{body[1]:02x}): set the sink's options "
+                                       "username and password (an MQTT user of the node's "
+                                       "auth.password_file)")
                 if body[1] >= 0x80:
                     raise PublishError(f"{host}:{port} refused the connection: reason code "
                                        f"0x{body[1]:02x}")
@@ -167,6 +181,18 @@ class Publisher:
                 sock.close()
                 errors.append(f"{host}:{port} {exc}")
         raise PublishError("no MQTT server accepted the sink's connection: " + "; ".join(errors))
+
+    def _wrap(self, sock: socket.socket, host: str) -> socket.socket:
+        """TLS to the MQTT listener (``listener.tls``): verified against ``caFile`` (or the
+        system's CAs), or not at all with ``insecure``."""
+        import ssl
+
+        assert self._tls is not None
+        ctx = ssl.create_default_context(cafile=self._tls.cafile)
+        if self._tls.insecure:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        return ctx.wrap_socket(sock, server_hostname=host)
 
     def _read_packet(self, sock: socket.socket) -> tuple[int, bytes]:
         buf = self._buf

@@ -99,7 +99,7 @@ def publish_rows(opts: SinkOptions, rows: Iterator) -> PublishedMessage:
     client_id = (f"{opts.client_id or 'meshmq-spark'}-{pid}-{os.getpid()}-"
                  f"{uuid.uuid4().hex[:8]}")
     pub = Publisher(opts.servers, client_id, opts.username, opts.password,
-                    opts.request_timeout_s, opts.max_inflight)
+                    opts.request_timeout_s, opts.max_inflight, opts.tls)
     try:
         n = pub.publish_all(_messages(rows))
     finally:

@@ -104,7 +104,7 @@ class _Planner:
 
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
-        self.client = LogClient(opts.servers, opts.request_timeout_s)
+        self.client = LogClient(opts.servers, opts.request_timeout_s, opts.auth)
 
     def logs(self) -> dict[str, LogRange]:
         return {d: r for d, r in self.client.list_logs().items() if self.opts.wants(d)}
@@ -115,6 +115,10 @@ class _Planner:
         if self.opts.starting_timestamp_ms is not None:
             ts_us = self.opts.starting_timestamp_ms * 1000
             return {d: self.client.offset_for_timestamp(d, ts_us) for d in logs}
+        by_ts = self.opts.starting_timestamps_ms
+        if by_ts is not None:  # Kafka's startingOffsetsByTimestamp, per device
+            return {d: (self.client.offset_for_timestamp(d, by_ts[d] * 1000) if d in by_ts
+                        else r.start) for d, r in logs.items()}
         spec = default if spec is None else spec
         if spec == "earliest":
             return {d: r.start for d, r in logs.items()}
@@ -155,7 +159,7 @@ def read_partition(opts: SourceOptions, partition: MeshmqPartition) -> Iterator[
     rest. Each section's records are turned into Arrow columns in bulk (C loop when built, no
     Python object per record) and cut at the range's planned end: the server may hold more,
     the checkpointed offsets decide what this batch reads."""
-    client = LogClient(opts.servers, opts.request_timeout_s)
+    client = LogClient(opts.servers, opts.request_timeout_s, opts.auth)
     flt = opts.topic_filter.split("/") if opts.topic_filter is not None else None
     seen: dict[str, bool] = {}
     # device -> [next offset, planned end, is_new]; a device appears once per partition
@@ -421,12 +425,10 @@ class MeshmqDataSource(DataSource):
         self.options = options
         # Fail load() on a key neither the source nor the sink knows (schema() validates the
         # reader's values; writer() the sink's).
-        from spark_connector.options import _SINK_KEYS, _SOURCE_KEYS, _SPARK_KEYS, _name
-        known = _SOURCE_KEYS | _SINK_KEYS | _SPARK_KEYS
+        from spark_connector.options import KNOWN_KEYS, OPTION_KEYS, unknown_option
         for key in options:
-            if key.lower() not in known:
-                names = ", ".join(sorted(_name(k) for k in _SOURCE_KEYS | _SINK_KEYS))
-                raise OptionError(f"unknown option {key!r} for format('meshmq'); known: {names}")
+            if key.lower() not in KNOWN_KEYS:
+                raise unknown_option(key, OPTION_KEYS, "format('meshmq')")
 
     def _source_options(self) -> SourceOptions:
         return parse_source_options(self.options)

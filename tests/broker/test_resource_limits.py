@@ -162,6 +162,7 @@ def test_max_queued_bytes_drops_oldest(start_broker, raw):
 
 USERS = {"alice": "wonderland", "bob": "builder"}
 MAX_FAILURES = 5
+ADDRESS_FAILURES = 8  # auth.max_address_failures
 CONCURRENT = 2
 
 
@@ -169,7 +170,8 @@ CONCURRENT = 2
 def flood_broker(module_broker_factory, tmp_path_factory):
     return module_broker_factory(**auth_overrides(
         tmp_path_factory.mktemp("flood"), USERS, max_failures=MAX_FAILURES,
-        max_concurrent_checks=CONCURRENT, failure_window=600.0))
+        max_concurrent_checks=CONCURRENT, failure_window=600.0,
+        max_address_failures=ADDRESS_FAILURES))
 
 
 def _from(address: str, broker) -> socket.socket:
@@ -196,6 +198,23 @@ def test_wrong_password_flood_cannot_starve_a_valid_client(flood_broker, raw):
     assert codes.count(0x86) <= MAX_FAILURES + CONCURRENT, codes
     assert codes.count(0x9F) >= 150 - MAX_FAILURES - CONCURRENT
     assert hits(flood_broker, "max_failures") >= 100
-    # the locked-out username is refused from anywhere until the window passes (3.1.1: rc 3)
-    again = raw(flood_broker, version=4)
+    # the locked-out pair is refused until the window passes, even with the right password
+    # (3.1.1: rc 3)...
+    again = raw(flood_broker, version=4, sock=_from("127.0.0.2", flood_broker))
     again.connect(unique("alice"), username="alice", password=USERS["alice"], expect_rc=3)
+    # ...but the stranger did not lock the real alice out from her own address (issue 27)
+    real = raw(flood_broker, version=5)
+    real.connect(unique("alice"), username="alice", password=USERS["alice"])
+
+
+def test_an_address_spraying_usernames_is_locked_out(flood_broker, raw):
+    """auth.max_address_failures: one address failing for many usernames is refused for all of
+    them, the right password included; other addresses are not."""
+    names = [unique("nobody") for _ in range(ADDRESS_FAILURES)]
+    for name in names:  # one failure each: no pair reaches max_failures
+        c = raw(flood_broker, version=5, sock=_from("127.0.0.3", flood_broker))
+        c.connect(unique("spray"), username=name, password="guess", expect_rc=0x86)
+    bob = raw(flood_broker, version=5, sock=_from("127.0.0.3", flood_broker))
+    bob.connect(unique("bob"), username="bob", password=USERS["bob"], expect_rc=0x9F)
+    elsewhere = raw(flood_broker, version=5, sock=_from("127.0.0.4", flood_broker))
+    elsewhere.connect(unique("bob"), username="bob", password=USERS["bob"])

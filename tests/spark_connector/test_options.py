@@ -87,3 +87,32 @@ def test_group_ranges_bounds_every_partition() -> None:
 ])
 def test_topic_filter_matching(flt: str, topic: str, ok: bool) -> None:
     assert topic_matches(flt.split("/"), topic) is ok
+
+
+def test_kafka_names_are_aliases_and_credentials_parse(tmp_path) -> None:
+    """Issue 27: Kafka's option names mean ours; credentials and HTTPS options parse."""
+    o = parse_source_options({"maxoffsetspertrigger": "7", "minoffsetspertrigger": "3",
+                              "subscribepattern": "d.*", "ssl.cafile": __file__,
+                              "username": "alice", "password": "pw"})
+    assert (o.max_records_per_trigger, o.min_records_per_trigger) == (7, 3)
+    assert o.device_pattern == "d.*"
+    assert o.auth is not None and o.auth.tls and o.auth.cafile == __file__
+    assert o.auth.header() == "Basic YWxpY2U6cHc="
+    token = tmp_path / "t"
+    token.write_text("# comment\nreader:tok-0123456789abcdef\n")
+    o = parse_source_options({"tokenfile": str(token), "servers": "https://h:1,https://g"})
+    assert o.auth is not None and o.auth.header() == "Bearer tok-0123456789abcdef"
+    assert o.auth.tls and o.servers == (("h", 1), ("g", 9883))
+    o = parse_source_options({"startingoffsetsbytimestamp": '{"d1": 1700000000000}'})
+    assert o.starting_timestamps_ms == {"d1": 1700000000000}
+    for bad, named in [({"maxoffsetspertrigger": "1", "maxrecordspertrigger": "2"},
+                        "maxOffsetsPerTrigger"),
+                       ({"username": "alice"}, "password"),
+                       ({"token": "x", "tokenfile": str(token)}, "tokenFile"),
+                       ({"startingoffsetsbytimestamp": "[1]"}, "startingOffsetsByTimestamp"),
+                       ({"startingoffsetsbytimestamp": '{"d": 1}', "startingtimestamp": "1"},
+                        "startingOffsetsByTimestamp"),
+                       ({"cafile": str(tmp_path / "missing.pem")}, "caFile"),
+                       ({"maxoffsetpertrigger": "1"}, "did you mean 'maxOffsetsPerTrigger'")]:
+        with pytest.raises(OptionError, match=named):
+            parse_source_options(bad)
