@@ -71,6 +71,10 @@ log = logging.getLogger("meshmq.bridge")
 
 NEVER = 0xFFFFFFFF  # session expiry: the session outlives any outage
 PLACEMENT_CHECK_S = 1.0
+# Inbound messages the remote may send before the local connection is up (its persistent
+# session's backlog, right after CONNACK): the v5 Receive Maximum the bridge announces, and the
+# most it keeps on 3.1.1 (Mosquitto sends at most max_inflight_messages, 20, unacknowledged).
+EARLY_MAX = 1000
 # After a router starts, bridges wait this long for its mesh links (or until all are up) before
 # choosing among the routers seen alive: at start every router sees only itself, and choosing
 # at once made both routers of a pair run the bridge and take its session from each other.
@@ -132,6 +136,7 @@ class Bridge:
         self._local: MqttClient | None = None
         self._remote: MqttClient | None = None
         self._held: deque[Publish] = deque()  # local deliveries waiting for the remote's window
+        self._early: list[Publish] | None = None  # inbound before the local side was up
         self._refused_log = RateLimitedLog(log, logging.WARNING,
                                            "bridged messages refused by the remote broker",
                                            burst=3, window=10.0)
@@ -193,7 +198,15 @@ class Bridge:
         remote = await open_client(cfg.host, cfg.port, self._ssl() if cfg.tls else None,
                                    cfg.level, self._inbound, f"bridge {cfg.name} remote")
         self._remote = remote
-        props = {Prop.SESSION_EXPIRY_INTERVAL: NEVER} if cfg.level == 5 else None
+        # The remote's session is persistent: right after its CONNACK it sends what it kept
+        # for the bridge, before the local side is up. Those wait in ``_early`` (bounded by
+        # the Receive Maximum announced here on v5, and by EARLY_MAX on 3.1.1) and are
+        # published once the local connection is; dropping them unacknowledged would leave
+        # them in the remote's window until the next reconnect (seen in the first run of
+        # test_inbound_published_while_meshmq_is_down_arrives).
+        self._early = []
+        props = ({Prop.SESSION_EXPIRY_INTERVAL: NEVER, Prop.RECEIVE_MAXIMUM: EARLY_MAX}
+                 if cfg.level == 5 else None)
         await remote.connect(Connect(cfg.client_id, cfg.level, clean_start=False,
                                      keepalive=cfg.keepalive, username=cfg.username,
                                      password=cfg.password, properties=props),
@@ -202,6 +215,9 @@ class Bridge:
         self._local = local
         await local.connect(Connect(cfg.local_client_id, 5, clean_start=False, keepalive=0,
                                     properties={Prop.SESSION_EXPIRY_INTERVAL: NEVER}))
+        early, self._early = self._early or [], None
+        for pkt in early:
+            self._inbound(pkt)
         # Local first: its No Local subscription makes this broker keep the origin of what the
         # bridge publishes here (for a lagging read), before the first inbound message comes.
         outbound = [(t.local_filter, SubscriptionOptions(t.qos, no_local=True,
@@ -282,6 +298,7 @@ class Bridge:
             if client is not None:
                 client.disconnect() if client is self._local else client.close(why)
         self._remote = self._local = None
+        self._early = None  # unacknowledged: the remote sends them again
         self._held.clear()  # the local session sends them again (its window, with DUP)
         log.warning("bridge %s to %s:%d is down: %s; reconnecting with backoff (outbound "
                     "messages wait in the device logs, nothing is dropped)", self.cfg.name,
@@ -352,6 +369,11 @@ class Bridge:
         """A message from the remote: published here; its PUBACK waits for this broker's."""
         remote = self._remote
         local = self._local
+        if local is None and remote is not None and self._early is not None:
+            self._early.append(pkt)  # the local side is not up yet (see _connected_once)
+            if len(self._early) > EARLY_MAX:
+                remote.close(f"more than {EARLY_MAX} messages before the local side was up")
+            return
         mapped = _map(pkt.topic, self.cfg.topics, outbound=False)
         if mapped is None or local is None or remote is None:
             if mapped is None and pkt.qos and remote is not None:

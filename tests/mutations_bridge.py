@@ -91,6 +91,16 @@ def bridge_mutations(mutation: Any) -> tuple[Any, ...]:
           "        if refused is None and client_id.startswith(\"$bridge/\") and not "
           "conn.trusted:\n",
           "        if False:\n", (f"{T}::test_out_in_and_prefixes",)),
+        m("bridge-remote-clean-start", "bridge: the remote session starts clean (what the "
+          "remote kept for the bridge while it was away is discarded)", BR,
+          "        await remote.connect(Connect(cfg.client_id, cfg.level, clean_start=False,",
+          "        await remote.connect(Connect(cfg.client_id, cfg.level, clean_start=True,",
+          (f"{T}::test_inbound_published_while_meshmq_is_down_arrives",)),
+        m("bridge-early-inbound-dropped", "bridge: inbound messages the remote sends before "
+          "the local side is up are left unacknowledged (stuck until the next reconnect)", BR,
+          "            self._early.append(pkt)  # the local side is not up yet (see "
+          "_connected_once)\n", "            pass\n",
+          (f"{T}::test_inbound_published_while_meshmq_is_down_arrives",)),
         m("bridge-cfg-direction", "config: any [[bridge.topics]] direction accepted", BC,
           "    if direction not in DIRECTIONS:\n", "    if False:\n",
           (f"{CFG}::test_bad_bridge_config_names_the_key[bad-direction]",

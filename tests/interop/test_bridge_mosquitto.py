@@ -397,3 +397,42 @@ def test_remote_crash_loses_nothing(tmp_path: Path, made: list[Any],
              message="every acknowledged message after Mosquitto's crash")
     print(f"bridge across a Mosquitto crash: {len(sent)} sent, all received, "
           f"{counter.duplicates()} duplicates")
+
+
+def test_inbound_published_while_meshmq_is_down_arrives(tmp_path: Path, made: list[Any],
+                                                        mosq: MosquittoProc) -> None:
+    """commands/# in: what is published on Mosquitto while meshmq is stopped waits in the
+    bridge's persistent session there and arrives once meshmq is back."""
+    b = bridged_broker(tmp_path, made, mosq,
+                       [{"pattern": "commands/#", "direction": "in", "qos": 1}])
+    sub = Client(host=b.host, port=b.port, protocol=V5, client_id="edge-app", clean=False)
+    sub.connect(properties=_expiry())
+    sub.subscribe("commands/#", qos=1)
+    made.append(sub)
+    rpub = client(made, mosq.host, mosq.port)
+    assert rpub.puback_code(rpub.publish("commands/a", b"before", qos=1)) == 0
+    assert sub.expect_message(timeout=20).payload == b"before"
+    sub.stop()
+    made.remove(sub)
+    b.stop()
+    sent = {f"cmd-{i}".encode() for i in range(30)}
+    for payload in sorted(sent):
+        assert rpub.puback_code(rpub.publish("commands/a", payload, qos=1)) == 0
+    b.start()
+    sub = Client(host=b.host, port=b.port, protocol=V5, client_id="edge-app", clean=False)
+    sub.connect(properties=_expiry())
+    made.append(sub)
+    got: set[bytes] = set()
+
+    def all_there() -> bool:
+        got.update(m.payload for m in sub.drain())
+        return sent <= got
+
+    wait_for(all_there, timeout=60, message="every command published while meshmq was down")
+
+
+def _expiry() -> Any:
+    from helpers.clients import props
+    from paho.mqtt.packettypes import PacketTypes
+
+    return props(PacketTypes.CONNECT, SessionExpiryInterval=3600)
