@@ -101,6 +101,11 @@ def bridge_mutations(mutation: Any) -> tuple[Any, ...]:
           "            self._early.append(pkt)  # the local side is not up yet (see "
           "_connected_once)\n", "            pass\n",
           (f"{T}::test_inbound_published_while_meshmq_is_down_arrives",)),
+        m("bridge-queue-full-silent", "a session queue full by count (max_queued_messages) "
+          "drops without a log line or limit metric", "broker/delivery.py",
+          "                self.limits.queue_full(session)  # (the bytes bound logs in "
+          "queue_bytes_full)\n", "                pass\n",
+          (f"{T}::test_unlogged_outbound_waits_in_a_bounded_queue",)),
         m("bridge-cfg-direction", "config: any [[bridge.topics]] direction accepted", BC,
           "    if direction not in DIRECTIONS:\n", "    if False:\n",
           (f"{CFG}::test_bad_bridge_config_names_the_key[bad-direction]",

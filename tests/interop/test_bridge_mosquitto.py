@@ -399,6 +399,44 @@ def test_remote_crash_loses_nothing(tmp_path: Path, made: list[Any],
           f"{counter.duplicates()} duplicates")
 
 
+def test_unlogged_outbound_waits_in_a_bounded_queue(tmp_path: Path, made: list[Any],
+                                                    mosq: MosquittoProc) -> None:
+    """An unlogged outbound topic (log = false) has no log to read back from: while Mosquitto
+    is away its messages wait in the bridge session's queue, bounded by
+    mqtt.max_queued_messages; past it the oldest go (queue_full_policy drop_oldest), counted
+    in meshmq_limit_hits_total{limit="max_queued_messages"} and logged naming the session."""
+    cfg = {"name": "up", "address": f"{mosq.host}:{mosq.port}", "reconnect_min": 0.2,
+           "reconnect_max": 1.0, "topics": [{"pattern": "live/#", "direction": "out"},
+                                           {"pattern": "devices/#", "direction": "out"}]}
+    b = BrokerProc(tmp_path / "meshmq", {
+        "bridge": [cfg], "mqtt": {"max_queued_messages": 5},
+        "commitlog": {"rules": [{"filter": "devices/{device}/#"},
+                                {"filter": "live/#", "log": False}]}}, ws=False)
+    made.append(b)
+    b.start()
+    wait_for(lambda: b.metric("meshmq_bridge_up", bridge="up") == 1, timeout=30,
+             message="the bridge to connect")
+    counter = RemoteCounter(mosq, "#")
+    made.append(counter)
+    mosq.stop()
+    wait_for(lambda: b.metric("meshmq_bridge_up", bridge="up") == 0, timeout=30,
+             message="the bridge to see Mosquitto gone")
+    pub = client(made, b.host, b.port)
+    for i in range(20):
+        assert pub.puback_code(pub.publish("live/x", str(i).encode(), qos=1)) == 0
+    wait_for(lambda: b.metric("meshmq_limit_hits_total", limit="max_queued_messages") >= 1,
+             timeout=20, message="the queue bound to be counted")
+    assert "limit max_queued_messages hit" in b.log_text() and "$bridge/up" in b.log_text()
+    mosq.start()
+    newest = {str(i).encode() for i in range(15, 20)}
+    wait_for(lambda: not counter.missing(newest), timeout=60,
+             message="the 5 queued messages at Mosquitto")
+    pub.publish("devices/d1/x", b"sentinel", qos=1)  # logged: sent after the queue
+    wait_for(lambda: not counter.missing({b"sentinel"}), timeout=60, message="the sentinel")
+    dropped = {str(i).encode() for i in range(15)}
+    assert not dropped & set(counter.copies), "more than max_queued_messages were kept"
+
+
 def test_inbound_published_while_meshmq_is_down_arrives(tmp_path: Path, made: list[Any],
                                                         mosq: MosquittoProc) -> None:
     """commands/# in: what is published on Mosquitto while meshmq is stopped waits in the
