@@ -327,8 +327,8 @@ class Bridge:
         remote = self._remote
         if remote is None or local is None:
             return  # going down: the session resends it
-        if pkt.qos and remote.inflight >= remote.receive_maximum:
-            self._held.append(pkt)
+        if self._held or (pkt.qos and remote.inflight >= remote.receive_maximum):
+            self._held.append(pkt)  # (behind what already waits: the log's order is kept)
             return
         self._send_out(remote, local, pkt, mapped[0])
 
