@@ -180,7 +180,7 @@ class Bridge:
             try:
                 await self._connected_once()
             except asyncio.CancelledError:
-                self._down("bridge stopped")
+                self._down("bridge stopped", stopping=True)
                 raise
             except (OSError, ClientClosed, TimeoutError, ssl.SSLError) as exc:
                 self._down(f"{type(exc).__name__}: {exc}")
@@ -291,7 +291,7 @@ class Bridge:
                                             "remote": f"{self.cfg.host}:{self.cfg.port}"})
         self._notify(b"1")
 
-    def _down(self, why: str) -> None:
+    def _down(self, why: str, stopping: bool = False) -> None:
         was = self.connected
         self.connected = False
         for client in (self._remote, self._local):
@@ -300,6 +300,12 @@ class Bridge:
         self._remote = self._local = None
         self._early = None  # unacknowledged: the remote sends them again
         self._held.clear()  # the local session sends them again (its window, with DUP)
+        if stopping:
+            # the node is draining, or the bridge moves to another router (which says "1"
+            # when it connects: a "0" from here could overwrite it, retained, after it)
+            log.info("bridge %s stopped on this router", self.cfg.name,
+                     extra={"bridge": self.cfg.name, "was_connected": was})
+            return
         log.warning("bridge %s to %s:%d is down: %s; reconnecting with backoff (outbound "
                     "messages wait in the device logs, nothing is dropped)", self.cfg.name,
                     self.cfg.host, self.cfg.port, why,
