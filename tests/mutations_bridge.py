@@ -106,6 +106,14 @@ def bridge_mutations(mutation: Any) -> tuple[Any, ...]:
           "                self.limits.queue_full(session)  # (the bytes bound logs in "
           "queue_bytes_full)\n", "                pass\n",
           (f"{T}::test_unlogged_outbound_waits_in_a_bounded_queue",)),
+        m("bridge-local-untrusted", "bridge: its local connection is not marked trusted (on a "
+          "broker with a password file its CONNECT is refused)", BR,
+          "            conn.trusted = True\n", "            conn.trusted = False\n",
+          (f"{T}::test_secured_broker_bridge_needs_no_password_but_its_acl",)),
+        m("bridge-suback-ignored", "bridge: a refused SUBSCRIBE (ACL) is ignored: the bridge "
+          "says it is up and carries nothing, silently", BR,
+          "               if code >= 0x80]\n", "               if code >= 0x100]\n",
+          (f"{T}::test_secured_broker_bridge_needs_no_password_but_its_acl",)),
         m("bridge-cfg-direction", "config: any [[bridge.topics]] direction accepted", BC,
           "    if direction not in DIRECTIONS:\n", "    if False:\n",
           (f"{CFG}::test_bad_bridge_config_names_the_key[bad-direction]",

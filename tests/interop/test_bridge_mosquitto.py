@@ -474,3 +474,37 @@ def _expiry() -> Any:
     from paho.mqtt.packettypes import PacketTypes
 
     return props(PacketTypes.CONNECT, SessionExpiryInterval=3600)
+
+
+def test_secured_broker_bridge_needs_no_password_but_its_acl(tmp_path: Path, made: list[Any],
+                                                             mosq: MosquittoProc) -> None:
+    """On a broker with a password file and an ACL, the bridge's own session connects without
+    a password (it is the node's) and is bound by the ACL like any client: its client section
+    grants devices/# (carried out), not secret/# (refused at SUBSCRIBE, logged with the fix)."""
+    from helpers.authfiles import auth_overrides
+
+    acl = ("user alice\ntopic readwrite #\n\n"
+           "client $bridge/up\ntopic read devices/#\n\n"
+           "client $bridge/other\ntopic read devices/#\n")
+    topics_ok = [{"pattern": "devices/#", "direction": "out"}]
+    topics_denied = [{"pattern": "secret/#", "direction": "out"}]
+    common = {"address": f"{mosq.host}:{mosq.port}", "reconnect_min": 0.2,
+              "reconnect_max": 1.0}
+    overrides = {**auth_overrides(tmp_path / "auth", {"alice": "wonderland"}, acl),
+                 "bridge": [{"name": "up", "topics": topics_ok, **common},
+                            {"name": "other", "client_id": "other-bridge",
+                             "topics": topics_denied, **common}]}
+    b = BrokerProc(tmp_path / "meshmq", overrides, ws=False)
+    made.append(b)
+    b.start()
+    wait_for(lambda: b.metric("meshmq_bridge_up", bridge="up") == 1, timeout=30,
+             message="the bridge to connect to a password-protected broker")
+    counter = RemoteCounter(mosq, "#")
+    made.append(counter)
+    pub = client(made, b.host, b.port, username="alice", password="wonderland")
+    sent = publish_all(pub, 0, 5)
+    wait_for(lambda: not counter.missing(sent), timeout=30, message="devices/# carried")
+    wait_for(lambda: "local SUBSCRIBE refused for secret/# (0x87)" in b.log_text(),
+             timeout=30, message="the refused subscription to be logged")
+    assert "client '$bridge/other'" in b.log_text()
+    assert b.metric("meshmq_bridge_up", bridge="other") == 0
