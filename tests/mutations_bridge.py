@@ -114,6 +114,10 @@ def bridge_mutations(mutation: Any) -> tuple[Any, ...]:
           "says it is up and carries nothing, silently", BR,
           "               if code >= 0x80]\n", "               if code >= 0x100]\n",
           (f"{T}::test_secured_broker_bridge_needs_no_password_but_its_acl",)),
+        m("bridge-keepalive-deaf", "bridge: the remote's silence past 1.5 x keepalive is not "
+          "noticed (a frozen remote keeps the bridge 'up' forever)", BR,
+          "            if self.loop.time() - remote.last_rx > keepalive * 1.5:\n",
+          "            if False:\n", (f"{T}::test_a_frozen_remote_is_detected_by_keepalive",)),
         m("bridge-cfg-direction", "config: any [[bridge.topics]] direction accepted", BC,
           "    if direction not in DIRECTIONS:\n", "    if False:\n",
           (f"{CFG}::test_bad_bridge_config_names_the_key[bad-direction]",

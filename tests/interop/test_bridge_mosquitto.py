@@ -508,3 +508,23 @@ def test_secured_broker_bridge_needs_no_password_but_its_acl(tmp_path: Path, mad
              timeout=30, message="the refused subscription to be logged")
     assert "client '$bridge/other'" in b.log_text()
     assert b.metric("meshmq_bridge_up", bridge="other") == 0
+
+
+def test_a_frozen_remote_is_detected_by_keepalive(tmp_path: Path, made: list[Any],
+                                                  mosq: MosquittoProc) -> None:
+    """Mosquitto frozen (SIGSTOP: the socket stays open, nothing answers): the bridge's
+    keepalive (2 s here) notices the silence, reports the bridge down and keeps retrying."""
+    import os
+    import signal
+
+    b = bridged_broker(tmp_path, made, mosq,
+                       [{"pattern": "devices/#", "direction": "out"}], keepalive=2)
+    os.kill(mosq.proc.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: b.metric("meshmq_bridge_up", bridge="up") == 0, timeout=60,
+                 message="the bridge to notice the frozen remote (keepalive)")
+        assert "keepalive" in b.log_text()
+    finally:
+        os.kill(mosq.proc.pid, signal.SIGCONT)
+    wait_for(lambda: b.metric("meshmq_bridge_up", bridge="up") == 1, timeout=60,
+             message="the bridge back once the remote answers")
