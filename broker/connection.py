@@ -49,6 +49,11 @@ class ConnectionOwner(Protocol):
 
 
 class Connection(asyncio.Protocol):
+    # An in-process client the node itself opened (the MQTT bridge's own session on this
+    # broker, meshmq/bridge.py): its CONNECT skips the password check, as Mosquitto's bridge's
+    # local side does. A listener never sets it; the ACL still applies (client $bridge/<name>).
+    trusted = False
+
     def __init__(self, router: ConnectionOwner, listener: ListenerStats,
                  stats: BrokerStats) -> None:
         settings = router.settings.mqtt

@@ -149,6 +149,8 @@ class DeliveryRoom:
         over_bytes = self.limits.queue_bytes_full(session, size)
         if len(queue) >= mqtt.max_queued_messages or over_bytes:
             policy = mqtt.queue_full_policy
+            if not over_bytes:
+                self.limits.queue_full(session)  # (the bytes bound logs in queue_bytes_full)
             self.stats.dropped(DropReason.QUEUE_FULL)
             if policy is QueueFullPolicy.DROP_OLDEST:
                 if not queue.make_room(size, mqtt.max_queued_bytes, self.stats):

@@ -43,6 +43,8 @@ class ConnectRoom:
             self._refuse(conn, Reason.SERVER_UNAVAILABLE, "server is shutting down")
             return
         gate = self._gate
+        if conn.trusted:  # the node's own bridge session (broker/connection.py): no password
+            gate = None
         if gate is not None and pkt.password is not None:
             # scrypt (~50 ms) off the loop, through the gate (bounded, lockouts: authgate.py)
             conn.pending = list(rest)
@@ -55,7 +57,8 @@ class ConnectRoom:
                 conn.pending = None
                 self.finish_connect(conn, pkt, code)
             return
-        code = self.auth.authenticate(pkt.username, pkt.password) if self.auth else 0
+        code = self.auth.authenticate(pkt.username, pkt.password) if (
+            self.auth and not conn.trusted) else 0
         if self.registry is not None and not code and self.registry.claim(conn, pkt, rest):
             return  # the CONNACK waits for the claim's commit in Raft (broker/registry.py)
         if self.forwarder is not None and not code and self.sessions_remote.claim(conn, pkt, rest):
@@ -139,6 +142,10 @@ class ConnectRoom:
         # auth.clientid_rule; with passwords, a session is taken only by its own user (clientid.py)
         refused = self.clientids.connect_refusal(client_id, pkt.username, self.sessions,
                                                  self._slow_auth)
+        if refused is None and client_id.startswith("$bridge/") and not conn.trusted:
+            # the node's bridges' own sessions (their outbound positions): no client takes one
+            refused = (Reason.CLIENT_IDENTIFIER_NOT_VALID,
+                       "client ids starting with $bridge/ are reserved for the broker's bridges")
         if refused is None and will is not None and self._acl is not None \
                 and not self._acl.can_publish(pkt.username, client_id, will.topic):
             # A will is a PUBLISH made on the client's behalf later: authorised now, as Mosquitto

@@ -35,6 +35,7 @@ LIMIT_NAMES = (
     "packet_timeout",
     "max_offline_sessions",
     "max_queued_bytes",
+    "max_queued_messages",  # a session's queue by count (unlogged topics, QoS 0, the bridge)
     "max_failures",
     "max_lagging_devices",  # a session's log positions (broker/positions.py)
     "max_retained_pending",  # retained messages owed on SUBSCRIBE (broker/retainpace.py)
@@ -191,6 +192,14 @@ class RouterLimits(LimitLog):
         """Count a CONNECT refused by mqtt.max_connect_packet_size (0x95 before CONNECT)."""
         if getattr(err, "reason_code", None) == 0x95 and conn.proto.protocol_level is None:
             self.hit("max_connect_packet_size", f"first packet refused: {err}", peer=conn.peer)
+
+    def queue_full(self, session: Session) -> None:
+        """A session's queue holds mqtt.max_queued_messages: counted and logged (rate-limited),
+        so an operator sees which session drops, not only a counter (a bridge's session
+        $bridge/<name> holds a bridge's unlogged outbound topics while its remote is away)."""
+        self.hit("max_queued_messages", f"session queue holds {len(session.queue)} messages; "
+                 f"{self.mqtt.queue_full_policy.value} (max_queued_messages "
+                 f"{self.mqtt.max_queued_messages})", client_id=session.client_id)
 
     def queue_bytes_full(self, session: Session, size: int) -> bool:
         """Whether queueing ``size`` more bytes breaks mqtt.max_queued_bytes (counted, logged)."""

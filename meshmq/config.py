@@ -52,6 +52,7 @@ from cluster.settings import (
 )
 from commitlog.settings import LogSettings
 from meshmq.admin_auth import TokenFileError, load_tokens
+from meshmq.bridgeconfig import BridgeConfig, BridgeConfigError, parse_bridges
 
 __all__ = ["ConfigError", "NodeConfig", "CommitLogConfig", "ENV_PREFIX", "LOG_LEVELS",
            "LOG_FORMATS", "load_config", "parse_bind"]
@@ -128,6 +129,7 @@ class NodeConfig:
     commitlog: CommitLogConfig = field(default_factory=CommitLogConfig)
     # [cluster]; None = a plain single node (no mesh, no supervisor): today's broker unchanged
     cluster: ClusterSettings | None = None
+    bridges: tuple[BridgeConfig, ...] = ()  # [[bridge]] sections (meshmq/bridgeconfig.py)
 
 
 # --------------------------------------------------------------------------------------------
@@ -560,7 +562,7 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
 }
 # Tables that only hold other tables ([listener] holds [listener.tcp] ...).
 _PARENTS = {path[:i] for path in _SCHEMA for i in range(1, len(path))}
-_TOP_SECTIONS = sorted({path[0] for path in _SCHEMA})
+_TOP_SECTIONS = sorted({path[0] for path in _SCHEMA} | {"bridge"})  # [[bridge]]: bridgeconfig
 
 
 def _dotted(path: tuple[str, ...]) -> str:
@@ -1008,8 +1010,12 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
     sources: dict[tuple[str, ...], str] = {}
     rules: tuple[LogRule, ...] | None = None
     nodes: tuple[NodeAddress, ...] | None = None
+    bridge_data: object = None
     if path is not None:
         data = _read_toml(path)
+        if "bridge" in data:  # [[bridge]]: an array of tables, parsed by meshmq/bridgeconfig.py
+            data = dict(data)
+            bridge_data = data.pop("bridge")
         rules, nodes = _merge_file(data, path, values)
         sources.update({k: path for k in values if _was_set(data, k)})
     _merge_env(environ, values, sources)
@@ -1060,6 +1066,10 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
                                  DEFAULT_RULES if rules is None else rules)
 
     node_id = get("node", "id")
+    try:
+        bridges = () if bridge_data is None else parse_bridges(bridge_data, node_id)
+    except BridgeConfigError as exc:
+        raise ConfigError(exc.key, exc.problem, path) from None
     broker = BrokerSettings(
         node_id=node_id,
         listeners=ListenerSettings(
@@ -1101,6 +1111,7 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
         log_format=get("log", "format"),
         commitlog=commitlog,
         cluster=cluster,
+        bridges=bridges,
     )
 
 

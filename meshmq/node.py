@@ -67,6 +67,7 @@ class Node:
         self.store: LogStore | None = None
         self.committer: GroupCommitter | None = None
         self.persistence: SessionPersistence | None = None
+        self.bridges = None  # meshmq.bridge.Bridges when [[bridge]] sections are configured
         self._ready = False
         self._stop = asyncio.Event()
         self._dirlock: DataDirLock | None = None  # one process per data_dir (meshmq/dirlock.py)
@@ -183,6 +184,11 @@ class Node:
         # Listeners open last: the first client must not wait behind the start-up work above
         # (gc.collect took ~50 ms), and "ready" is logged as they start accepting.
         await self.listeners.start()
+        from meshmq.bridge import attach_bridges
+
+        self.bridges = attach_bridges(self)  # [[bridge]]: after the sessions are restored
+        if self.bridges is not None:
+            self.bridges.start()
         self._ready = True
         log.info("meshmq node ready", extra={"node_id": self.config.node_id,
                                               "mqtt": self.listeners.bound.get(
@@ -235,6 +241,8 @@ class Node:
             self.listeners.stop_accepting()
         if self.hwm_hold is not None:
             self.hwm_hold.stop()
+        if self.bridges is not None:
+            await self.bridges.stop()  # its local session goes offline with a clean DISCONNECT
         if self.router is not None:
             await self.router.drain()
         if self.mesh is not None:

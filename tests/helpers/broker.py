@@ -76,6 +76,8 @@ def toml_value(value: Any) -> str:
         return f'"{escaped}"'
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table (e.g. [[bridge]]'s topics)
+        return "{" + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
