@@ -44,6 +44,13 @@ class OwnerNotStored(Exception):
     look at, where a local disk failure says "the commit log cannot write"."""
 
 
+class NotCommittedYet(OwnerNotStored):
+    """An ack refused while the record stays in its log (Kafka's NOT_ENOUGH_REPLICAS: the
+    high-water mark did not pass it in time). The publisher is told "not stored" and resends;
+    the record may still be committed later, and then its subscribers get it: routed when
+    the mark passes it (broker/ingest.py), as a Kafka consumer reads it from the log then."""
+
+
 class FetchResult(NamedTuple):
     """A read of a device log another router owns (``Forwarder.fetch``)."""
 

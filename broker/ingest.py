@@ -21,7 +21,7 @@ from functools import partial
 
 from broker.connection import Connection, fail_client
 from broker.devicelogs import RETAIN_ONLY, DeviceLogs, PendingPublish
-from broker.forwarding import OwnerNotStored
+from broker.forwarding import NotCommittedYet, OwnerNotStored
 from broker.message import Message
 from broker.protocol.packets import PacketType, PubAck, Publish, PubRec, Will
 from broker.protocol.properties import Prop
@@ -93,7 +93,14 @@ class IngestRoom:
         stored: ``exc``): route them and answer their publishers, in log order."""
         settled: list[Connection] = []
         paused = self._paused_publishers  # almost always empty: one truth test per message
+        later = isinstance(exc, NotCommittedYet) and self.logs is not None
         for conn, packet_id, msg in batch:
+            if later and msg.device is not None and msg.offset >= 0:
+                # refused to its publisher, but still in the log: routed if the mark passes it
+                # later (nothing stored is lost to a subscriber; at least once, as a resend of
+                # it is stored again)
+                self.logs.committer.when_high_watermark(
+                    msg.device, msg.offset, partial(self._committed_later, msg))
             if conn is None and packet_id is not None:  # stored for a peer router
                 self.remote.stored(packet_id, msg, exc)
                 continue
@@ -128,6 +135,26 @@ class IngestRoom:
                 and self.logs.held <= HELD_LIMIT // 2:
             for paused in list(self._paused_publishers):
                 self._resume_publisher(paused)
+
+    def _committed_later(self, msg: Message, exc: BaseException | None) -> None:
+        """A record whose ack was refused (NotCommittedYet) is committed after all: routed now
+        (its retained part too), in the log's order for that device (waiters fire in offset
+        order). Truncated instead (``exc``): it was never committed, nothing to route."""
+        if isinstance(exc, NotCommittedYet) and self.logs is not None:
+            # the mark is still stuck (the leader refuses what waits on it each
+            # cluster.append_timeout): keep waiting, the record is still in the log
+            self.logs.committer.when_high_watermark(
+                msg.device, msg.offset, partial(self._committed_later, msg))
+            return
+        if exc is not None:
+            return
+        try:
+            if msg.retain:
+                self.retain(msg)
+            self.route(msg)
+        except Exception:  # noqa: BLE001 - one message's routing failure must not stop others
+            log.exception("routing a record committed after its ack was refused failed",
+                          extra={"device": msg.device, "offset": msg.offset})
 
     def _answer_resend(self, logs: DeviceLogs, key: str, msg: Message, conn: Connection,
                        pkt: Publish, offset: int, before_start: bool) -> None:

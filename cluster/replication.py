@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from broker.forwarding import OwnerNotStored
+from broker.forwarding import NotCommittedYet
 from broker.lograte import RateLimitedLog
 from cluster import frames
 from cluster.logserve import FETCH_MAX_BYTES, FETCH_MAX_RECORDS
@@ -67,7 +67,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 _RETRY = 0.1  # seconds before a leader whose log still had appends pending is tried again
 
 
-class NotEnoughReplicas(OwnerNotStored):
+class NotEnoughReplicas(NotCommittedYet):
     """An ack refused because the high-water mark could not pass the record in time (Kafka's
     NOT_ENOUGH_REPLICAS): v5 gets 0x80 with this text as the reason string, 3.x a closed
     connection. The record stays in the leader's log."""
