@@ -129,6 +129,9 @@ class ReplicaManager:
         self.waiting: set[str] = set()  # followers-in-waiting (older incarnation named)
         self.parked: dict[str, list[_Parked]] = {}
         self.lease_ok: Callable[[], bool] = lambda: True  # failover's lease (the lead wires it)
+        # a new leader's inherited tail, committed: (device, from, to) to route to subscribers
+        # (meshmq/replication_wiring.py reads the records and routes them through the router)
+        self.on_inherited: Callable[[str, int, int], None] | None = None
         self.stats = {"isr_shrinks": 0, "isr_expands": 0, "bytes_out": 0, "acks_refused": 0,
                       "isr_proposals_failed": 0, "lost_log_refusals": 0}
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
@@ -232,6 +235,11 @@ class ReplicaManager:
             return False
         epochs = store.epochs(device)
         start = epochs[-1][1] if epochs else store.log_end(device)
+        # records this router fetched as a follower and never saw committed (its mark lags the
+        # old leader's by a fetch): the old leader routed them once committed, unless it died
+        # first. When this epoch's mark passes them they are routed from here (at least once:
+        # a subscriber may get one the old leader routed too; never lost to one)
+        inherited = store.high_watermark(device)
         replicas = list(rec["replicas"])
         min_insync = min(self.settings.min_insync_replicas, len(replicas))
         state = LeaderState(self.me, epoch, start, set(rec["isr"]), replicas, min_insync,
@@ -247,6 +255,14 @@ class ReplicaManager:
             led.published = state.high_watermark
         log.info("leading device log", extra={"device": device, "router": self.me,
                                               "epoch": epoch, "isr": sorted(state.isr)})
+        if self.on_inherited is not None and start > inherited:
+            route = self.on_inherited
+
+            def committed(exc: BaseException | None, lo: int = inherited,
+                          hi: int = start) -> None:
+                if exc is None:
+                    route(device, lo, hi)
+            self.committer.when_high_watermark(device, start - 1, committed)
         self._publish_hw(device, led)
         return True
 

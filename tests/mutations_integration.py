@@ -12,6 +12,13 @@ FAILOVER = "tests/cluster/test_failover.py"
 def integration_mutations(mutation: Any) -> tuple[Any, ...]:
     m = mutation
     return (
+        m("integration-inherited-tail-not-routed", "meshmq/replication_wiring.py: a new leader "
+          "never routes the records it inherited uncommitted (its dead predecessor appended "
+          "them and died before routing): subscribers miss them", "meshmq/replication_wiring.py",
+          "    manager.on_inherited = lambda device, lo, hi: "
+          "route_inherited(node, device, lo, hi)\n",
+          "", ("tests/cluster/test_replication.py::test_a_record_its_dead_leader_never_routed_"
+               "reaches_subscribers_from_the_new_one",)),
         m("integration-refused-record-never-routed", "broker/ingest.py _on_durable: a record "
           "whose ack was refused (not enough in-sync replicas) but which stays in the log is "
           "never routed when the high-water mark passes it later (a stored message missed by "

@@ -302,3 +302,50 @@ def test_a_leader_restarted_without_its_log_does_not_erase_its_followers(tmp_pat
         _, end, recs = _replica_bytes(cluster, i, device)
         assert end == 5, f"n{i}'s log was cut to {end}: acknowledged messages erased"
         assert [p for _, p in recs] == [f"m{k}".encode() for k in range(len(recs))], recs
+
+
+def test_a_record_its_dead_leader_never_routed_reaches_subscribers_from_the_new_one(
+        tmp_path: Path, raw) -> None:
+    """The old leader appends, a follower fetches, the old leader dies before the high-water
+    mark passes the record (nobody routed it); the new leader's epoch commits it later: every
+    subscriber must get it (found by the chaos suite's kill-leader: a stored message missed
+    by every live subscriber). min_insync_replicas 3 holds the mark while n2 is out of the
+    ISR, so n1 alone is eligible when n0 dies, and the mark passes only when n0 is back."""
+    cluster = Cluster(tmp_path, n=3, raft=True, overrides={"cluster": {
+        "append_timeout": 3.0, "replica_lag_time_max": 1.0, "replica_fetch_wait": 0.2,
+        "min_insync_replicas": 3}})
+    try:
+        cluster.start()
+        device = unique("orphan")
+        pub = _publisher(raw, cluster, 0)
+        assert _publish(pub, device, b"first", 1).reason_code == 0
+        sub = raw(cluster.nodes[1], version=5)
+        sub.connect(unique("sub"))
+        sub.subscribe([(f"devices/{device}/#", 1)], qos=1)
+        n2 = cluster.router_pid(2)
+        os.kill(n2, signal.SIGSTOP)
+        try:
+            wait_for(lambda: sorted(_owner(cluster, 1, device)["isr"]) == ["n0/0", "n1/0"], 60,
+                     message="n2 shrunk out of the ISR (the mark is held: 2 < 3)")
+            fetched = cluster.nodes[1].metric("meshmq_replica_bytes_total", direction="in")
+            pub.send(R.publish(f"devices/{device}/t", b"orphan", qos=1, packet_id=2,
+                               version=5))
+            wait_for(lambda: cluster.nodes[1].metric("meshmq_replica_bytes_total",
+                                                     direction="in") > fetched, 30,
+                     interval=0.02, message="n1 fetched the record")
+            # n0 dies with the record below nobody's mark: never acked, never routed
+            router = cluster.router_pid(0)
+            cluster.nodes[0].kill()
+            try:
+                os.kill(router, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            wait_for(lambda: _owner(cluster, 1, device)["router"] == "n1/0", 60,
+                     message="n1 elected leader (the only live ISR member)")
+        finally:
+            os.kill(n2, signal.SIGCONT)
+        cluster.nodes[0].start()  # back as a follower: the ISR is whole, the mark passes
+        got = sub.expect(R.PUBLISH, timeout=90)
+        assert bytes(got.payload) == b"orphan", got
+    finally:
+        cluster.stop()
