@@ -289,6 +289,11 @@ class Broker:
         raise BrokerUnavailable(self.name)
 
     def start(self, timeout: float = 20.0) -> None:
+        self.spawn()
+        self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start the process (``wait_ready`` waits for its CONNACK)."""
         self.tmp = tempfile.TemporaryDirectory(prefix=f"bench-{self.name}-")
         tmp = Path(self.tmp.name)
         os.chmod(tmp, 0o755)  # mosquitto drops privileges after reading its config
@@ -298,6 +303,8 @@ class Broker:
             self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, preexec_fn=_child_setup,
                                          start_new_session=True)
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

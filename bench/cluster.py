@@ -230,8 +230,13 @@ class Cluster:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> Cluster:
+        # every node started before any is waited for: under Raft placement a node answers
+        # CONNECT only once its session claim commits, which needs a majority of the nodes up
+        # (cluster/sessionreg.py)
         for node in self.nodes:
-            node.start(timeout=timeout)
+            node.spawn()
+        for node in self.nodes:
+            node.wait_ready(timeout)
         deadline = time.monotonic() + timeout
         want = len(self.nodes) * self.routers - 1
         while True:
