@@ -113,10 +113,18 @@ def plan(logs: Mapping[str, dict], routers: Mapping[str, dict], alive: frozenset
         inc = rec.get("leader_incarnation")
         reg = routers.get(leader) if leader else None
         restarted = inc is not None and reg is not None and reg["incarnation"] != inc
+        # followers whose process registered after the ISR was last set: that membership was
+        # their previous process's, whose disk may have come back short (wiped, restored)
+        isr_at = int(rec.get("isr_at", 0))
+        stale = [r for r in isr if r != leader and r in routers
+                 and int(routers[r].get("since", 0)) > isr_at]
         if leader is not None and _node(leader) in alive and not restarted:
+            if stale:  # out of the ISR until their leader sees them caught up (set_isr)
+                cmds.append(["set_isr", device, rec["epoch"], rec["isr_version"],
+                             [r for r in isr if r not in stale]])
             continue  # led by a live router of the incarnation that was elected
         lost = restarted and not (reg or {}).get("kept_logs")  # came back with an empty disk
-        keep = [r for r in isr if _node(r) in alive and r in routers
+        keep = [r for r in isr if _node(r) in alive and r in routers and r not in stale
                 and not (r == leader and lost)]
         if not keep:
             offline.append(device)
@@ -128,15 +136,22 @@ def plan(logs: Mapping[str, dict], routers: Mapping[str, dict], alive: frozenset
                 # everywhere (status, metrics), never restarted at offset 0
                 cmds.append(["mark_lost", device, rec["incarnation"], floor, 0])
             continue
-        # the restarted leader with its logs first (it holds the most: its tail past the
-        # high-water mark too, and offsets continue where its clients saw them), then the
-        # router the device is connected to, then replica order
-        preferred = leader if restarted and leader in keep else \
+        # a restarted leader only when it is the last in-sync replica alive: its disk may have
+        # come back short (a restored backup, a lost tail) and it cannot prove otherwise, while
+        # every other ISR member holds everything up to the high-water mark (Kafka's KIP-966
+        # elects such a broker last, and only when it is the sole eligible one). Among the
+        # others: the router the device is connected to, then replica order
+        if restarted and len(keep) > 1:
+            keep_others = [r for r in keep if r != leader]
+            keep = keep_others  # and out of the ISR: it rejoins once caught up
+        else:
+            keep_others = keep
+        preferred = leader if restarted and keep_others == [leader] else \
             sessions.get(device, {}).get("router")
-        if preferred not in keep:
+        if preferred not in keep_others:
             order = rec.get("replicas") or isr
-            preferred = min(keep, key=lambda r: (order.index(r) if r in order else len(order),
-                                                 r))
+            preferred = min(keep_others, key=lambda r: (order.index(r) if r in order
+                                                        else len(order), r))
         cmds.append(["elect", device, rec["epoch"], preferred, keep])
     return cmds, offline
 

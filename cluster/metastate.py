@@ -81,7 +81,7 @@ class MetadataState:
         if leader not in replicas:
             return False, f"leader {leader!r} is not among the replicas {replicas!r}", None
         rec = {"leader": leader, "isr": list(replicas), "replicas": list(replicas),
-               "epoch": 0, "isr_version": 0, "incarnation": index}
+               "epoch": 0, "isr_version": 0, "incarnation": index, "isr_at": index}
         if leader_incarnation is not None:
             rec["leader_incarnation"] = str(leader_incarnation)
         self.logs[device] = rec
@@ -116,6 +116,7 @@ class MetadataState:
         if isr is not None and list(isr) != rec["isr"]:
             rec["isr"] = list(isr)
             rec["isr_version"] += 1
+            rec["isr_at"] = index
         registered = self.routers.get(leader)
         if registered is not None:
             rec["leader_incarnation"] = registered["incarnation"]
@@ -138,8 +139,14 @@ class MetadataState:
         old = self.routers.get(router)
         rec = {"incarnation": str(incarnation), "node": router.rpartition("/")[0],
                "kept_logs": bool((info or {}).get("kept_logs", False))}
-        if old == rec:
+        if old is not None and all(old.get(k) == v for k, v in rec.items()):
             return False, old, None
+        # ``since``: the command that registered this process. An ISR membership older than it
+        # (the record's ``isr_at``) was the previous process's: its disk may have come back
+        # short, so the controller takes it out of the ISR and never elects it (Kafka's
+        # KRaft fences a re-registered broker out of every ISR the same way); it rejoins when
+        # its leader sees it caught up (set_isr)
+        rec["since"] = index
         self.routers[router] = rec
         return True, rec, ("router", router, rec)
 
@@ -153,7 +160,7 @@ class MetadataState:
         if rec["epoch"] != leader_epoch or rec["isr_version"] != isr_version \
                 or rec["leader"] not in isr or not set(isr) <= set(rec["replicas"]):
             return False, rec, None
-        rec = dict(rec, isr=list(isr), isr_version=isr_version + 1)
+        rec = dict(rec, isr=list(isr), isr_version=isr_version + 1, isr_at=index)
         self.logs[device] = rec
         return True, rec, ("log", device, rec)
 
@@ -287,7 +294,8 @@ class MetadataState:
             else:
                 rec.pop("leader_incarnation", None)
         rec.update(replicas=list(target), isr=[r for r in rec["isr"] if r in target],
-                   leader=leader, epoch=epoch, isr_version=rec["isr_version"] + 1)
+                   leader=leader, epoch=epoch, isr_version=rec["isr_version"] + 1,
+                   isr_at=index)
         self.logs[device] = rec
         return True, rec, ("log", device, rec)
 

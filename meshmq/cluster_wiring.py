@@ -127,6 +127,9 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     lease.start()
     mesh.lease = lease
     node.router.write_gate = lease.refusal
+    # what this router's disk held at start, before its fetchers add anything: a restarted
+    # sole in-sync replica is elected again only with its logs (cluster/controller.py)
+    kept = node.store is not None and any(not k.startswith("#") for k in node.store.keys())
     replication = None
     if node.store is not None and node.committer is not None:
         from meshmq.replication_wiring import attach_replication
@@ -139,7 +142,6 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     except TimeoutError:
         log.error("no placement snapshot from this node's metadata process in %.0f s: device "
                   "logs stay unplaced (not served) until it answers", wait)
-    kept = node.store is not None and any(not k.startswith("#") for k in node.store.keys())
     registrar = Registrar(socket, mesh.rid, feed.incarnation, kept)
     await registrar.start(wait)
     if node.store is not None:

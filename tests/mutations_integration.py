@@ -12,6 +12,19 @@ FAILOVER = "tests/cluster/test_failover.py"
 def integration_mutations(mutation: Any) -> tuple[Any, ...]:
     m = mutation
     return (
+        m("integration-restarted-leader-preferred", "cluster/controller.py plan: a restarted "
+          "leader that kept logs is elected again although another in-sync replica is alive "
+          "(its disk may be short: the chaos run acked offsets twice)", "cluster/controller.py",
+          "        if restarted and len(keep) > 1:\n", "        if False:\n",
+          ("tests/cluster/test_controller_unit.py::test_a_restarted_leader_is_elected_again_"
+           "or_replaced",)),
+        m("integration-stale-follower-kept", "cluster/controller.py plan: a follower that "
+          "re-registered since the ISR was set stays in the ISR and is electable",
+          "cluster/controller.py",
+          "                 and int(routers[r].get(\"since\", 0)) > isr_at]\n",
+          "                 and False]\n",
+          ("tests/cluster/test_controller_unit.py::test_a_follower_restarted_since_the_isr_"
+           "was_set_leaves_it_and_is_never_elected",)),
         m("integration-inherited-tail-not-routed", "meshmq/replication_wiring.py: a new leader "
           "never routes the records it inherited uncommitted (its dead predecessor appended "
           "them and died before routing): subscribers miss them", "meshmq/replication_wiring.py",

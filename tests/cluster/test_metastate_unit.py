@@ -90,7 +90,8 @@ def test_create_log_records_the_creating_routers_incarnation_and_the_old_form_st
 def test_register_router_keeps_the_current_incarnation_and_a_retry_is_already_so() -> None:
     s = MetadataState()
     applied, rec, change = s.apply(["register_router", "b/0", "bb01", {"kept_logs": True}])
-    assert applied and rec == {"incarnation": "bb01", "node": "b", "kept_logs": True}
+    assert applied and rec == {"incarnation": "bb01", "node": "b", "kept_logs": True,
+                               "since": 1}
     assert change == ("router", "b/0", rec)
     again, rec2, change2 = s.apply(["register_router", "b/0", "bb01", {"kept_logs": True}])
     assert not again and rec2 == rec and change2 is None  # a retried proposal: no change
