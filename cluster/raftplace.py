@@ -399,7 +399,8 @@ class RaftPlacer:
             rec = self.feed.records.get(device)
             if rec is None:
                 todo.append(device)
-            elif rec.get("leader") != self.me:
+            elif rec.get("leader") != self.me and self.me not in (rec.get("replicas") or ()):
+                # a copy of a log this router replicates is its follower copy, not a conflict
                 self._conflict(device, rec)
         if not todo:
             return
@@ -413,7 +414,8 @@ class RaftPlacer:
                 continue
             rec = answer[1]
             self.feed.learn(device, rec)
-            if isinstance(rec, dict) and rec.get("leader") != self.me:
+            if isinstance(rec, dict) and rec.get("leader") != self.me \
+                    and self.me not in (rec.get("replicas") or ()):
                 self._conflict(device, rec)
         log.info("device logs on disk registered in Raft", extra={
             "router": self.me, "registered": len(todo) - left, "not_yet": left})
