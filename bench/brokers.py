@@ -28,10 +28,19 @@ class BrokerUnavailable(RuntimeError):
     """The broker cannot be run on this machine (reason in the message)."""
 
 
+_GIVEN: set[int] = set()  # ports handed out by this process: never twice (the kernel may)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port no earlier call returned: nodes spawned together pick their ports
+    before any binds them, and the kernel can hand the same free port out twice."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def _child_setup() -> None:

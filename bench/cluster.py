@@ -188,6 +188,7 @@ class Cluster:
     """N nodes x R routers on loopback; quacks like ``Broker`` for ``runner.Phase``."""
 
     name = "meshmq-cluster"
+    spawn_together = False  # Raft placement: a node is ready only with a majority up
 
     def __init__(self, nodes: int, routers: int, overrides: dict[str, int] | None = None
                  ) -> None:
@@ -230,13 +231,17 @@ class Cluster:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, timeout: float = 60.0) -> Cluster:
-        # every node started before any is waited for: under Raft placement a node answers
-        # CONNECT only once its session claim commits, which needs a majority of the nodes up
-        # (cluster/sessionreg.py)
-        for node in self.nodes:
-            node.spawn()
-        for node in self.nodes:
-            node.wait_ready(timeout)
+        if self.spawn_together:
+            # every node started before any is waited for: under Raft placement a node answers
+            # CONNECT only once its session claim commits, which needs a majority of the nodes
+            # up (cluster/sessionreg.py); their ports are all taken before the first spawn
+            for node in self.nodes:
+                node.spawn()
+            for node in self.nodes:
+                node.wait_ready(timeout)
+        else:  # one at a time: each picks its free ports after the previous one bound its own
+            for node in self.nodes:
+                node.start(timeout=timeout)
         deadline = time.monotonic() + timeout
         want = len(self.nodes) * self.routers - 1
         while True:

@@ -53,6 +53,8 @@ ACK_TIMEOUT_S = 1.0  # the failover publisher's wait for one PUBACK before it re
 class RaftCluster(Cluster):
     """3 nodes x 1 router, ``placement = "raft"`` with a metadata process per node."""
 
+    spawn_together = True
+
     def __init__(self, nodes: int = 3, rf: int = 3) -> None:
         self.rf = rf
         self.raft_ports = [free_port() for _ in range(nodes)]
