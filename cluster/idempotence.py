@@ -28,6 +28,7 @@ needs anyway.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import struct
 import time
@@ -47,12 +48,23 @@ RESEND_LOOKBACK_S = 60.0
 #: of a restart on a device written very fast. One past it may be stored twice (logged).
 RESEND_SCAN_MAX = 65536
 
-_SRC = struct.Struct(">8sQ")
+_SRC = struct.Struct(">8sQ8s")
 
 
-def source_value(incarnation: bytes, seq: int) -> bytes:
-    """The ``:src`` header value of a peer's APPEND: (publisher incarnation prefix, link seq)."""
-    return _SRC.pack(incarnation[:8], seq)
+def owner_tag(owner: str) -> bytes:
+    """8 bytes naming the router that appended a record for a peer (its id, stable across its
+    restarts). Why: with replication a log holds records other leaders appended for the same
+    publisher incarnation, under *their* links' seqs; a restarted leader checking resends must
+    match only what it appended itself under this link's seqs (found by the chaos suite: a
+    new publish whose link seq equalled one the previous leader's link had used was answered
+    "stored at offset 28", never stored, and lost)."""
+    return hashlib.blake2b(owner.encode(), digest_size=8).digest()
+
+
+def source_value(incarnation: bytes, seq: int, owner: str = "") -> bytes:
+    """The ``:src`` header value of a peer's APPEND: (publisher incarnation prefix, link seq,
+    the appending router's tag)."""
+    return _SRC.pack(incarnation[:8], seq, owner_tag(owner))
 
 
 class ResendCheck:
@@ -60,10 +72,11 @@ class ResendCheck:
     resends of ones a previous incarnation of *this* router stored, and where they are."""
 
     __slots__ = ("window", "started_us", "_inc", "_first", "_found", "_scan_log", "found",
-                 "scanned")
+                 "scanned", "_owner")
 
-    def __init__(self, window: int, started_us: int | None = None) -> None:
+    def __init__(self, window: int, started_us: int | None = None, owner: str = "") -> None:
         self.window = window
+        self._owner = owner_tag(owner)  # this router: only what it appended can match
         self.started_us = time.time_ns() // 1000 if started_us is None else started_us
         self._inc = b""
         self._first = -1  # the first seq heard from this incarnation; -1: none yet
@@ -104,7 +117,7 @@ class ResendCheck:
         index = self._found.get(device)
         if index is None:
             index = self._found[device] = self._scan(store, device)
-        return index.get(_SRC.pack(self._inc, seq))
+        return index.get(_SRC.pack(self._inc, seq, self._owner))
 
     def _last_before_start(self, store: Any, device: str, start: int) -> int:
         """When the previous run last wrote to ``device`` (this start if unknown): the

@@ -80,6 +80,7 @@ class LinkHost(Protocol):
     calls hand the frames the link does not handle itself (entries, routes, requests) up."""
 
     settings: ClusterSettings
+    rid: str  # this router's id (the resend check matches only what it appended)
     loop: asyncio.AbstractEventLoop
     routes: RouteTable
     connections: set[Any]
@@ -211,7 +212,7 @@ class MeshLink:
         self.outcomes = Outcomes()  # of the peer's APPENDs, to answer a resent one again
         # ... and, for an incarnation first heard after our own start, what our previous run
         # stored of its APPENDs (cluster/idempotence.py)
-        self.resends = ResendCheck(mesh.settings.link_window)
+        self.resends = ResendCheck(mesh.settings.link_window, owner=mesh.rid)
         self.results: list[tuple[int, int, int, str]] = []
         self.routes_dirty: list[tuple[int, str, str | None]] = []
         # log reads (FETCH/RESOLVE) and their answers: written after the routes of the same

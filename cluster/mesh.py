@@ -394,7 +394,7 @@ class Mesh:
             found = link.resends.stored_at(router.logs.store, e.device, e.seq, inc)
             if found is None:
                 router.remote.append_for_peer(e.device, msg, e.expiry, (link, slot, inc),
-                                              source_value(inc, e.seq))
+                                              source_value(inc, e.seq, self.rid))
                 return
         except Exception as err:  # noqa: BLE001 - LogWriteError or worse: the publisher
             # is refused ("not stored"), and the slot must not hold the link's ACK forever

@@ -25,12 +25,12 @@ def idem_mutations(mutation: Any) -> tuple[Any, ...]:
         m("idem-no-lookup", "cluster/idempotence.py: the restarted owner never finds a resent "
           "APPEND in its log and stores it again (at least once, the issue's dups_in_log)",
           "cluster/idempotence.py",
-          "        return index.get(_SRC.pack(self._inc, seq))\n",
+          "        return index.get(_SRC.pack(self._inc, seq, self._owner))\n",
           "        return None\n", (KILLED,)),
         m("idem-no-source-header", "cluster/mesh.py: a peer's record is stored without its "
           "':src' header, so nothing names it after a restart",
           "cluster/mesh.py",
-          "                                              source_value(inc, e.seq))\n",
+          "                                              source_value(inc, e.seq, self.rid))\n",
           "                                              None)\n", (KILLED,)),
         m("idem-never-adopted", "cluster/link.py: a peer incarnation first heard after our "
           "start is not checked against the log",

@@ -12,6 +12,15 @@ FAILOVER = "tests/cluster/test_failover.py"
 def integration_mutations(mutation: Any) -> tuple[Any, ...]:
     m = mutation
     return (
+        m("integration-resend-any-owner", "cluster/idempotence.py: a restarted leader's resend "
+          "check matches records another leader appended for the same publisher under its "
+          "own link's seqs (a new publish answered 'stored at offset 28' and lost: chaos seed "
+          "3285)", "cluster/idempotence.py",
+          "        return index.get(_SRC.pack(self._inc, seq, self._owner))\n",
+          "        return next((o for v, o in index.items() if v[:16] == _SRC.pack(\n"
+          "            self._inc, seq, self._owner)[:16]), None)\n",
+          ("tests/cluster/test_idempotence_unit.py::test_a_record_another_leader_appended_for_"
+           "the_same_publisher_is_not_a_resend",)),
         m("integration-restarted-leader-preferred", "cluster/controller.py plan: a restarted "
           "leader that kept logs is elected again although another in-sync replica is alive "
           "(its disk may be short: the chaos run acked offsets twice)", "cluster/controller.py",

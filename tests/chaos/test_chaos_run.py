@@ -96,16 +96,8 @@ def test_short_schedule() -> None:
     assert rc == 0, f"the chaos run found violations:\n{out[-6000:]}"
 
 
-# Issue 24 is open: this schedule (Raft placement, every kind, node loss with its disk) found
-# three defects that are fixed (a refused record committed later and never routed; a new
-# leader's inherited tail never routed; a restarted router re-elected from a short disk) and
-# still finds one that is not: after kill-router, fetch-cut and raft-cut in a row, a follower
-# whose log ended at 28 was elected while the mark was at 35, and offsets 28-34 were acked
-# twice (docs/replication.md, "Open defects"). It runs in CI, is reported, and does not fail
-# the build until that is fixed (not strict: the interleaving depends on timing); then remove
-# the mark.
-@pytest.mark.xfail(reason="issue 24 open: acked offsets reused after kill-router, fetch-cut "
-                   "and raft-cut (docs/replication.md, Open defects)", strict=False)
+# This schedule (Raft placement, every kind, node loss with its disk on every node) found
+# four defects on its way to passing (docs/replication.md, "Defects the chaos schedule found").
 @pytest.mark.timeout(330)
 def test_replicated_schedule() -> None:
     """The same 20 faults with Raft placement, RF 3 and every kind of issue 24 (node loss with

@@ -54,6 +54,25 @@ def test_a_resent_append_is_found_only_for_its_own_publisher_incarnation(
         assert check.stored_at(st, DEV, 2, b"C" * 16) is None
 
 
+def test_a_record_another_leader_appended_for_the_same_publisher_is_not_a_resend(
+        tmp_path: Path) -> None:
+    """With replication a log holds records other leaders appended for this publisher
+    incarnation under *their* links' seqs: a restarted leader must not take a new APPEND for
+    one of them (the chaos suite saw a new publish answered "stored at offset 28" and lost)."""
+    now = time.time_ns() // 1000
+    with LogStore.open(str(tmp_path / "log")) as st:
+        for seq in range(1, 6):  # appended at n1 for the publisher, replicated here
+            st.append(DEV, now - 1_000_000, f"devices/{DEV}/t", 1,
+                      [(H_SOURCE, source_value(PUB, seq, "n1/0"))], f"m{seq}".encode())
+        st.flush_sync_commit()
+        here = ResendCheck(window=8, started_us=now, owner="n2/0")
+        here.adopt(PUB)
+        assert here.stored_at(st, DEV, 3, PUB) is None  # n2's link seq 3 is a new publish
+        there = ResendCheck(window=8, started_us=now, owner="n1/0")
+        there.adopt(PUB)
+        assert there.stored_at(st, DEV, 3, PUB) == 2  # n1's own record: a resend to it
+
+
 def test_records_older_than_the_lookback_are_not_looked_for(tmp_path: Path) -> None:
     now = time.time_ns() // 1000
     _store(tmp_path / "log", range(1, 4), now - int((RESEND_LOOKBACK_S + 60) * 1e6))
