@@ -133,9 +133,12 @@ def test_adding_a_node_rolling_hides_and_moves_no_log(tmp_path: Path, raw) -> No
         for i, node in enumerate(cluster.nodes):
             wait_for(lambda node=node: _listing(node, devices) == before, 60,
                      message=f"n{i}'s listing hides no log and moves none")
-            for device, router in placed.items():
-                wait_for(lambda i=i, d=device, r=router: _leader(cluster, i, d) == r, 30,
-                         message=f"n{i} names {router} as the leader of {device}")
+            # a rolling restart may move a log's leadership to its other in-sync replica (the
+            # controller never re-elects a restarted router while another ISR member lives):
+            # the log stays on its replicas, never on the new node
+            for device in placed:
+                wait_for(lambda i=i, d=device: _leader(cluster, i, d) in ("n0/0", "n1/0"), 30,
+                         message=f"n{i} names one of {device}'s replicas as its leader")
         assert {d: _record_100(n2, d) for d in devices} == at_100
         pub = _publisher(raw, n2)
         for pid, device in enumerate(devices, 1):
@@ -143,7 +146,7 @@ def test_adding_a_node_rolling_hides_and_moves_no_log(tmp_path: Path, raw) -> No
                                version=5))
             ack = pub.expect(R.PUBACK, timeout=60)
             assert ack.reason_code == 0, ack
-            assert _offset(ack) == RECORDS, f"{device}'s log did not continue at {placed[device]}"
+            assert _offset(ack) == RECORDS, f"{device}'s log did not continue where it was"
         new = _device("new", "n2/0")
         pub.send(R.publish(f"devices/{new}/t", b"n", qos=1, packet_id=99, version=5))
         assert _offset(pub.expect(R.PUBACK, timeout=60)) == 0
@@ -158,8 +161,9 @@ def test_adding_a_node_rolling_hides_and_moves_no_log(tmp_path: Path, raw) -> No
         refused = _rebalance(n1)
         assert refused.returncode == 1 and "does not move replicas yet" in refused.stderr, \
             refused.stdout + refused.stderr
-        for device, router in placed.items():  # nothing moved
+        for device in placed:  # nothing moved
             owner = cluster.status(2, device)["owner"]
-            assert owner["router"] == router and "n2/0" not in owner["replicas"], owner
+            assert owner["router"] in ("n0/0", "n1/0") and "n2/0" not in owner["replicas"], \
+                owner
     finally:
         cluster.stop()
