@@ -136,22 +136,18 @@ def plan(logs: Mapping[str, dict], routers: Mapping[str, dict], alive: frozenset
                 # everywhere (status, metrics), never restarted at offset 0
                 cmds.append(["mark_lost", device, rec["incarnation"], floor, 0])
             continue
-        # a restarted leader only when it is the last in-sync replica alive: its disk may have
-        # come back short (a restored backup, a lost tail) and it cannot prove otherwise, while
-        # every other ISR member holds everything up to the high-water mark (Kafka's KIP-966
-        # elects such a broker last, and only when it is the sole eligible one). Among the
-        # others: the router the device is connected to, then replica order
-        if restarted and len(keep) > 1:
-            keep_others = [r for r in keep if r != leader]
-            keep = keep_others  # and out of the ISR: it rejoins once caught up
-        else:
-            keep_others = keep
-        preferred = leader if restarted and keep_others == [leader] else \
+        # the restarted leader with its logs first (it holds the most: its tail past the
+        # high-water mark too, and offsets continue where its clients saw them; its acked
+        # records are on its disk: an ack waits for its fsync), then the router the device is
+        # connected to, then replica order. ``kept_logs`` says what its disk held before its
+        # fetchers copied anything (meshmq/cluster_wiring.py): a wiped router that had copied
+        # part of other logs before registering was re-elected from that short copy (chaos)
+        preferred = leader if restarted and leader in keep else \
             sessions.get(device, {}).get("router")
-        if preferred not in keep_others:
+        if preferred not in keep:
             order = rec.get("replicas") or isr
-            preferred = min(keep_others, key=lambda r: (order.index(r) if r in order
-                                                        else len(order), r))
+            preferred = min(keep, key=lambda r: (order.index(r) if r in order else len(order),
+                                                 r))
         cmds.append(["elect", device, rec["epoch"], preferred, keep])
     return cmds, offline
 

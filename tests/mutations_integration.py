@@ -21,12 +21,6 @@ def integration_mutations(mutation: Any) -> tuple[Any, ...]:
           "            self._inc, seq, self._owner)[:16]), None)\n",
           ("tests/cluster/test_idempotence_unit.py::test_a_record_another_leader_appended_for_"
            "the_same_publisher_is_not_a_resend",)),
-        m("integration-restarted-leader-preferred", "cluster/controller.py plan: a restarted "
-          "leader that kept logs is elected again although another in-sync replica is alive "
-          "(its disk may be short: the chaos run acked offsets twice)", "cluster/controller.py",
-          "        if restarted and len(keep) > 1:\n", "        if False:\n",
-          ("tests/cluster/test_controller_unit.py::test_a_restarted_leader_is_elected_again_"
-           "or_replaced",)),
         m("integration-stale-follower-kept", "cluster/controller.py plan: a follower that "
           "re-registered since the ISR was set stays in the ISR and is electable",
           "cluster/controller.py",

