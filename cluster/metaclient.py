@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -150,3 +151,36 @@ async def watch(socket_path: str, on_snapshot: Callable[[dict], None],
                 on_changes(msg["changes"], msg["index"])
     finally:
         writer.close()
+
+
+async def follow(socket_path: str, section: str, kind: str,
+                 on_record: Callable[[str, Any], None], synced: asyncio.Event, what: str,
+                 logger: logging.Logger, reconnect: float) -> None:
+    """Keep one map of the state (``section`` in the snapshot, ``kind`` in the changes) fed
+    to ``on_record(key, record)`` forever: the snapshot, then every change; when the stream
+    ends (the metadata process restarted), reconnect after ``reconnect`` seconds and start
+    over (``synced`` is set at each snapshot). The placement feed and the session registry
+    both follow the state this way."""
+    def snapshot(snap: dict) -> None:
+        for key, rec in snap.get(section, {}).items():
+            on_record(key, rec)
+        synced.set()
+
+    def changes(batch: list, _index: int) -> None:
+        for change in batch:
+            if change and change[0] == kind:
+                on_record(change[1], change[2])
+
+    while True:
+        try:
+            await watch(socket_path, snapshot, changes)
+            why = "the stream ended"
+        except (OSError, ValueError) as err:
+            why = repr(err)
+        # before the first snapshot the metadata process is still starting (the node starts
+        # it beside its routers): not worth a warning every half second
+        logger.log(logging.WARNING if synced.is_set() else logging.DEBUG,
+                   "%s watch lost (%s): reconnecting in %.1f s; changes committed meanwhile "
+                   "arrive with the next snapshot", what, why, reconnect,
+                   extra={"socket": socket_path})
+        await asyncio.sleep(reconnect)

@@ -39,7 +39,7 @@ from typing import Any
 
 from broker.forwarding import OwnerNotStored
 from broker.message import Message
-from cluster.metaclient import MetadataClient, MetadataUnavailable, watch
+from cluster.metaclient import MetadataClient, MetadataUnavailable, follow
 from cluster.placement import Placement
 from cluster.settings import ClusterSettings, split_router_id
 from commitlog.store import LogWriteError
@@ -188,29 +188,8 @@ class RaftFeed:
             self.on_learned(device)
 
     async def _run(self) -> None:
-        def snapshot(snap: dict) -> None:
-            for device, rec in snap.get("logs", {}).items():
-                self.learn(device, rec)
-            self.synced.set()
-
-        def changes(batch: list, _index: int) -> None:
-            for change in batch:
-                if change and change[0] == "log":
-                    self.learn(change[1], change[2])
-
-        while True:
-            try:
-                await watch(self.socket_path, snapshot, changes)
-                why = "the stream ended"
-            except (OSError, ValueError) as err:
-                why = repr(err)
-            # before the first snapshot the metadata process is still starting (the node
-            # starts it beside its routers): not worth a warning every half second
-            log.log(logging.WARNING if self.synced.is_set() else logging.DEBUG,
-                    "Raft placement watch lost (%s): reconnecting in %.1f s; placements "
-                    "committed meanwhile arrive with the next snapshot", why, _RECONNECT,
-                    extra={"socket": self.socket_path})
-            await asyncio.sleep(_RECONNECT)
+        await follow(self.socket_path, "logs", "log", self.learn, self.synced,
+                     "Raft placement", log, _RECONNECT)
 
 
 def _version(rec: dict) -> tuple[int, int]:

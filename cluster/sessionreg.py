@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from cluster.metaclient import MetadataClient, MetadataUnavailable, watch
+from cluster.metaclient import MetadataClient, MetadataUnavailable, follow
 
 log = logging.getLogger("cluster.sessionreg")
 
@@ -210,27 +210,8 @@ class SessionRegistry:
             self.on_taken(client_id, router, epoch)
 
     async def _watch(self) -> None:
-        def snapshot(snap: dict) -> None:
-            for cid, rec in snap.get("sessions", {}).items():
-                self._seen(cid, rec)
-            self.synced.set()
-
-        def changes(batch: list, _index: int) -> None:
-            for change in batch:
-                if change and change[0] == "session":
-                    self._seen(change[1], change[2])
-
-        while True:
-            try:
-                await watch(self.socket_path, snapshot, changes)
-                why = "the stream ended"
-            except (OSError, ValueError) as err:
-                why = repr(err)
-            log.log(logging.WARNING if self.synced.is_set() else logging.DEBUG,
-                    "session registry watch lost (%s): reconnecting in %.1f s; claims "
-                    "committed meanwhile arrive with the next snapshot", why, _RECONNECT,
-                    extra={"socket": self.socket_path})
-            await asyncio.sleep(_RECONNECT)
+        await follow(self.socket_path, "sessions", "session", self._seen, self.synced,
+                     "session registry", log, _RECONNECT)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
