@@ -20,4 +20,13 @@ def review5_mutations(mutation: Any) -> tuple[Any, ...]:
           "        text = _TRUNCATED if isinstance(err, LogTruncatedError) else None\n",
           "        text = None\n",
           (f"{T}::test_a_frozen_leader_node_never_acks_after_its_lease_and_ends_identical",)),
+        m("review5-empty-follower-stays-in-isr", "a follower back with an empty disk (new "
+          "incarnation, no logs kept) stays in every ISR: the controller may elect it",
+          "cluster/metastate.py",
+          "        if old is not None and old[\"incarnation\"] != rec[\"incarnation\"] and not "
+          "rec[\"kept_logs\"]:\n",
+          "        if False:\n",
+          ("tests/cluster/test_metastate_unit.py::"
+           "test_a_router_back_with_an_empty_disk_leaves_every_isr_it_followed_in",
+           f"{T}::test_a_follower_back_with_an_empty_disk_is_never_elected_before_it_caught_up")),
     )

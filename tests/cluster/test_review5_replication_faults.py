@@ -15,7 +15,9 @@ Faults: kill -9 of the leader's node mid-stream (the publisher reconnects to ano
 resends what was unacknowledged with DUP=1, then the node returns with its disk); the leader's
 whole node frozen (SIGSTOP) past the lease and the node timeout while the majority elects and
 takes writes, then thawed; two nodes of three killed (no majority: nothing acknowledged,
-refused with a reason); a follower restarted with its data directory deleted.
+refused with a reason); a follower restarted with its data directory deleted; the same
+follower, still in the ISR, when the leader dies before it fetched anything (it must not be
+elected: cluster/metastate.py takes it out of the ISR when it registers with an empty disk).
 
 Run: ``PYTHONPATH=$PWD python -m pytest -s tests/cluster/test_review5_replication_faults.py``.
 """
@@ -390,3 +392,55 @@ def test_a_follower_restarted_with_its_data_dir_deleted_catches_up_from_zero(
     assert dumps["n2/0"]["start"] == 0, dumps["n2/0"]["start"]
     _check(dumps, isr, leader, stream.acked)
 
+
+def _registration(cluster: Cluster, i: int, router: str) -> dict | None:
+    from meshmq.metadata_proc import metadata_socket
+    from tests.chaos.replicas import raft_snapshot
+    snap = raft_snapshot(metadata_socket(cluster.nodes[i].config["node"]["data_dir"]))
+    return ((snap or {}).get("routers") or {}).get(router)
+
+
+def test_a_follower_back_with_an_empty_disk_is_never_elected_before_it_caught_up(
+        tmp_path: Path, raw) -> None:
+    """A follower restarted with its data directory deleted is still in the ISR (the leader
+    shrinks it only after replica_lag_time_max, here 30 s) with nothing in its log. The leader
+    dies before it fetched anything: electing it would lose every acknowledged message (its
+    log is empty; the other follower, told it diverged, would cut them too). Kafka removes a
+    broker re-registering with a new incarnation from every ISR (KIP-903, KIP-966)."""
+    cluster = Cluster(tmp_path, n=3, raft=True, overrides={
+        "cluster": {"append_timeout": 3.0, "replica_lag_time_max": 30.0}})
+    try:
+        cluster.start()
+        device = unique("empty")
+        stream = Stream(raw, cluster, device, window=50)
+        assert stream.connect(0)
+        assert stream.pump(60, until_acked=300)
+        stream.drain()
+        rec = _owner(cluster, 0, device)
+        assert rec["router"] == "n0/0" and len(rec["isr"]) == 3, rec
+        # the follower the controller would pick first (replica order; no client on it)
+        wiped = next(r for r in rec["replicas"] if r != "n0/0")
+        w = int(wiped[1:].split("/")[0])
+        other = 3 - w
+        old_inc = (_registration(cluster, 0, wiped) or {}).get("incarnation")
+        cluster.nodes[w].stop()
+        shutil.rmtree(cluster.nodes[w].config["node"]["data_dir"])
+        n0 = _node_pids(cluster, 0)
+        os.kill(cluster.router_pid(0), signal.SIGSTOP)  # the leader serves no fetch now
+        cluster.nodes[w].start()
+        wait_for(lambda: (_registration(cluster, other, wiped) or {}).get("incarnation")
+                 not in (None, old_inc), 60, message=f"{wiped} registered again, empty")
+        _kill_node(cluster, 0, n0)
+        wait_for(lambda: _owner(cluster, other, device)["router"] != "n0/0", 60,
+                 message="a new leader elected")
+        stream.connect(other)
+        for _ in range(3):  # acks go on at the new leader once two replicas are in sync
+            if stream.pump(20, until_acked=400) and len(stream.acked) >= 400:
+                break
+            stream.connect(other)
+        stream.drain(20)
+        leader, isr = _final(cluster, device, other, size=2)  # n0 stays dead
+        print(f"\n[review5] empty follower {wiped}: new leader {leader}")
+    finally:
+        cluster.stop()
+    _check(_dumps(cluster, device), isr, leader, stream.acked)
