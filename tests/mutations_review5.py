@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 T = "tests/cluster/test_review5_replication_faults.py"
+FLIP = f"{T}::test_a_follower_with_a_flipped_byte_is_never_elected_with_the_hole[kill]"
 
 
 def review5_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -29,4 +30,13 @@ def review5_mutations(mutation: Any) -> tuple[Any, ...]:
           ("tests/cluster/test_metastate_unit.py::"
            "test_a_router_back_with_an_empty_disk_leaves_every_isr_it_followed_in",
            f"{T}::test_a_follower_back_with_an_empty_disk_is_never_elected_before_it_caught_up")),
+        m("review5-flip-no-repair", "a follower whose store quarantined a corrupt record "
+          "keeps the hole and follows on (in the ISR, electable)",
+          "cluster/fetcher.py", "        if lost:\n            self._repair(",
+          "        if False:\n            self._repair(", (FLIP,)),
+        m("review5-flip-gap-kept", "a truncation keeps the quarantine gaps past its offset: "
+          "the records fetched again there stay reported lost (gaps.json, the fetch API's lost "
+          "offsets) and every restart truncates and refetches them again",
+          "commitlog/store.py", "        if dev.gaps and dev.gaps[-1][1] > offset:\n",
+          "        if False:\n", (FLIP,)),
     )
