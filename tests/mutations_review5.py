@@ -39,4 +39,20 @@ def review5_mutations(mutation: Any) -> tuple[Any, ...]:
           "offsets) and every restart truncates and refetches them again",
           "commitlog/store.py", "        if dev.gaps and dev.gaps[-1][1] > offset:\n",
           "        if False:\n", (FLIP,)),
+        m("review5-resend-stored-again", "the publisher dedupe never looks: a DUP resend after "
+          "a failover is appended again (acknowledged messages stored twice)",
+          "broker/pubdedupe.py", "        if pub is None and mid is None:\n",
+          "        if True:\n",
+          (f"{T}::test_kill9_of_the_leader_mid_stream_loses_and_doubles_nothing",)),
+        m("review5-hw-at-leader-end", "the high-water mark ignores the followers' log ends "
+          "(acks at the leader's durable end, acks=leader in disguise)",
+          "cluster/replica.py", "            if end < lowest:\n                lowest = end\n",
+          "            pass\n",
+          (f"{T}::test_two_of_three_nodes_killed_nothing_acked_then_nothing_lost",)),
+        m("review5-empty-fetch-diverges", "a fetch with no last fetched epoch (an empty "
+          "replica's) is answered diverging: a follower back with an empty disk never catches up",
+          "cluster/replica.py",
+          "        if last_fetched_epoch != UNDEFINED and fetch_offset > 0:\n",
+          "        if fetch_offset > 0 or last_fetched_epoch == UNDEFINED:\n",
+          (f"{T}::test_a_follower_restarted_with_its_data_dir_deleted_catches_up_from_zero",)),
     )
