@@ -55,4 +55,10 @@ def review5_mutations(mutation: Any) -> tuple[Any, ...]:
           "        if last_fetched_epoch != UNDEFINED and fetch_offset > 0:\n",
           "        if fetch_offset > 0 or last_fetched_epoch == UNDEFINED:\n",
           (f"{T}::test_a_follower_restarted_with_its_data_dir_deleted_catches_up_from_zero",)),
+        m("review5-isr-never-shrinks", "the leader never shrinks a follower out of the ISR (a "
+          "follower whose disk is full stalls every ack)",
+          "cluster/replica.py",
+          "            if r in new and now - f.caught_up_at > self.lag_max_s:\n",
+          "            if False:\n",
+          (f"{T}::test_a_follower_whose_disk_is_full_leaves_the_isr_and_catches_up_after",)),
     )

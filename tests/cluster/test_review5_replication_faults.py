@@ -19,7 +19,8 @@ refused with a reason); a follower restarted with its data directory deleted; th
 follower, still in the ISR, when the leader dies before it fetched anything (it must not be
 elected: cluster/metastate.py takes it out of the ISR when it registers with an empty disk);
 a follower with a flipped byte in an acknowledged record (it must repair it from the leader
-before it can be elected: cluster/fetcher.py; after a clean stop not fixed, xfail strict).
+before it can be elected: cluster/fetcher.py; after a clean stop not fixed, xfail strict); a
+follower whose disk (a tmpfs) is full while the leader acks.
 
 Run: ``PYTHONPATH=$PWD python -m pytest -s tests/cluster/test_review5_replication_faults.py``.
 """
@@ -534,3 +535,65 @@ def test_a_follower_with_a_flipped_byte_is_never_elected_with_the_hole(
         from commitlog.quarantine import load_gaps
         gaps = load_gaps(_store_dir(cluster, b)).get(device)
         assert not gaps, f"{bad} still reports offsets {gaps} lost after refetching them"
+
+
+def _fill(path: Path) -> None:
+    """Take every byte left on the volume of ``path``."""
+    import errno
+    with open(path, "ab", buffering=0) as f:
+        while True:
+            try:
+                f.write(b"\0" * 4096)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                return
+
+
+def test_a_follower_whose_disk_is_full_leaves_the_isr_and_catches_up_after(tmp_path: Path,
+                                                                           raw) -> None:
+    """n2's commit log on an 8 MiB tmpfs, filled while the leader acks: the follower's appends
+    fail, the leader shrinks it out of the ISR and acks go on without it (min_insync 2); space
+    freed, it catches up and rejoins, byte-identical."""
+    import subprocess
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(vol)],
+                         capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
+    cluster = Cluster(tmp_path, n=3, raft=True, overrides=OVERRIDES,
+                      per_node={2: {"commitlog": {"dir": str(vol / "log")}}})
+    try:
+        cluster.start()
+        device = unique("full")
+        stream = Stream(raw, cluster, device, window=50)
+        assert stream.connect(0)
+        assert stream.pump(60, until_acked=200)
+        filler = vol / "filler"
+        filler.write_bytes(b"\0" * (1 << 20))
+        _fill(vol / "topfill")
+        assert stream.pump(60, until_acked=len(stream.acked) + 1500), stream.refused
+        wait_for(lambda: "n2/0" not in _owner(cluster, 0, device)["isr"], 60,
+                 message="the full follower shrunk out of the ISR")
+        assert "No space left on device" in cluster.nodes[2].log_text(), "the fault missed"
+        filler.unlink()
+        (vol / "topfill").unlink()
+        _final(cluster, device, 0)
+        assert stream.pump(60, until_acked=len(stream.acked) + 100)
+        stream.drain()
+        leader, isr = _final(cluster, device, 0)
+        print(f"\n[review5] full follower: {len(stream.acked)} acked, "
+              f"{len(stream.refused)} refused: {sorted(stream.refused.items())[:2]}")
+        dumps = {}
+    finally:
+        cluster.stop()
+        for name in ("filler", "topfill"):  # space for the store's open (a failed run)
+            (vol / name).unlink(missing_ok=True)
+        try:
+            dumps = _dumps(cluster, device)
+            dumps["n2/0"] = dump_store(str(vol / "log" / "router-0")).get(device)
+        finally:
+            subprocess.run(["umount", "-l", str(vol)], check=False)
+    _check(dumps, isr, leader, stream.acked)
