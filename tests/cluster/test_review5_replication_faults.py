@@ -413,6 +413,7 @@ def test_a_follower_back_with_an_empty_disk_is_never_elected_before_it_caught_up
     broker re-registering with a new incarnation from every ISR (KIP-903, KIP-966)."""
     cluster = Cluster(tmp_path, n=3, raft=True, overrides={
         "cluster": {"append_timeout": 3.0, "replica_lag_time_max": 30.0}})
+    n0: list[int] = []
     try:
         cluster.start()
         device = unique("empty")
@@ -429,7 +430,7 @@ def test_a_follower_back_with_an_empty_disk_is_never_elected_before_it_caught_up
         old_inc = (_registration(cluster, 0, wiped) or {}).get("incarnation")
         cluster.nodes[w].stop()
         shutil.rmtree(cluster.nodes[w].config["node"]["data_dir"])
-        n0 = _node_pids(cluster, 0)
+        n0[:] = _node_pids(cluster, 0)
         os.kill(cluster.router_pid(0), signal.SIGSTOP)  # the leader serves no fetch now
         cluster.nodes[w].start()
         wait_for(lambda: (_registration(cluster, other, wiped) or {}).get("incarnation")
@@ -446,6 +447,11 @@ def test_a_follower_back_with_an_empty_disk_is_never_elected_before_it_caught_up
         leader, isr = _final(cluster, device, other, size=2)  # n0 stays dead
         print(f"\n[review5] empty follower {wiped}: new leader {leader}")
     finally:
+        for pid in n0:  # a failure before the kill must not leave a frozen router behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         cluster.stop()
     _check(_dumps(cluster, device), isr, leader, stream.acked)
 
