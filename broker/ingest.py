@@ -27,7 +27,7 @@ from broker.protocol.packets import PacketType, PubAck, Publish, PubRec, Will
 from broker.protocol.properties import Prop
 from broker.protocol.reasons import Reason
 from broker.stats import DropReason
-from commitlog.store import LogWriteError
+from commitlog.store import LogTruncatedError, LogWriteError
 
 log = logging.getLogger("broker.router")  # the router's log lines keep the router's name
 
@@ -51,6 +51,11 @@ HELD_LIMIT = 50_000
 # the lagging partition). Memory stays bounded: HELD_LIMIT plus this many per connection.
 PAUSE_MIN_UNSETTLED = 64
 _NOT_STORED = "message not stored: the commit log cannot write (disk full or failing?)"
+# A record cut by a truncation (this router led the log, lost the leadership before the record
+# reached the high-water mark, and its new leader's log ends before it) is no disk fault: the
+# client publishes again (Kafka answers NOT_LEADER_OR_FOLLOWER and the producer retries).
+_TRUNCATED = ("message not stored: this router's leadership of the device log ended before "
+              "the record was committed; publish again")
 
 
 def forwarded_properties(props: dict | None) -> dict | None:
@@ -212,9 +217,10 @@ class IngestRoom:
         self.stats.dropped(DropReason.NOT_STORED)
         # at another router (its log's owner): its text says which and why, not our disk
         remote = isinstance(err, OwnerNotStored)
+        text = _TRUNCATED if isinstance(err, LogTruncatedError) else None
         self._log_not_stored("%s: %s (counted in meshmq_messages_dropped_total"
                              "{reason=\"not_stored\"})", "message not stored" if remote
-                             else _NOT_STORED, err)
+                             else text or _NOT_STORED, err)
         if qos == 2 and conn is not None and conn.session is not None:
             # the id is the client's again, whatever its level: a 3.x client (closed below)
             # resends after reconnecting, and a pending id would swallow that resend for good
@@ -223,7 +229,8 @@ class IngestRoom:
             return
         if conn.level == 5:
             conn.inbound_unacked -= 1
-            why = {Prop.REASON_STRING: str(err) if remote else _NOT_STORED}
+            why = {Prop.REASON_STRING: str(err) if remote else
+                   f"{text}: {err}" if text else _NOT_STORED}
             if qos == 1:
                 conn.send(PubAck(packet_id, Reason.UNSPECIFIED_ERROR, why))
             else:

@@ -90,12 +90,31 @@ class Fetchers:
         if store.log_end(device) != store.durable_end(device):
             self.loop.call_later(_BACKOFF, self._start, device, leader, epoch)
             return
+        lost = store.lost_ranges(device, 0, store.durable_end(device))
+        if lost:
+            self._repair(device, leader, lost[0][0])
         state = FollowerState(leader, epoch, store.durable_end(device),
                               store.latest_epoch(device))
         fol = self.devices[device] = _Follow(state)
         log.info("following device log", extra={"device": device, "leader": leader,
                                                 "epoch": epoch, "log_end": state.log_end})
         self._send(device, fol)
+
+    def _repair(self, device: str, leader: str, lost_from: int) -> None:
+        """This replica's log has records lost to corruption (quarantined by the store's
+        recovery or a reader: a gap readers skip) while its leader holds them. Kept, the hole
+        sits below a log end the leader counts as in sync, and electing this replica would
+        lose those acknowledged records for good (review5). Truncated to the first lost
+        offset, the records are fetched again from the leader; Kafka's log recovery likewise
+        cuts a replica at its first corrupt record and lets the fetcher refill it."""
+        store = self.store
+        to = max(lost_from, store.log_range(device)[0])
+        store.truncate(device, to)
+        self.stats["truncations"] += 1
+        log.warning("device log has records lost to corruption (quarantined) from offset %d: "
+                    "truncated there to fetch them again from its leader", to,
+                    extra={"device": device, "leader": leader, "truncated_to": to})
+        self.committer.request_flush()
 
     def unfollow(self, device: str) -> None:
         self._want.pop(device, None)

@@ -171,7 +171,9 @@ class MetadataNode(SyncObj):
             for cmd in cmds:
                 applied, record, change = self.state.apply(cmd)
                 results.append([applied, _jsonable(record)])
-                if change is not None:
+                if change is not None and change[0] == "changes":
+                    changes.extend(_jsonable(c) for c in change[1])
+                elif change is not None:
                     changes.append(_jsonable(change))
             if changes:  # records copied (_jsonable): a later command cannot change them
                 self.on_change(changes, self.state.index)

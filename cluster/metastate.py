@@ -54,7 +54,8 @@ class MetadataState:
     # -- the state machine ----------------------------------------------------------------
     def apply(self, cmd: list) -> tuple[bool, Any, tuple | None]:
         """Apply one command: (applied, the record as it now is, the change for watchers or
-        None when nothing changed). A malformed command changes nothing and says why."""
+        None when nothing changed; ``("changes", [change, ...])`` when one command changed
+        several records). A malformed command changes nothing and says why."""
         self.index += 1
         handler = _HANDLERS.get(cmd[0]) if cmd else None
         if handler is None:
@@ -148,7 +149,27 @@ class MetadataState:
         # its leader sees it caught up (set_isr)
         rec["since"] = index
         self.routers[router] = rec
-        return True, rec, ("router", router, rec)
+        change: tuple = ("router", router, rec)
+        if old is not None and old["incarnation"] != rec["incarnation"] and not rec["kept_logs"]:
+            # Back with an empty disk: every ISR it was in as a follower counted records it no
+            # longer holds, and the controller elects any ISR member, so electing it before it
+            # caught up would lose every acknowledged record of those logs (review5). Out of
+            # those ISRs now, in the same command; its leader expands it again once it is back
+            # at the high-water mark. KRaft removes a broker re-registering with a new
+            # incarnation from every ISR (KIP-903, KIP-966's unclean shutdown). Logs it led
+            # are the controller's (it elects another ISR member, ``plan``'s ``lost``).
+            dropped = []
+            for device, log_rec in self.logs.items():
+                isr = log_rec["isr"]
+                if router in isr and log_rec["leader"] != router:
+                    log_rec = dict(log_rec, isr=[r for r in isr if r != router],
+                                   isr_version=log_rec["isr_version"] + 1)
+                    dropped.append((device, log_rec))
+            for device, log_rec in dropped:
+                self.logs[device] = log_rec
+            if dropped:
+                change = ("changes", [change, *(("log", d, r) for d, r in dropped)])
+        return True, rec, change
 
     def _set_isr(self, index: int, device: str, leader_epoch: int, isr_version: int,
                  isr: list[str]) -> tuple[bool, Any, tuple | None]:

@@ -2365,6 +2365,8 @@ class LogStore:
             return
         old_end = dev.durable_end
         self._truncate_state(dev, offset, self._flushed_pos)
+        if dev.gaps and dev.gaps[-1][1] > offset:
+            self._drop_gaps_from(dev, offset)
         self._fail_waiters(dev, offset, old_end, LogTruncatedError(key, offset))
         dev.c_total, dev.c_since, dev.c_seg, dev.c_max = (
             dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
@@ -2380,6 +2382,24 @@ class LogStore:
         dev.n_ctl += 1
         self._pend_n += 1
         self._pend_bound += HEADER_SIZE + len(dev.kb)
+
+    def _drop_gaps_from(self, dev: DeviceLog, offset: int) -> None:
+        """A truncation to ``offset`` gives the offsets from there to new records (a replica
+        fetching them again from its leader): quarantine gaps there named records that are
+        gone, and left in place they would hide the new ones from every reader (review5)."""
+        kept = [(a, min(b, offset)) for a, b in dev.gaps or () if a < offset]
+        dev.gaps = kept or None
+        stored = _q.load_gaps(self.directory)
+        if kept:
+            stored[dev.key] = kept
+        else:
+            stored.pop(dev.key, None)
+        try:
+            _q.save_gaps(self.directory, stored)
+        except OSError as err:
+            log.error("commitlog %s: gaps.json not rewritten after truncating %r to %d (%s): "
+                      "after a restart those offsets are reported lost and fetched again",
+                      self.directory, dev.key, offset, err)
 
     def _truncate_state(self, dev: DeviceLog, offset: int, boundary: int) -> None:
         j = bisect.bisect_left(dev.idx_off, offset)

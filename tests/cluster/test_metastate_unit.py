@@ -139,3 +139,20 @@ def test_re_electing_the_same_router_keeps_since_when_it_leads() -> None:
     assert rec["leader_since"] == 0  # still one unbroken run
     applied, rec, _ = s.apply(["elect", "d1", 2, "b/0"])
     assert applied and "leader_since" not in rec  # another leader: the run ends
+
+
+def test_a_router_back_with_an_empty_disk_leaves_every_isr_it_followed_in() -> None:
+    """review5: a follower re-registering with a new incarnation and no logs kept is out of
+    every ISR where it follows (the controller elects any ISR member); one that kept its logs,
+    and the logs it leads, stay as they were; the watchers get every changed record."""
+    s = MetadataState()
+    s.apply(["register_router", "b/0", "bb01", {"kept_logs": True}])
+    s.apply(["create_log", "d1", "a/0", ["a/0", "b/0", "c/0"]])
+    s.apply(["create_log", "d2", "b/0", ["b/0", "a/0"]])
+    applied, _, change = s.apply(["register_router", "b/0", "bb02", {"kept_logs": True}])
+    assert applied and change[0] == "router" and s.logs["d1"]["isr"] == ["a/0", "b/0", "c/0"]
+    applied, _, change = s.apply(["register_router", "b/0", "bb03", {"kept_logs": False}])
+    assert applied and change[0] == "changes", change
+    assert s.logs["d1"]["isr"] == ["a/0", "c/0"] and s.logs["d1"]["isr_version"] == 1
+    assert s.logs["d2"]["isr"] == ["b/0", "a/0"]  # led by it: the controller's to move
+    assert [c[:2] for c in change[1]] == [("router", "b/0"), ("log", "d1")], change
