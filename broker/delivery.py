@@ -121,6 +121,14 @@ class DeliveryRoom:
                 positions[msg.device] = msg.offset + 1
             elif msg.offset >= at:  # never back: a retained message sent on SUBSCRIBE is old
                 positions[msg.device] = msg.offset + 1
+            elif live:
+                # routed again, below what this session was handed of that device: a copy it
+                # had (a restarted or new leader routes what it cannot know was routed, from
+                # its checkpointed high-water mark), or one its read from the log gave it
+                # already (cluster/deliverfence.py). Handed on now it would come after newer
+                # messages of the device: per-device order holds per session, as a Kafka
+                # consumer never goes back below its position.
+                return
         delivery = Delivery(msg, qos, retain, sub_ids, group, position)
         if conn is not None and not session.queue and len(session.inflight) < session.window:
             self._send_inflight(session, conn, delivery)

@@ -53,7 +53,7 @@ checkpoint's resume time for a local log, live delivery only for a remote one).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from broker.limits import LimitLog
@@ -89,6 +89,41 @@ class DeliveredPositions:
                         "oldest position is forgotten; a restart, move or owner outage may "
                         "miss messages of that device. Raise the limit, or narrow the "
                         "session's filters", client_id=session.client_id, device=device)
+
+    def logs_moved(self, devices: Iterable[str]) -> int:
+        """Those device logs have a new leader epoch (another router leads them, or the same
+        one again after a failover): every session with a position in one reads it back from
+        there, and every live replay cursor on one from where it is. The old leader may have
+        routed records whose DELIVERs never arrived (it died with them queued) or arrive late
+        (it was frozen): those are dropped (cluster/deliverfence.py) and read instead, in log
+        order, the catch-up cursor's seam handing each record once. One pass over the
+        sessions however many logs moved (a failover moves all of a node's logs at once).
+        Returns how many reads were started."""
+        catchup = self._catchup
+        if catchup is None:
+            return 0
+        moved = devices if isinstance(devices, (set, frozenset)) else set(devices)
+        if not moved:
+            return 0
+        started = self._replays.devices_moved(moved)
+        for session in list(self._sessions.values()):
+            positions = session.positions
+            if not positions:
+                continue
+            mine = [(d, positions[d]) for d in moved if d in positions] \
+                if len(moved) < len(positions) else \
+                [(d, o) for d, o in positions.items() if d in moved]
+            for device, offset in mine:
+                catchup.restore(session, device, offset)
+            if mine:
+                started += len(mine)
+                catchup.pump(session)
+        if started:  # one line per failover (a batch); a single log's move at debug level
+            log.log(logging.INFO if len(moved) > 1 else logging.DEBUG,
+                    "device logs moved to another leader epoch: %d session log positions and "
+                    "replay cursors read back from their new leaders", started,
+                    extra={"logs": len(moved)})
+        return started
 
     def owner_back(self, owner: str, owner_of: Callable[[str], str | None]) -> int:
         """The link to router ``owner`` came up (again): every session with a position in a

@@ -105,6 +105,26 @@ class Replays:
         elif all(s.replay is None or s.replay.live for s in session.subscriptions.values()):
             self.replaying.discard(session)  # every cursor ran out of history: all live now
 
+    def devices_moved(self, devices: set[str] | frozenset[str]) -> int:
+        """Those logs' leader epochs rose (broker/positions.py ``logs_moved``): every live replay
+        cursor on one reads back from where it is, at the new leader (a deposed leader's
+        DELIVERs are dropped from now on, cluster/deliverfence.py). Returns how many
+        sessions read back."""
+        started = 0
+        for session in list(self.router.sessions.values()):
+            back = False
+            for sub in session.subscriptions.values():
+                cursor = sub.replay
+                if cursor is not None and cursor.live and cursor.device in devices:
+                    cursor.live = False
+                    back = True
+            if back:
+                started += 1
+                self.replaying.add(session)
+                if session.conn is not None:
+                    self.pump(session)
+        return started
+
     def owner_back(self, owner: str) -> int:
         """The link to router ``owner`` came up (again): every live replay cursor on a log it
         leads reads back from where it is (nothing new: it goes live again at once). Returns

@@ -60,6 +60,12 @@ it), so a cluster is upgraded one node at a time. The bytes that make that work:
   leader's log end, high-water mark and leader epoch, and, when the last fetched epoch shows the
   asker's log diverged, the diverging epoch and its end offset instead of records (Kafka >= 2.7,
   KIP-595's fetch-side truncation).
+- Version 4 (delivery fencing): every entry head carries an epoch (16 bytes), a DELIVER's the
+  leader epoch its sender routed the record at (0: not logged, or not known). A router that
+  knows a newer epoch of that log drops the DELIVER: it comes from a deposed leader (frozen,
+  or cut off, with entries queued), and what it carried is read from the log instead
+  (cluster/deliverfence.py). Kafka's consumers fetch with the leader epoch for the same
+  reason (KIP-320: a deposed leader's answer is refused, not consumed).
 
 An entry is one publish on its way: to be *delivered* by the peer's local subscribers
 (``DELIVER``), to be *appended* to a device log the peer owns (``APPEND``; the peer acks it only
@@ -79,11 +85,14 @@ from cluster.settings import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
 
 # The mesh protocol. 2: SHARE_ON entries and the ':src' record header (a build of 1 acks a
 # SHARE_ON and applies nothing, and shows ':src' to MQTT 5 subscribers, so 1 is refused).
-# 3: leader epochs in APPEND, FETCH and RECORDS (above). Peers negotiate the highest version
-# both speak (cluster/handshake.py); with no common one they refuse each other, naming both.
-VERSION = 3
+# 3: leader epochs in APPEND, FETCH and RECORDS (above). 4: every entry head carries the epoch
+# (a DELIVER's: the one it was routed at, for the receiver's fence, cluster/deliverfence.py).
+# Peers negotiate the highest version both speak (cluster/handshake.py); with no common one
+# they refuse each other, naming both.
+VERSION = 4
 MIN_VERSION = 2
 V_EPOCHS = 3  # the first version with epochs on the wire
+V_DELIVER_EPOCHS = 4  # the first version whose every entry head carries one (see above)
 assert (MIN_VERSION, VERSION) == (MIN_PROTOCOL_VERSION, PROTOCOL_VERSION)  # the config's range
 MAX_FRAME = 64 * 1024 * 1024  # a frame claiming more is a broken or hostile peer
 
@@ -293,14 +302,14 @@ def encode_entries(entries: list[bytes]) -> bytes:
 
 def decode_entries(body: bytes, version: int = MIN_VERSION) -> list[Entry]:
     """The entries of an ENTRIES frame, read as the link's negotiated ``version`` writes them
-    (from 3 an APPEND's head carries its epoch)."""
+    (from 3 an APPEND's head carries its epoch, from 4 every entry's does)."""
     try:
-        return _decode_entries(body, version >= V_EPOCHS)
+        return _decode_entries(body, version >= V_EPOCHS, version >= V_DELIVER_EPOCHS)
     except (struct.error, UnicodeDecodeError, IndexError) as err:
         raise FrameError(f"bad entries frame: {err}") from None
 
 
-def _decode_entries(body: bytes, epochs: bool) -> list[Entry]:
+def _decode_entries(body: bytes, epochs: bool, all_epochs: bool = False) -> list[Entry]:
     (count,) = _U32.unpack_from(body, 0)
     p = 4
     out: list[Entry] = []
@@ -309,7 +318,7 @@ def _decode_entries(body: bytes, epochs: bool) -> list[Entry]:
         seq, kind, flags, tlen = _ENTRY_HEAD.unpack_from(body, p)
         p += _ENTRY_HEAD.size
         epoch = -1
-        if epochs and kind == APPEND:
+        if all_epochs or (epochs and kind == APPEND):
             (epoch,) = _EPOCH.unpack_from(body, p)
             p += 4
         topic = body[p:p + tlen].decode()

@@ -56,6 +56,7 @@ _RETAIN = frames.RETAIN
 _RETAIN_SYNC = frames.RETAIN_SYNC
 _APPEND = frames.APPEND
 _V_EPOCHS = frames.V_EPOCHS
+_V_DELIVER_EPOCHS = frames.V_DELIVER_EPOCHS
 _MAX_ENTRIES_FRAME = 1 << 20  # bytes of entries per ENTRIES frame (many frames per write is fine)
 _REQUEST_FRAMES = frozenset((frames.CLAIM, frames.CLAIMED, frames.ADMIN_REQUEST,
                              frames.ADMIN_RESPONSE, frames.FETCH, frames.RECORDS,
@@ -129,9 +130,10 @@ class Out:
         self.done = done
         self.size = len(body) + 64
         self.at = 0.0  # APPEND: time.monotonic() when queued, for cluster.append_timeout
-        # APPEND: the leader epoch the sender believed when it queued it (placement): written
-        # in the entry head on a version-3 connection, left out on a version-2 one (decided
-        # per connection at flush, so a queued APPEND goes right after a reconnect to either)
+        # APPEND: the leader epoch the sender believed when it queued it (placement); DELIVER:
+        # the one it routed the record at. Written in the entry head on a version-3 connection
+        # (APPEND) or version-4 one (every entry), left out on a version-2 one (decided per
+        # connection at flush, so a queued entry goes right after a reconnect to either)
         self.epoch = epoch
 
 
@@ -223,7 +225,8 @@ class MeshLink:
             ("msgs_out", "msgs_in", "retained_out", "retained_in", "bytes_out", "bytes_in",
              "frames_out", "frames_in",
              "resent", "dropped_full", "dropped_reconnect", "refused_full",
-             "append_timeouts", "expired_unsent", "outcomes_asked", "appends_fenced"), 0)
+             "append_timeouts", "expired_unsent", "outcomes_asked", "appends_fenced",
+             "deliveries_fenced"), 0)
         self._timeout_log = RateLimitedLog(
             log, logging.ERROR, f"link to {peer}: publishes refused (cluster.append_timeout)",
             burst=1, window=5.0)
@@ -290,14 +293,15 @@ class MeshLink:
         sent = 0
         retained = 0  # RETAIN/RETAIN_SYNC: state kept everywhere, not publishes (msgs_out)
         epochs = self.version >= _V_EPOCHS
+        all_epochs = self.version >= _V_DELIVER_EPOCHS
         while unsent and len(inflight) < window:
             out = unsent.popleft()
             inflight.append(out)
             if out.kind == _RETAIN or out.kind == _RETAIN_SYNC:
                 retained += 1
             flags, tlen = out.head
-            if epochs and out.kind == _APPEND:
-                batch.append(entry_head_epoch(out.seq, _APPEND, flags, tlen, out.epoch))
+            if all_epochs or (epochs and out.kind == _APPEND):
+                batch.append(entry_head_epoch(out.seq, out.kind, flags, tlen, out.epoch))
             else:
                 batch.append(entry_head(out.seq, out.kind, flags, tlen))
             batch.append(out.body)  # the shared body is not copied into a per-link entry

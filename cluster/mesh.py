@@ -32,6 +32,7 @@ from broker.lograte import RateLimitedLog
 from broker.message import Message
 from cluster import frames
 from cluster.connection import LinkConnection
+from cluster.deliverfence import DeliverFence
 from cluster.fencing import Fenced, append_refusal
 from cluster.idempotence import source_value
 from cluster.link import Done, LinkFull, MeshLink
@@ -106,6 +107,9 @@ class Mesh:
         # what was routed here before a peer's routes were known (cluster/routegap.py)
         self.unrouted = UnroutedPeers(list(self.links), store,
                                       router.mqtt.max_lagging_devices)
+        # a deposed leader's DELIVERs dropped, sessions read back (cluster/deliverfence.py)
+        self.deliver_fence = DeliverFence(self.placement.known_epoch, router.positions.logs_moved,
+                                          self.loop.call_soon)
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -264,8 +268,10 @@ class Mesh:
         # a logged message carries its log position: a peer's offset subscription needs it for
         # the seam between the history it reads and live delivery (devicelogs.ReplayCursor)
         head, body = self.encode(msg, frames.DELIVER, msg.device)
+        # the epoch it is routed at: a receiver that knows a newer one drops it (protocol 4)
+        epoch = 0 if msg.device is None else self.placement.epoch_of(msg.device)
         for peer in peers:  # a full link counts and logs what it drops (MeshLink.enqueue)
-            self.links[peer].enqueue(frames.DELIVER, msg.qos, head, body)
+            self.links[peer].enqueue(frames.DELIVER, msg.qos, head, body, None, epoch)
 
     def share(self, msg: Message, groups: list) -> list:
         """Which router's members of each matching group get ``msg`` (cluster/shares.py)."""
@@ -277,7 +283,12 @@ class Mesh:
 
     def owner_of(self, device: str) -> str | None:
         """The router leading a device log now, or None when it is this one (asked of the
-        placement at every call: a leader moves)."""
+        placement at every call: a leader moves; before that, the router whose DELIVERs
+        showed a newer epoch than the placement knows: cluster/deliverfence.py)."""
+        if self.deliver_fence.ahead:  # almost always empty: one truth test per call
+            newer = self.deliver_fence.leader_ahead(device)
+            if newer is not None:
+                return None if newer == self.rid else newer
         return self.placement.owner_of(device)
 
     def append_at(self, owner: str, device: str, msg: Message, expiry: int | None,
@@ -351,6 +362,9 @@ class Mesh:
         kind = e.kind
         if kind == frames.DELIVER:
             if e.device is not None:  # stored in its owner's log, not in ours
+                if e.epoch >= 0 and not self.deliver_fence.admit(e.device, e.epoch, link.peer):
+                    link.stats["deliveries_fenced"] += 1  # a deposed leader's: read instead
+                    return
                 msg.device = e.device
                 msg.offset = e.offset
                 msg.remote = True

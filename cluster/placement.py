@@ -102,6 +102,15 @@ class Placement:
         leader = self._moved.get(device)
         return 0 if leader is None else leader.epoch
 
+    def known_epoch(self, device: str) -> int:
+        """``epoch_of``, but -1 for a log Raft placement has no record of here yet (the static
+        hash places every log at epoch 0): the delivery fence (cluster/deliverfence.py) must
+        tell "epoch 0" from "not known", one lookup per DELIVER."""
+        leader = self._moved.get(device)
+        if leader is not None:
+            return leader.epoch
+        return 0 if self.static else -1
+
     def leads(self, device: str, epoch: int = -1) -> bool:
         """Whether this router (``me``) leads ``device``'s log, at ``epoch`` when it is not -1:
         the check every APPEND a peer sends goes through (cluster/fencing.py), so one lookup

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 # the mesh protocol versions this build speaks (cluster/frames.py's VERSION and MIN_VERSION;
 # frames asserts they agree: settings is read by the config and must not pull the codecs in)
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MIN_PROTOCOL_VERSION = 2
 # seconds a router's leader lease may outlive what the controller waits for before it elects
 # elsewhere (cluster/controller.py): config requires node_timeout > leader_lease + this. It

@@ -45,6 +45,10 @@ _COUNTERS = (
     ("appends_fenced", "meshmq_link_appends_fenced",
      "APPENDs from the peer refused unapplied: this router does not lead their device log, or "
      "not at the leader epoch they named (the peer's view of the placement is stale)."),
+    ("deliveries_fenced", "meshmq_link_deliveries_fenced",
+     "DELIVERs from the peer dropped: routed at a leader epoch older than the one this router "
+     "knows for their device log (a deposed leader's, late); sessions read those records from "
+     "the log instead (cluster/deliverfence.py)."),
 )
 
 
@@ -113,6 +117,8 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     placer = RaftPlacer(settings, mesh.rid, feed, mesh.append_at,
                         functools.partial(append_here, node.router))
     mesh.placer = placer
+    # a log's epoch rising: sessions read it back, its old leader's DELIVERs are dropped
+    feed.listeners.append(mesh.deliver_fence.on_record)
     floors = None
     if node.store is not None:
         # before the feed starts: no record names this router leader of a log it lost

@@ -67,6 +67,26 @@ def _publish(client: R.RawClient, device: str, payload: bytes, pid: int,
     return client.expect(R.PUBACK, timeout=timeout)
 
 
+def _acked(raw, cluster: Cluster, i: int, pub: R.RawClient, device: str, payload: bytes,
+           pid: int) -> R.RawClient:
+    """Publish at node i until acknowledged; returns the connection that got the PUBACK. With a
+    node's voter just stopped, Raft may be electing its leader: the lease refuses meanwhile
+    (v5 DISCONNECT 0x9C), and the publish is sent again on a new connection."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if _publish(pub, device, payload, pid).reason_code == 0:
+                return pub
+        except AssertionError:  # refused by a DISCONNECT (the lease), or closed
+            if time.monotonic() > deadline:
+                raise
+            pub.close()
+            pub = _publisher(raw, cluster, i)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{payload!r} not acknowledged at n{i} within 60 s")
+        time.sleep(0.1)
+
+
 def _owner(cluster: Cluster, i: int, device: str) -> dict:
     return cluster.status(i, device)["owner"]
 
@@ -222,7 +242,7 @@ def test_a_diverged_follower_truncates_and_ends_identical(tmp_path: Path, raw) -
         wait_for(lambda: _owner(cluster, 0, device)["epoch"] == 1, 30,
                  message="n0 leads at epoch 1")
         for k in range(3):
-            assert _publish(pub, device, f"e1-{k}".encode(), k + 10).reason_code == 0
+            pub = _acked(raw, cluster, 0, pub, device, f"e1-{k}".encode(), k + 10)
         # n2's diverged tail: epoch-0 records at offsets 5..8 that no leader ever had
         with LogStore.open(_store_dir(cluster, 2)) as store:
             assert store.durable_end(device) == 5 and store.latest_epoch(device) == 0

@@ -93,10 +93,10 @@ def test_a_new_dialer_says_its_highest_version_after_what_version_2_reads() -> N
     d, _ = _sides()
     [(_, hello)] = frames.FrameReader().feed(d.start())
     fields, rest = handshake.decode_hello(hello)  # how a version-2 build reads it
-    assert fields.version == 2 and rest == b"\x00\x03"
-    assert handshake.decode_hello_frame(hello).highest == 3
+    assert fields.version == 2 and rest == b"\x00\x04"
+    assert handshake.decode_hello_frame(hello).highest == 4
     # a HELLO may grow at its end: what follows the fields a reader knows is ignored
-    assert handshake.decode_hello_frame(hello + b"more").highest == 3
+    assert handshake.decode_hello_frame(hello + b"more").highest == 4
 
 
 def test_a_middlebox_cannot_talk_two_new_routers_down_to_another_version() -> None:
@@ -104,7 +104,7 @@ def test_a_middlebox_cannot_talk_two_new_routers_down_to_another_version() -> No
     version was changed on the way fails the secret check, at the dialer (the acceptor's proof
     covers what it received)."""
     def lower(ftype: int, body: bytes) -> bytes:
-        return body[:-2] + b"\x00\x04" if ftype == frames.HELLO else body
+        return body[:-2] + b"\x00\x03" if ftype == frames.HELLO else body
 
     with pytest.raises(HandshakeRefused) as err:
         _run(*_sides(), tamper=lower)
@@ -113,10 +113,10 @@ def test_a_middlebox_cannot_talk_two_new_routers_down_to_another_version() -> No
 
 def test_no_common_version_is_refused_naming_both_and_the_key() -> None:
     d, a = _sides()
-    d.me = dataclasses.replace(d.me, version=4, top=5)  # a future build that dropped 2 and 3
+    d.me = dataclasses.replace(d.me, version=5, top=6)  # a future build that dropped 2 to 4
     with pytest.raises(HandshakeRefused) as err:
         _run(d, a)
-    assert "speaks mesh protocol 4-5, this router 2-3" in err.value.why
+    assert "speaks mesh protocol 5-6, this router 2-4" in err.value.why
     assert "cluster.protocol_version" in err.value.why
     d, a = _sides(dialer_cap=2)
     a.me = dataclasses.replace(a.me, version=3, top=0)  # an acceptor that speaks only 3
@@ -225,6 +225,24 @@ def test_version_3_appends_carry_their_epoch_and_nothing_else_does(
     assert all(e.device == device and e.payload == b"pl" for e in out)
 
 
+@given(seq=_ids, epochs=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=6),
+       device=_text)
+def test_version_4_entries_all_carry_their_epoch(seq: int, epochs: list[int],
+                                                 device: str) -> None:
+    """From version 4 every entry head has the epoch: a DELIVER's is the one its sender
+    routed the record at (cluster/deliverfence.py fences a deposed leader's by it)."""
+    kinds = [(frames.DELIVER, frames.APPEND, frames.RETAIN)[i % 3] for i in range(len(epochs))]
+    flags, tlen, body = frames.entry_body(frames.DELIVER, "devices/x/t", b"pl", 1, False, None,
+                                          None, device, 3, None)
+    parts = []
+    for i, (kind, epoch) in enumerate(zip(kinds, epochs, strict=True)):
+        parts += [frames.entry_head_epoch(seq + i, kind, flags, tlen, epoch), body]
+    [(_, got)] = frames.FrameReader().feed(frames.encode_entries_parts(parts, len(kinds)))
+    out = frames.decode_entries(got, 4)
+    assert [e.kind for e in out] == kinds and [e.epoch for e in out] == epochs
+    assert all(e.device == device and e.offset == 3 for e in out)
+
+
 @given(req=_ids, device=_text, offset=_offsets, max_records=st.integers(0, 2**32 - 1),
        replica=_text, last_epoch=_epochs)
 def test_fetch_round_trips_its_replica_and_last_epoch_at_version_3(
@@ -283,7 +301,7 @@ def test_an_append_is_applied_only_by_the_leader_at_the_current_epoch() -> None:
     assert placement.epoch_of(mine) == 4 and placement.epoch_of(theirs) == 0
 
 
-@pytest.mark.parametrize("value", [1, 4, "3", True])
+@pytest.mark.parametrize("value", [1, 5, "3", True])
 def test_a_protocol_version_this_build_does_not_speak_is_a_config_error(
         tmp_path: Path, value: object) -> None:
     from meshmq.config import ConfigError, load_config
@@ -295,7 +313,7 @@ def test_a_protocol_version_this_build_does_not_speak_is_a_config_error(
     with pytest.raises(ConfigError) as err:
         load_config(str(path), {})
     assert "cluster.protocol_version" in str(err.value)
-    assert "between 2 and 3" in str(err.value)
+    assert "between 2 and 4" in str(err.value)
 
 
 def test_the_default_protocol_version_is_the_newest(tmp_path: Path) -> None:
@@ -303,7 +321,7 @@ def test_the_default_protocol_version_is_the_newest(tmp_path: Path) -> None:
 
     path = tmp_path / "meshmq.toml"
     path.write_text(f'[node]\nid = "a"\n[cluster]\nname = "c"\nsecret = "{SECRET.decode()}"\n')
-    assert load_config(str(path), {}).cluster.protocol_version == frames.VERSION == 3
+    assert load_config(str(path), {}).cluster.protocol_version == frames.VERSION == 4
     assert load_config(str(path), {"MESHMQ_CLUSTER__PROTOCOL_VERSION": "2"}
                        ).cluster.protocol_version == 2
 

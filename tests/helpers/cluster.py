@@ -9,6 +9,7 @@ gives node j's address as the proxy's (node j's own entry stays its real port).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from pathlib import Path
@@ -163,6 +164,14 @@ class Cluster:
                 return router["pid"]
         raise AssertionError(f"router {r} of n{i} is not up")
 
+    def node_pids(self, i: int) -> list[int]:
+        """Every process of node i: its supervisor, its routers, its metadata process (Raft);
+        to freeze or kill the whole node (``signal_all``)."""
+        status = self.status(i)
+        pids = [self.nodes[i].pid] + [r["pid"] for r in status["routers"] if r.get("pid")]
+        meta = (status.get("metadata") or {}).get("pid")
+        return pids + ([meta] if meta else [])
+
     def wait_router_restarted(self, i: int, old_pid: int, r: int = 0,
                               timeout: float = 60.0) -> int:
         """Router r of node i is up again under a new PID (its supervisor restarted it after
@@ -201,3 +210,12 @@ class Cluster:
 
 def sleep_until(deadline: float) -> None:
     time.sleep(max(0.0, deadline - time.monotonic()))
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids`` (those already gone skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
