@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 from helpers import raw as R
 from helpers.broker import wait_for
 from helpers.clients import unique
-from helpers.cluster import Cluster
+from helpers.cluster import Cluster, signal_all
 from helpers.devicelog import fetch_all
 from helpers.tcpproxy import TcpProxy
 
@@ -174,3 +175,66 @@ def test_a_new_publisher_incarnation_never_matches_the_adopted_ones_records(
                          f"log: {[bytes(r.payload) for r in records]}")
     for payload, offset in acked.items():
         assert offset == at[payload], (payload, offset, at[payload])
+
+
+def test_a_resend_finds_its_uncommitted_first_copy_after_the_leader_s_restart(
+        tmp_path: Path, raw) -> None:
+    """Raft placement: the first copy of a resent APPEND is usually *above* the high-water
+    mark (its answer was lost before the mark passed it), and a restarted leader recovers a
+    mark from its checkpoint (or none), so a resend check reading only committed records
+    missed it and stored the publish again (chaos seed 4242: ``dups_in_log=15``, a leader
+    killed 0.3 s after storing). Node 2 frozen keeps the mark still (min_insync_replicas = 3);
+    node 1, the leader, stores node 0's publishes and is killed -9; its next process must
+    answer the resends from its log's uncommitted tail."""
+    cluster = Cluster(tmp_path, n=3, raft=True, overrides={"cluster": {
+        "append_timeout": 600.0, "min_insync_replicas": 3, "replica_lag_time_max": 1.0}})
+    frozen: list[int] = []
+    try:
+        cluster.start()
+        n0, n1, _n2 = cluster.nodes
+        device = unique("idemraft")
+        topic = f"devices/{device}/t"
+        first = raw(n1, version=5)
+        first.connect(unique("placer"))
+        first.send(R.publish(topic, b"ok0", qos=1, packet_id=1, version=5))
+        assert first.expect(R.PUBACK, timeout=30).reason_code == 0  # led by node 1
+        pub = raw(n0, version=5)
+        pub.connect(unique("idempub"), properties=ACK_OFFSETS)
+        frozen = cluster.node_pids(2)
+        signal_all(frozen, signal.SIGSTOP)
+        wait_for(lambda: "n2/0" not in ((cluster.status(1, device).get("owner") or {})
+                                        .get("isr") or ["n2/0"]), 30,
+                 message="node 2 out of the ISR: the mark stays below what comes next")
+        sent = [f"m{i}".encode() for i in range(N)]
+        for i, payload in enumerate(sent):
+            pub.send(R.publish(topic, payload, qos=1, packet_id=10 + i, version=5))
+        wait_for(lambda: cluster.link(1, 0)["msgs_in"] >= N, 30,
+                 message="node 1 received the APPENDs")
+        time.sleep(1.0)  # and fsynced them (its group commit: milliseconds)
+        owner = cluster.router_pid(1)
+        os.kill(owner, signal.SIGKILL)
+        cluster.wait_router_restarted(1, owner, timeout=60)
+        signal_all(frozen, signal.SIGCONT)
+        frozen = []
+        acks = {}
+        while len(acks) < N:
+            p = pub.expect(R.PUBACK, timeout=90)
+            acks[p.packet_id] = p
+        assert {pid: p.reason_code for pid, p in acks.items()} == dict.fromkeys(
+            range(10, 10 + N), 0)
+        log: list = []
+
+        def read_all() -> bool:
+            try:
+                log[:] = fetch_all(n1, device)  # the leader's (a router just restarted
+            except AssertionError:  # may answer "unknown device" until its feed is in)
+                return False
+            return len(log) >= N + 1
+        wait_for(read_all, 30, message="the leader serves the log's records")
+        stored = [bytes(r.payload) for r in log]
+        twice = {m.decode(): n for m, n in Counter(stored).items() if n > 1}
+        assert not twice, f"resent after the leader's restart and stored again: {twice}"
+        assert stored == [b"ok0", *sent], stored
+    finally:
+        signal_all(frozen, signal.SIGCONT)
+        cluster.stop()
