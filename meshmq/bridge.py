@@ -375,7 +375,10 @@ class Bridge:
         """A message from the remote: published here; its PUBACK waits for this broker's."""
         remote = self._remote
         local = self._local
-        if local is None and remote is not None and self._early is not None:
+        # also while the local CONNECT waits for its CONNACK (a claim in the session
+        # registry; after a move, up to HANDOVER_WAIT for the dead router): published now,
+        # these would go ahead of the ones buffered before, out of the remote's order
+        if remote is not None and self._early is not None:
             self._early.append(pkt)  # the local side is not up yet (see _connected_once)
             if len(self._early) > EARLY_MAX:
                 remote.close(f"more than {EARLY_MAX} messages before the local side was up")

@@ -1,0 +1,269 @@
+"""A bridge that moves to another node loses nothing (issue 27's last gap; meshmq/bridge.py,
+"Which router runs it"): a 3-node Raft cluster (``cluster.placement = "raft"``: the session
+registry keeps ``$bridge/<name>``'s held offsets in Raft) bridged to a real Mosquitto, and the
+node running the bridge killed (-9, every process) while QoS 1 streams flow both ways.
+
+- **Outbound**: a publisher at a surviving node streams QoS 1 on four device logs (two led by
+  the node that dies, two by survivors). Every message the cluster acknowledged reaches a
+  subscriber on Mosquitto once the bridge runs again elsewhere, in per-device order
+  (duplicates allowed and counted: at least once).
+- **Inbound**: a publisher on Mosquitto streams QoS 1 on ``commands/...`` while the bridge
+  moves; every message reaches a persistent subscriber at a surviving node: the bridge's
+  session at Mosquitto (clean start 0) is the same one wherever the bridge runs, so what
+  Mosquitto kept for it while it moved is sent to the new router.
+
+Counts decide, never timings: numbered streams, sentinels, generous deadlines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers.broker import wait_for
+from helpers.clients import V5, Client, props, unique
+from helpers.cluster import Cluster
+from helpers.mosquitto import ALL_MOSQUITTOS, MosquittoProc
+
+pytestmark = pytest.mark.timeout(420)
+
+BRIDGE = "up"
+
+
+class Counter:
+    """A paho subscriber (persistent session, reconnecting by itself) that keeps every copy it
+    gets, in arrival order, per topic group (the payload's part before ':')."""
+
+    def __init__(self, host: str, port: int, topic: str, v5_expiry: bool = False) -> None:
+        import paho.mqtt.client as mqtt
+        from paho.mqtt.enums import CallbackAPIVersion
+        from paho.mqtt.packettypes import PacketTypes
+
+        self.got: list[bytes] = []
+        self.lock = threading.Lock()
+        self.subscribed = threading.Event()
+        if v5_expiry:
+            self.c = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2,
+                                 client_id=unique("counter"), protocol=mqtt.MQTTv5)
+            connect_props = props(PacketTypes.CONNECT, SessionExpiryInterval=3600)
+            kwargs: dict[str, Any] = {"clean_start": False, "properties": connect_props}
+        else:
+            self.c = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2,
+                                 client_id=unique("counter"), protocol=mqtt.MQTTv311,
+                                 clean_session=False)
+            kwargs = {}
+        self.c.reconnect_delay_set(0.1, 0.5)
+        self.c.on_connect = lambda c, u, f, rc, p: c.subscribe(topic, qos=1)
+        self.c.on_subscribe = lambda *a: self.subscribed.set()
+        self.c.on_message = self._on_message
+        self.c.connect(host, port, keepalive=5, **kwargs)
+        self.c.loop_start()
+        assert self.subscribed.wait(30), f"the subscriber on port {port} never got its SUBACK"
+
+    def _on_message(self, c: Any, u: Any, m: Any) -> None:
+        with self.lock:
+            self.got.append(m.payload)
+
+    def missing(self, expected: list[bytes]) -> list[bytes]:
+        with self.lock:
+            have = set(self.got)
+        return [p for p in expected if p not in have]
+
+    def duplicates(self) -> int:
+        with self.lock:
+            return len(self.got) - len(set(self.got))
+
+    def out_of_order(self) -> list[str]:
+        """Per group, a message whose first copy arrived after the first copy of a later one
+        (a duplicate run replays older ones: only first copies count)."""
+        seen: set[bytes] = set()
+        last: dict[bytes, int] = {}
+        bad = []
+        with self.lock:
+            got = list(self.got)
+        for p in got:
+            if p in seen:
+                continue
+            seen.add(p)
+            group, _, seq = p.rpartition(b":")
+            n = int(seq)
+            if n < last.get(group, -1):
+                bad.append(f"{p!r} after {group!r}:{last[group]}")
+            last[group] = max(n, last.get(group, -1))
+        return bad
+
+    def stop(self) -> None:
+        self.c.loop_stop()
+        self.c.disconnect()
+
+
+class Stream(threading.Thread):
+    """QoS 1, one at a time, round robin over ``topics`` (payload ``<topic>:<n>``), until
+    stopped; keeps what was acknowledged (reason 0) and counts the rest (refused or not
+    answered: may arrive, need not)."""
+
+    def __init__(self, client: Client, topics: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.client = client
+        self.topics = topics
+        self.acked: list[bytes] = []
+        self.unacked = 0
+        self.halt = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        n = 0
+        try:
+            while not self.halt.is_set():
+                for topic in self.topics:
+                    payload = f"{topic}:{n}".encode()
+                    try:
+                        info = self.client.publish(topic, payload, qos=1, timeout=60)
+                    except AssertionError:
+                        self.unacked += 1  # not answered in time: unknown, never expected
+                        continue
+                    if self.client.puback_code(info) == 0:
+                        self.acked.append(payload)
+                    else:
+                        self.unacked += 1
+                n += 1
+                time.sleep(0.01)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+            self.error = exc
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(90)
+        assert not self.is_alive(), "the publisher did not stop"
+        assert self.error is None, f"the publisher failed: {self.error!r}"
+
+
+def _node_pids(cluster: Cluster, i: int) -> list[int]:
+    """Every process of node i: its supervisor, its routers, its metadata process."""
+    status = cluster.status(i)
+    pids = [cluster.nodes[i].pid, status["metadata"]["pid"]]
+    pids += [r["pid"] for r in status["routers"] if r.get("pid")]
+    return pids
+
+
+def _active(cluster: Cluster) -> list[float]:
+    out = []
+    for n in cluster.nodes:
+        try:
+            out.append(n.metric("meshmq_bridge_active", bridge=BRIDGE) if n.alive else 0.0)
+        except (AssertionError, OSError):
+            out.append(0.0)
+    return out
+
+
+def _connected_at(cluster: Cluster, i: int) -> bool:
+    try:
+        node = cluster.nodes[i]
+        return node.metric("meshmq_bridge_active", bridge=BRIDGE) == 1 and \
+            node.metric("meshmq_bridge_up", bridge=BRIDGE) == 1
+    except (AssertionError, OSError):
+        return False
+
+
+def _all_arrive(counter: Counter, expected: list[bytes], what: str) -> None:
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: not counter.missing(expected), timeout=120, message=what)
+    missing = counter.missing(expected)
+    assert not missing, (f"{len(missing)} of {len(expected)} acknowledged messages never "
+                         f"arrived (every acknowledged {what}): {missing[:20]}")
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[Cluster, MosquittoProc, list[Any]]]:
+    mosq = MosquittoProc(tmp_path / "mosquitto").start()
+    bridge = {"name": BRIDGE, "address": f"{mosq.host}:{mosq.port}", "reconnect_min": 0.2,
+              "reconnect_max": 1.0, "keepalive": 10,
+              "topics": [{"pattern": "devices/#", "direction": "out", "qos": 1},
+                         {"pattern": "commands/#", "direction": "in", "qos": 1}]}
+    cluster = Cluster(tmp_path, n=3, raft=True,
+                      overrides={"bridge": [bridge], "cluster": {"append_timeout": 3.0}})
+    made: list[Any] = []
+    try:
+        cluster.start()
+        yield cluster, mosq, made
+    finally:
+        for thing in reversed(made):
+            with contextlib.suppress(Exception):
+                thing.stop()
+        cluster.stop()
+        mosq.stop()
+        ALL_MOSQUITTOS.remove(mosq)
+
+
+def test_kill9_of_the_bridge_node_loses_nothing_either_way(
+        stack: tuple[Cluster, MosquittoProc, list[Any]]) -> None:
+    cluster, mosq, made = stack
+    wait_for(lambda: sum(_active(cluster)) == 1 and any(
+        _connected_at(cluster, i) for i in range(3)), timeout=60,
+        message="exactly one router running a connected bridge")
+    victim = _active(cluster).index(1)
+    a, b = [i for i in range(3) if i != victim]
+
+    def client(node: int | None = None, **kw: Any) -> Client:
+        if node is None:
+            c = Client(host=mosq.host, port=mosq.port, protocol=V5, **kw)
+        else:
+            c = Client(cluster.nodes[node], protocol=V5, **kw)
+        c.connect()
+        made.append(c)
+        return c
+
+    # device logs: two led by the node that dies (their first publish there: Raft places a
+    # log where its first publisher is), two by survivors; the inbound log (commands) too
+    first = {victim: ["devices/v0/seq", "devices/v1/seq"], a: ["devices/s0/seq"],
+             b: ["devices/s1/seq", "commands/seed"]}
+    for node, topics in first.items():
+        seeder = client(node)
+        for t in topics:
+            assert seeder.puback_code(seeder.publish(t, b"seed:-1", qos=1, timeout=60)) == 0
+    outbound = Counter(mosq.host, mosq.port, "devices/#")
+    made.append(outbound)
+    inbound = Counter(cluster.nodes[a].host, cluster.nodes[a].port, "commands/#",
+                      v5_expiry=True)
+    made.append(inbound)
+    # the bridge's subscription at Mosquitto is there once a sentinel comes in
+    rpub = client()
+    wait_for(lambda: rpub.puback_code(rpub.publish("commands/x", b"hello:0", qos=1)) == 0
+             and not inbound.missing([b"hello:0"]), timeout=60,
+             message="the bridge's inbound subscription at Mosquitto")
+
+    out = Stream(client(b), ["devices/v0/seq", "devices/v1/seq", "devices/s0/seq",
+                             "devices/s1/seq"])
+    into = Stream(rpub, ["commands/x"])
+    out.start()
+    into.start()
+    made.extend([out, into])
+    wait_for(lambda: len(out.acked) >= 120 and len(into.acked) >= 30, timeout=120,
+             message="both streams flowing before the kill")
+    wait_for(lambda: not outbound.missing(out.acked[:100]), timeout=60,
+             message="the bridge carrying the stream out before the kill")
+    for pid in _node_pids(cluster, victim):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    at_kill = (len(out.acked), len(into.acked))
+    wait_for(lambda: _connected_at(cluster, a) or _connected_at(cluster, b), timeout=90,
+             message="a surviving node running the bridge, connected")
+    # both streams go on after the move: the new router carries them
+    wait_for(lambda: len(out.acked) >= at_kill[0] + 100 and len(into.acked) >= at_kill[1] + 30,
+             timeout=120, message="both streams flowing after the move")
+    out.stop()
+    into.stop()
+    _all_arrive(outbound, out.acked, "outbound message at the Mosquitto subscriber")
+    _all_arrive(inbound, into.acked, "inbound message at the subscriber here")
+    assert not outbound.out_of_order(), f"outbound per-device order: {outbound.out_of_order()}"
+    assert not inbound.out_of_order(), f"inbound order: {inbound.out_of_order()}"
+    print(f"bridge moved off n{victim} by kill -9: out {len(out.acked)} acked "
+          f"({out.unacked} refused or unanswered), {outbound.duplicates()} duplicates; in "
+          f"{len(into.acked)} acked, {inbound.duplicates()} duplicates")
