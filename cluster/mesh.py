@@ -275,6 +275,10 @@ class Mesh:
         """A share with no connected member here, to another router's (cluster/shares.py)."""
         return self.shares.hand_on(msg, key)
 
+    def devices(self) -> list[str] | None:
+        """Every device log Raft placed (None under the static hash): broker/resumepoints.py."""
+        return self.placement.devices()
+
     def owner_of(self, device: str) -> str | None:
         """The router leading a device log now, or None when it is this one (asked of the
         placement at every call: a leader moves)."""

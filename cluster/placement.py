@@ -126,6 +126,13 @@ class Placement:
             return NO_LEADER
         return None if rid == self.me else rid
 
+    def devices(self) -> list[str] | None:
+        """Every device log placed (Raft placement, from its watch), None under the static
+        hash (it places any name: nothing to list)."""
+        if self.static:
+            return None
+        return [d for d, leader in self._moved.items() if leader.router != LOST]
+
     def placed(self, device: str) -> bool:
         """Whether ``device``'s log has a placement (always, under the static hash)."""
         return self.static or device in self._moved

@@ -15,6 +15,8 @@ MV = "tests/cluster/test_bridge_moves.py"
 KILL = f"{MV}::test_kill9_of_the_bridge_node_loses_nothing_either_way"
 BR = "meshmq/bridge.py"
 BC = "meshmq/bridgeconfig.py"
+SS = "broker/sessionstore.py"
+NOCOPY = f"{MV}::test_kill9_resumes_logs_the_new_node_holds_no_copy_of"
 
 
 def bridgemove_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -32,4 +34,12 @@ def bridgemove_mutations(mutation: Any) -> tuple[Any, ...]:
           "        if remote is not None and self._early is not None:\n",
           "        if local is None and remote is not None and self._early is not None:\n",
           (KILL,)),
+        m("bridgemove-resume-local-only", "a session resumed from the registry reads from its "
+          "resume time only the logs this router holds a copy of (a log led elsewhere, with no "
+          "copy here, is never read: its backlog is lost)", SS,
+          "                self.resume_points.start(s, device, resume_us)\n",
+          "                pass\n", (NOCOPY,)),
+        m("bridgemove-resume-placed-ignored", "a resumed session with a filter spanning every "
+          "log reads the logs of this router's store only, not every log Raft placed", SS,
+          "            if placed:\n", "            if False:\n", (NOCOPY,)),
     )
