@@ -17,6 +17,7 @@ BR = "meshmq/bridge.py"
 BC = "meshmq/bridgeconfig.py"
 SS = "broker/sessionstore.py"
 NOCOPY = f"{MV}::test_kill9_resumes_logs_the_new_node_holds_no_copy_of"
+ROLL = f"{MV}::test_rolling_restart_of_the_bridge_node_loses_nothing"
 
 
 def bridgemove_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -42,4 +43,9 @@ def bridgemove_mutations(mutation: Any) -> tuple[Any, ...]:
         m("bridgemove-resume-placed-ignored", "a resumed session with a filter spanning every "
           "log reads the logs of this router's store only, not every log Raft placed", SS,
           "            if placed:\n", "            if False:\n", (NOCOPY,)),
+        m("bridgemove-stale-copy-kept", "a CONNECT whose claim names another router as the "
+          "holder before keeps this router's older offline copy of the session (restored from "
+          "its disk at a restart) and discards what that router handed over or saved",
+          "broker/registry.py", "            self._drop_stale(cid)\n", "            pass\n",
+          (ROLL,)),
     )

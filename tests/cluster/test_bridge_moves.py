@@ -335,3 +335,71 @@ def test_kill9_resumes_logs_the_new_node_holds_no_copy_of(tmp_path: Path) -> Non
             "devices/h0/seq", b"seed:-1", qos=1, timeout=60)) == 0
         _kill_and_check(cluster, mosq, made, victim, [chosen[victim], chosen[other], "h0"],
                         other)
+
+
+def test_rolling_restart_of_the_bridge_node_loses_nothing(tmp_path: Path) -> None:
+    """A rolling restart's step on the node running the bridge: stopped (SIGTERM: its bridge
+    stops, its session is saved), the bridge moves to another node; started again, the bridge
+    moves back to it (it ranks first again), its session handed over by the node that ran it
+    meanwhile. Streams both ways throughout, from and to a node that stays up."""
+    with _running(tmp_path, {}) as (cluster, mosq, made):
+        victim = _bridge_node(cluster)
+        rids = [f"n{i}/0" for i in range(3)]
+        heir = rids.index(pick_router(BRIDGE, [r for i, r in enumerate(rids) if i != victim]))
+        other = 3 - victim - heir
+        first = {victim: ["devices/v0/seq"], heir: ["devices/h0/seq"],
+                 other: ["devices/o0/seq", "commands/seed"]}
+        for node, topics in first.items():
+            seeder = _connect(made, cluster, mosq, node)
+            for t in topics:
+                assert seeder.puback_code(seeder.publish(t, b"seed:-1", qos=1,
+                                                         timeout=60)) == 0
+        outbound = Counter(mosq.host, mosq.port, "devices/#")
+        made.append(outbound)
+        inbound = Counter(cluster.nodes[other].host, cluster.nodes[other].port, "commands/#",
+                          v5_expiry=True)
+        made.append(inbound)
+        rpub = _connect(made, cluster, mosq)
+        wait_for(lambda: rpub.puback_code(rpub.publish("commands/x", b"hello:0", qos=1)) == 0
+                 and not inbound.missing([b"hello:0"]), timeout=60,
+                 message="the bridge's inbound subscription at Mosquitto")
+        out = Stream(_connect(made, cluster, mosq, other),
+                     ["devices/v0/seq", "devices/h0/seq", "devices/o0/seq"])
+        into = Stream(rpub, ["commands/x"])
+        out.start()
+        into.start()
+        made.extend([out, into])
+
+        def flowing(n_out: int, n_in: int, what: str) -> None:
+            at = (len(out.acked), len(into.acked))
+            wait_for(lambda: len(out.acked) >= at[0] + n_out and len(into.acked) >= at[1] + n_in,
+                     timeout=120, message=f"both streams flowing {what}")
+
+        flowing(60, 20, "before the restart")
+        cluster.nodes[victim].stop(timeout=30)
+        wait_for(lambda: _connected_at(cluster, heir), timeout=90,
+                 message=f"the bridge running on n{heir} while n{victim} is down")
+        flowing(60, 20, "while the bridge runs on the heir")
+        cluster.nodes[victim].start()
+        cluster.wait_links_up(timeout=60)
+        wait_for(lambda: _connected_at(cluster, victim) and _active(cluster)[heir] == 0,
+                 timeout=90, message=f"the bridge back on n{victim}, and only there")
+        # the session moved back from the node that ran it meanwhile (handed over by it, or
+        # resumed from the registry), never resumed from the copy n{victim} restored from
+        # its own disk at its start (older: it re-sent everything bridged meanwhile)
+        back = cluster.nodes[victim]
+        assert back.metric("meshmq_session_handed_over_total") \
+            + back.metric("meshmq_session_resumed_from_registry_total") >= 1, \
+            "the bridge's session moved back to its restarted node from that node's own " \
+            "older copy, not from the node that ran it meanwhile"
+        flowing(60, 20, "after the bridge moved back")
+        out.stop()
+        into.stop()
+        _all_arrive(outbound, out.acked, "outbound message at the Mosquitto subscriber")
+        _all_arrive(inbound, into.acked, "inbound message at the subscriber here")
+        assert not outbound.out_of_order(), \
+            f"outbound per-device order: {outbound.out_of_order()}"
+        assert not inbound.out_of_order(), f"inbound order: {inbound.out_of_order()}"
+        print(f"bridge moved off n{victim} (SIGTERM) and back: out {len(out.acked)} acked "
+              f"({out.unacked} refused or unanswered), {outbound.duplicates()} duplicates; in "
+              f"{len(into.acked)} acked, {inbound.duplicates()} duplicates")
