@@ -537,7 +537,10 @@ class SessionPersistence(SessionHooks):
         store = self.store
         logs = self.router.logs
         remote = logs.remote_owner if logs is not None else None
-        devices, replay_only = self._devices_for(s)
+        forwarder = self.router.forwarder
+        # every log Raft placed (None: the static hash, or no mesh yet: a start-up restore)
+        placed = set(forwarder.devices() or ()) if forwarder is not None else None
+        devices, replay_only = self._devices_for(s, placed)
         for device, offset in behind.items():
             if device in replay_only:
                 continue
@@ -552,13 +555,14 @@ class SessionPersistence(SessionHooks):
             offset = store.offset_for_timestamp(device, resume_us)
             if offset < store.high_watermark(device):
                 catchup.restore(s, device, offset)
-            elif remote is not None and remote(device) is not None \
-                    and self.router.forwarder is not None:
+            elif placed is not None and device in placed and remote is not None \
+                    and remote(device) is not None:
                 # led by another router, no copy here that reaches the resume time: its
                 # leader says where that is (broker/resumepoints.py)
                 self.resume_points.start(s, device, resume_us)
 
-    def _devices_for(self, s: Session) -> tuple[Iterable[str], set[str]]:
+    def _devices_for(self, s: Session, placed: set[str] | None = None
+                     ) -> tuple[Iterable[str], set[str]]:
         """Device logs a session's QoS>0 subscriptions may read (the one a filter names, like
         ``devices/d1/#``, or all of them for a filter that spans logs, like ``+/temp``), and
         the devices only its offset subscriptions read."""
@@ -580,12 +584,10 @@ class SessionPersistence(SessionHooks):
             else:
                 devices.add(device)
         if spans_all:
-            # every log of the cluster (those Raft placed: a session resumed from the registry
-            # reads the logs this router holds no copy of too), or of this store
-            forwarder = self.router.forwarder
-            placed = forwarder.devices() if forwarder is not None else None
+            # every log of the cluster (those Raft placed, ``placed``: a session resumed from
+            # the registry reads the logs this router holds no copy of too), or of this store
             if placed:
-                return set(self.store.keys()).union(placed), set()
+                return placed.union(self.store.keys()), set()
             return self.store.keys(), set()
         return devices, replayed - devices
 
