@@ -538,8 +538,9 @@ class SessionPersistence(SessionHooks):
         logs = self.router.logs
         remote = logs.remote_owner if logs is not None else None
         forwarder = self.router.forwarder
-        # every log Raft placed (None: the static hash, or no mesh yet: a start-up restore)
-        placed = set(forwarder.devices() or ()) if forwarder is not None else None
+        # every log Raft placed, a view (None: the static hash, or no mesh yet: a start-up
+        # restore)
+        placed = forwarder.devices() if forwarder is not None else None
         devices, replay_only = self._devices_for(s, placed)
         for device, offset in behind.items():
             if device in replay_only:
@@ -561,7 +562,7 @@ class SessionPersistence(SessionHooks):
                 # leader says where that is (broker/resumepoints.py)
                 self.resume_points.start(s, device, resume_us)
 
-    def _devices_for(self, s: Session, placed: set[str] | None = None
+    def _devices_for(self, s: Session, placed: Iterable[str] | None = None
                      ) -> tuple[Iterable[str], set[str]]:
         """Device logs a session's QoS>0 subscriptions may read (the one a filter names, like
         ``devices/d1/#``, or all of them for a filter that spans logs, like ``+/temp``), and
@@ -586,8 +587,8 @@ class SessionPersistence(SessionHooks):
         if spans_all:
             # every log of the cluster (those Raft placed, ``placed``: a session resumed from
             # the registry reads the logs this router holds no copy of too), or of this store
-            if placed:
-                return placed.union(self.store.keys()), set()
+            if placed is not None:
+                return set(placed).union(self.store.keys()), set()
             return self.store.keys(), set()
         return devices, replayed - devices
 

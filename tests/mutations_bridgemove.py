@@ -42,7 +42,7 @@ def bridgemove_mutations(mutation: Any) -> tuple[Any, ...]:
           "                pass\n", (NOCOPY,)),
         m("bridgemove-resume-placed-ignored", "a resumed session with a filter spanning every "
           "log reads the logs of this router's store only, not every log Raft placed", SS,
-          "            if placed:\n", "            if False:\n", (NOCOPY,)),
+          "            if placed is not None:\n", "            if False:\n", (NOCOPY,)),
         m("bridgemove-stale-copy-kept", "a CONNECT whose claim names another router as the "
           "holder before keeps this router's older offline copy of the session (restored from "
           "its disk at a restart) and discards what that router handed over or saved",
