@@ -182,31 +182,31 @@ def _all_arrive(counter: Counter, expected: list[bytes], what: str) -> None:
                          f"arrived (every acknowledged {what}): {missing[:20]}")
 
 
-def _stack(tmp_path: Path, cluster_settings: dict[str, Any]
-           ) -> tuple[Cluster, MosquittoProc, list[Any]]:
-    mosq = MosquittoProc(tmp_path / "mosquitto").start()
-    bridge = {"name": BRIDGE, "address": f"{mosq.host}:{mosq.port}", "reconnect_min": 0.2,
-              "reconnect_max": 1.0, "keepalive": 10,
-              "topics": [{"pattern": "devices/#", "direction": "out", "qos": 1},
-                         {"pattern": "commands/#", "direction": "in", "qos": 1}]}
-    cluster = Cluster(tmp_path, n=3, raft=True,
-                      overrides={"bridge": [bridge],
-                                 "cluster": {"append_timeout": 3.0, **cluster_settings}})
-    return cluster, mosq, []
-
-
 @contextlib.contextmanager
 def _running(tmp_path: Path, cluster_settings: dict[str, Any]
              ) -> Iterator[tuple[Cluster, MosquittoProc, list[Any]]]:
-    cluster, mosq, made = _stack(tmp_path, cluster_settings)
+    """A real Mosquitto, and a 3-node Raft cluster bridged to it (devices/# out, commands/#
+    in); what the test adds to the list is stopped at the end, then the nodes, then
+    Mosquitto."""
+    mosq = MosquittoProc(tmp_path / "mosquitto").start()
+    made: list[Any] = []
+    cluster: Cluster | None = None
     try:
+        bridge = {"name": BRIDGE, "address": f"{mosq.host}:{mosq.port}",
+                  "reconnect_min": 0.2, "reconnect_max": 1.0, "keepalive": 10,
+                  "topics": [{"pattern": "devices/#", "direction": "out", "qos": 1},
+                             {"pattern": "commands/#", "direction": "in", "qos": 1}]}
+        cluster = Cluster(tmp_path, n=3, raft=True,
+                          overrides={"bridge": [bridge],
+                                     "cluster": {"append_timeout": 3.0, **cluster_settings}})
         cluster.start()
         yield cluster, mosq, made
     finally:
         for thing in reversed(made):
             with contextlib.suppress(Exception):
                 thing.stop()
-        cluster.stop()
+        if cluster is not None:
+            cluster.stop()
         mosq.stop()
         ALL_MOSQUITTOS.remove(mosq)
 
