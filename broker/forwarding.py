@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from broker.connection import fail_client
@@ -100,6 +100,11 @@ class Forwarder(Protocol):
     def fetch(self, owner: str, device: str, offset: int, max_records: int, done: Any) -> None:
         """Committed records of ``device`` from ``offset``, read at its owner:
         ``done(FetchResult)``."""
+
+    def devices(self) -> Iterable[str] | None:
+        """Every device log the cluster has placed (Raft placement), None when the layout
+        cannot list them (the static hash places any name): what a resumed session with a
+        filter spanning every log reads from its resume time (broker/resumepoints.py)."""
 
 
 class RemotePublishes:

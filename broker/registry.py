@@ -154,6 +154,9 @@ class RegisteredSessions:
         handed the session over (``state``) or did not (gone, frozen, no session)."""
         router = self.router
         cid = pkt.client_id
+        if not pkt.clean_start and answer is not None and answer.prev not in (None, self.hook.me) \
+                and (state is not None or answer.state):
+            self._drop_stale(cid)
         if not pkt.clean_start and cid not in router.sessions:
             try:
                 if state is not None:
@@ -184,6 +187,25 @@ class RegisteredSessions:
         except Exception as err:  # noqa: BLE001 - this client only
             fail_client(router.stats, conn, err)
         router.flush_writes()
+
+    def _drop_stale(self, cid: str) -> None:
+        """The claim names another router as the session's holder before it, and that
+        router handed the session over or saved it: an offline copy here is older than
+        either (restored from this router's disk at its restart, taken over elsewhere since,
+        or kept HANDOVER_GRACE after a takeover), so it goes. Resumed instead, it discarded
+        the exact state handed over, and read its logs again from positions as old as this
+        router's last checkpoint before it went down (a rolling restart's bridge moving back
+        to its restarted node re-sent everything bridged meanwhile), and knew no position in
+        logs new to the session since (tests/cluster/test_bridge_moves.py)."""
+        router = self.router
+        stale = router.sessions.get(cid)
+        if stale is None or stale.conn is not None:
+            return
+        self.claimed[cid] = None  # its end must not give up the claim just committed
+        self.saved.pop(cid, None)
+        log.info("an older copy of the session here is dropped: the router that held it "
+                 "since hands it over or saved it", extra={"client_id": cid})
+        router.end_session(stale)
 
     def _refuse(self, conn: Connection, pkt: Any, why: str) -> None:
         self.stats["refused"] += 1

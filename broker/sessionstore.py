@@ -60,6 +60,7 @@ from broker.devicelogs import (
 )
 from broker.message import Delivery, Message
 from broker.protocol.reasons import Reason
+from broker.resumepoints import ResumePoints, pending_since
 from broker.retainstore import RetainPersistence
 from broker.session import NEVER, Session, Subscription
 from broker.statelog import Item, StateLog
@@ -186,6 +187,7 @@ class SessionPersistence(SessionHooks):
         self._stored: dict[str, tuple[tuple | None, float]] = {}
         self._offline_at: dict[str, float] = {}  # client id -> wall time it went offline
         self._timer: Any = None
+        self.resume_points = ResumePoints(router)
         self.restored = 0
         self.expired = 0
         self.lost = 0  # window/queue entries whose log record retention had deleted
@@ -340,13 +342,19 @@ class SessionPersistence(SessionHooks):
             queue.append([d.qos, int(d.retain), list(d.sub_ids or ()), int(d.position),
                           _msg_ref(m, copies)])
         for device, c in s.lag.items():
-            if c.next < behind.get(device, _FAR):
+            if c.pending_spec is None and c.next < behind.get(device, _FAR):
                 behind[device] = c.next
         for device, offset in top.items():
             behind.setdefault(device, offset + 1)  # everything below was acked or is in flight
         if copies:  # another router: copies, and only the cursors' positions (below)
-            behind = {device: c.next for device, c in s.lag.items() if not c.live}
+            behind = {device: c.next for device, c in s.lag.items()
+                      if not c.live and c.pending_spec is None}
             resume = now_us + CLOCK_MARGIN_US
+        pending = pending_since(s)
+        if pending is not None:
+            # a log whose start its leader has not resolved yet (broker/resumepoints.py) has
+            # no position: it resumes from the time it was to be read from, or earlier
+            resume = min(resume, pending)
         for device, offset in s.positions.items():
             # where delivery got to in every other log (broker/positions.py): a restart reads
             # again what came after this checkpoint, a move what went to the old router
@@ -529,7 +537,11 @@ class SessionPersistence(SessionHooks):
         store = self.store
         logs = self.router.logs
         remote = logs.remote_owner if logs is not None else None
-        devices, replay_only = self._devices_for(s)
+        forwarder = self.router.forwarder
+        # every log Raft placed, a view (None: the static hash, or no mesh yet: a start-up
+        # restore)
+        placed = forwarder.devices() if forwarder is not None else None
+        devices, replay_only = self._devices_for(s, placed)
         for device, offset in behind.items():
             if device in replay_only:
                 continue
@@ -544,8 +556,14 @@ class SessionPersistence(SessionHooks):
             offset = store.offset_for_timestamp(device, resume_us)
             if offset < store.high_watermark(device):
                 catchup.restore(s, device, offset)
+            elif placed is not None and device in placed and remote is not None \
+                    and remote(device) is not None:
+                # led by another router, no copy here that reaches the resume time: its
+                # leader says where that is (broker/resumepoints.py)
+                self.resume_points.start(s, device, resume_us)
 
-    def _devices_for(self, s: Session) -> tuple[Iterable[str], set[str]]:
+    def _devices_for(self, s: Session, placed: Iterable[str] | None = None
+                     ) -> tuple[Iterable[str], set[str]]:
         """Device logs a session's QoS>0 subscriptions may read (the one a filter names, like
         ``devices/d1/#``, or all of them for a filter that spans logs, like ``+/temp``), and
         the devices only its offset subscriptions read."""
@@ -567,6 +585,10 @@ class SessionPersistence(SessionHooks):
             else:
                 devices.add(device)
         if spans_all:
+            # every log of the cluster (those Raft placed, ``placed``: a session resumed from
+            # the registry reads the logs this router holds no copy of too), or of this store
+            if placed is not None:
+                return set(placed).union(self.store.keys()), set()
             return self.store.keys(), set()
         return devices, replayed - devices
 

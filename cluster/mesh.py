@@ -37,7 +37,7 @@ from cluster.fencing import Fenced, append_refusal
 from cluster.idempotence import source_value
 from cluster.link import Done, LinkFull, MeshLink
 from cluster.logserve import FETCH_MAX_RECORDS, RawRecords, fetch_result, serve_fetch
-from cluster.placement import LOST, UNPLACED, Placement
+from cluster.placement import LOST, UNPLACED, PlacedLogs, Placement
 from cluster.requests import Requests
 from cluster.retainsync import RetainSync
 from cluster.routegap import UnroutedPeers, redeliver
@@ -280,6 +280,10 @@ class Mesh:
     def hand_on(self, msg: Message, key: tuple[str, str]) -> bool:
         """A share with no connected member here, to another router's (cluster/shares.py)."""
         return self.shares.hand_on(msg, key)
+
+    def devices(self) -> PlacedLogs | None:
+        """Every device log Raft placed (None under the static hash): broker/resumepoints.py."""
+        return self.placement.devices()
 
     def owner_of(self, device: str) -> str | None:
         """The router leading a device log now, or None when it is this one (asked of the

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -62,6 +62,24 @@ ChangeHandler = Callable[[str, Leader, Leader], None]  # (device, before, after)
 
 class StaleEpoch(ValueError):
     """An update whose epoch is not above the device's current one (fencing)."""
+
+
+class PlacedLogs:
+    """The logs a Raft placement knows (``Placement.devices``), lost ones left out: a view of
+    its table, so a resumed session asking about the one device it names costs a lookup, not
+    a copy of every log in the cluster (broker/resumepoints.py)."""
+
+    __slots__ = ("_moved",)
+
+    def __init__(self, moved: dict[str, Leader]) -> None:
+        self._moved = moved
+
+    def __contains__(self, device: object) -> bool:
+        leader = self._moved.get(device)  # type: ignore[call-overload]
+        return leader is not None and leader.router != LOST
+
+    def __iter__(self) -> Iterator[str]:
+        return (d for d, leader in list(self._moved.items()) if leader.router != LOST)
 
 
 class Placement:
@@ -134,6 +152,12 @@ class Placement:
         if rid is None:
             return NO_LEADER
         return None if rid == self.me else rid
+
+    def devices(self) -> PlacedLogs | None:
+        """Every device log placed (Raft placement, from its watch) but lost, as a live view
+        (``in`` costs one lookup; nothing is copied until iterated), None under the static
+        hash (it places any name: nothing to list)."""
+        return None if self.static else PlacedLogs(self._moved)
 
     def placed(self, device: str) -> bool:
         """Whether ``device``'s log has a placement (always, under the static hash)."""

@@ -37,12 +37,18 @@ makes Mosquitto treat the connection as a bridge and not send its own publishes 
 runs a bridge only where the rendezvous hash (highest random weight) of the bridge's name picks
 it among the routers it sees alive (itself and each peer whose mesh link is up), re-checked
 every second. Every router computes the same answer from the same link states, so one router
-runs it; when that router dies its links go down and the next-ranked router takes over (the
-session claim on CONNECT moves ``$bridge/<name>``'s session, with its positions, from a router
-still reachable; see the README's Bridge section for what a dead one costs). No Raft command is
-needed. In a partition each side picks among what it sees, so two routers may run one bridge:
-both connect with the same remote client id and the remote keeps one at a time (MQTT's session
-takeover); deliveries stay at least once, with more duplicates, until the partition heals.
+runs it; when that router dies its links go down and the next-ranked router takes over: the
+CONNECT of ``$bridge/<name>`` there moves the session, with its positions, from a router still
+reachable (handed over), or, under Raft placement, resumes it from the Raft session registry
+when its router is dead (``broker/registry.py``: held offsets saved every
+``cluster.session_checkpoint_interval``; a log with no saved position is read from the saved
+resume time, at its leader when this node has no copy: ``broker/resumepoints.py``). Placement
+needs no Raft command. The remote client id is one per cluster (``<cluster.name>.<name>`` by
+default), so the remote's persistent session, and what it kept while the bridge moved, follows
+the bridge. In a partition each side picks among what it sees, so two routers may run one
+bridge: both connect with the same remote client id and the remote keeps one at a time (MQTT's
+session takeover); deliveries stay at least once, with more duplicates, until the partition
+heals.
 """
 
 from __future__ import annotations
@@ -375,7 +381,10 @@ class Bridge:
         """A message from the remote: published here; its PUBACK waits for this broker's."""
         remote = self._remote
         local = self._local
-        if local is None and remote is not None and self._early is not None:
+        # also while the local CONNECT waits for its CONNACK (a claim in the session
+        # registry; after a move, up to HANDOVER_WAIT for the dead router): published now,
+        # these would go ahead of the ones buffered before, out of the remote's order
+        if remote is not None and self._early is not None:
             self._early.append(pkt)  # the local side is not up yet (see _connected_once)
             if len(self._early) > EARLY_MAX:
                 remote.close(f"more than {EARLY_MAX} messages before the local side was up")

@@ -163,7 +163,7 @@ def _topic(item: object, where: str) -> BridgeTopic:
     return BridgeTopic(pattern, direction, int(qos), **prefixes)
 
 
-def _bridge(item: object, where: str, node_id: str) -> BridgeConfig:
+def _bridge(item: object, where: str, owner: str) -> BridgeConfig:
     if not isinstance(item, dict):
         raise BridgeConfigError(where, "expected a table ([[bridge]] with name, address and "
                                        "[[bridge.topics]])")
@@ -183,7 +183,7 @@ def _bridge(item: object, where: str, node_id: str) -> BridgeConfig:
     if protocol not in PROTOCOLS:
         raise BridgeConfigError(f"{where}.protocol",
                                 f"expected one of {', '.join(PROTOCOLS)}, got {_show(protocol)}")
-    client_id = _str(item, "client_id", where, default=f"{node_id}.{name}") or ""
+    client_id = _str(item, "client_id", where, default=f"{owner}.{name}") or ""
     if not client_id or len(client_id.encode()) > 65_535:
         raise BridgeConfigError(f"{where}.client_id", "expected a non-empty client id")
     username = _str(item, "username", where) or None
@@ -221,14 +221,24 @@ def _bridge(item: object, where: str, node_id: str) -> BridgeConfig:
                         keepalive=keepalive, reconnect_min=rmin, reconnect_max=rmax)
 
 
-def parse_bridges(value: object, node_id: str) -> tuple[BridgeConfig, ...]:
-    """The file's ``[[bridge]]`` array, checked; raises ``BridgeConfigError``."""
+def parse_bridges(value: object, node_id: str, cluster_name: str = ""
+                  ) -> tuple[BridgeConfig, ...]:
+    """The file's ``[[bridge]]`` array, checked; raises ``BridgeConfigError``.
+
+    The default remote client id is ``<cluster.name>.<name>`` in a cluster and
+    ``<node.id>.<name>`` on a single node. In a cluster the bridge moves between nodes (its
+    router dies, a rolling restart) and must come back to the *same* session at the remote:
+    that session (clean start 0) is where the remote keeps the inbound messages published while
+    the bridge moved, and a second client id per node would leave them queued for a client
+    that never comes back (and queue everything again for it at the remote while another node
+    runs the bridge). Mosquitto's ``remote_clientid`` and EMQX's bridge ``clientid`` are per
+    bridge, not per node, for the same reason."""
     if not isinstance(value, list):
         raise BridgeConfigError("bridge", "expected an array of tables ([[bridge]] sections)")
     out = []
     seen: dict[str, int] = {}
     for i, item in enumerate(value):
-        bridge = _bridge(item, f"bridge[{i}]", node_id)
+        bridge = _bridge(item, f"bridge[{i}]", cluster_name or node_id)
         if bridge.name in seen:
             raise BridgeConfigError(f"bridge[{i}].name",
                                     f"duplicate bridge name {_show(bridge.name)} (also "

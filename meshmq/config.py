@@ -1066,8 +1066,10 @@ def load_config(path: str | None, environ: Mapping[str, str]) -> NodeConfig:
                                  DEFAULT_RULES if rules is None else rules)
 
     node_id = get("node", "id")
+    cluster_name = cluster.name if cluster is not None else ""
     try:
-        bridges = () if bridge_data is None else parse_bridges(bridge_data, node_id)
+        bridges = () if bridge_data is None else parse_bridges(bridge_data, node_id,
+                                                               cluster_name)
     except BridgeConfigError as exc:
         raise ConfigError(exc.key, exc.problem, path) from None
     broker = BrokerSettings(
