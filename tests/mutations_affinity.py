@@ -12,6 +12,7 @@ T = "tests/cluster/test_leader_affinity.py"
 MOVES = T + "::test_leadership_moves_to_the_follower_the_device_stays_on_losing_nothing"
 FLAP = T + "::test_a_device_bouncing_between_nodes_does_not_move_leadership"
 OFF = T + "::test_stable_time_zero_turns_the_move_off"
+AGAIN = T + "::test_a_log_moves_again_only_after_the_minimum_interval"
 CASE = "tests/meshmq/test_cluster_config.py::test_misconfiguration_exits_2_naming_the_key"
 AFF = "cluster/affinity.py"
 
@@ -35,6 +36,10 @@ def affinity_mutations(mutation: Any) -> tuple[Any, ...]:
           "            if e.conn != key:  # another connection (a reconnect, another client): "
           "start over\n                e.conn, e.since = key, now\n            elif key",
           "            if False:\n                pass\n            elif key", (FLAP,)),
+        m("affinity-no-min-interval", "affinity: the minimum interval between moves of one "
+          "log ignored (a log moves again as soon as another router's stable time passed)", AFF,
+          "                    and now - changed[1] >= self.min_interval \\\n",
+          "                    and True \\\n", (AGAIN,)),
         m("affinity-zero-not-off", "affinity: leader_affinity_stable = 0 moves at once "
           "instead of turning the move off", "meshmq/replication_wiring.py",
           "    if settings.leader_affinity_stable > 0:\n",

@@ -9,9 +9,12 @@
   which now reads it from n1), and a live subscriber on n2 gets every one in order;
 * the same client bouncing between n1 and n0 (the leader) faster than the stable time never
   moves the leadership (each reconnect starts the stable time over);
+* once moved, the device going on to n2 for longer than the stable time moves the leadership
+  there only after ``cluster.leader_affinity_min_interval`` (6 s) from the first move;
 * ``leader_affinity_stable = 0`` turns the move off.
 
-No timing assertions: the stable time is 2 s and the test waits with deadlines of a minute.
+No timing assertions that load can break: the stable time is 2 s and the tests wait with
+deadlines of a minute; "not before the minimum interval" cannot fail by being slow.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from helpers.devicelog import Publisher, Subscriber, log_position
 pytestmark = pytest.mark.timeout(400)
 ACK_OFFSETS = {R.USER_PROPERTY: [("ack-offsets", "true")]}
 STABLE = 2.0
+MIN_INTERVAL = 6.0
 AFFINITY = {"append_timeout": 5.0, "leader_affinity_stable": STABLE,
-            "leader_affinity_min_interval": 1.0}
+            "leader_affinity_min_interval": MIN_INTERVAL}
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +166,54 @@ def test_a_device_bouncing_between_nodes_does_not_move_leadership(trio: Cluster,
     assert _leader(trio, 1, device) == ("n0/0", epoch)
     assert _leader(trio, 0, device) == ("n0/0", epoch)
     assert _moves(trio, 1) == moves
+
+
+def _stream(pub: Publisher, device: str, sent: list[bytes], until) -> None:
+    """Keep the publisher's window full until ``until()`` is true (checked every 24)."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert time.monotonic() < deadline, "the condition never came"
+        pub.wait_window(deadline)
+        while pub.has_room():
+            payload = b"m%d" % len(sent)
+            pub.send(f"devices/{device}/t", payload)
+            sent.append(payload)
+        if len(sent) % 24 == 0 and until():
+            return
+
+
+def test_a_log_moves_again_only_after_the_minimum_interval(trio: Cluster, raw) -> None:
+    device = unique("twice")
+    _place(raw, trio, device)
+    sent: list[bytes] = [b"m0"]
+    pub = Publisher(trio.nodes[1].host, trio.nodes[1].port, unique("pub1"), window=8,
+                    timeout=60)
+    _stream(pub, device, sent, lambda: _leader(trio, 1, device)[0] == "n1/0")
+    moved = time.monotonic()  # n2 learned the move no later than this
+    pub.drain(60)
+    pub.close()
+    # the device goes on to n2 (also an ISR member) for longer than the stable time: no move
+    # back before the minimum interval from the first one, then it moves
+    pub2 = Publisher(trio.nodes[2].host, trio.nodes[2].port, unique("pub2"), window=8,
+                     timeout=60)
+    early: list[tuple[float, str | None]] = []
+
+    def at_n2() -> bool:
+        leader = _leader(trio, 2, device)[0]
+        if leader == "n2/0" and time.monotonic() - moved < MIN_INTERVAL - 0.5:
+            early.append((time.monotonic() - moved, leader))
+        return leader == "n2/0"
+    _stream(pub2, device, sent, at_n2)
+    print(f"\n[affinity] moved n0 -> n1, then n1 -> n2 {time.monotonic() - moved:.1f} s later "
+          f"(minimum interval {MIN_INTERVAL} s)")
+    assert not early, f"moved again {early[0][0]:.1f} s after the first move (minimum " \
+        f"interval {MIN_INTERVAL} s)"
+    pub2.drain(60)
+    refused = [hex(a.reason_code) for a in pub.acks + pub2.acks if a.reason_code]
+    assert not refused, refused
+    at = {bytes(a.sent.payload): a.offset for a in pub.acks + pub2.acks}
+    assert [at[p] for p in sent[1:]] == list(range(1, len(sent)))
+    pub2.close()
 
 
 def test_stable_time_zero_turns_the_move_off(tmp_path: Path, raw) -> None:
