@@ -294,6 +294,11 @@ class LeaderAffinity:
         applied, rec = answer
         if isinstance(rec, dict):
             self.feed.learn(device, rec)
+            # refused as "already so": an earlier try of this same compare-and-set applied
+            # before its answer was lost (an unknown outcome is proposed again, never taken
+            # for success or failure: cluster/metaclient.py)
+            applied = applied or (rec.get("leader") == self.me
+                                  and int(rec.get("epoch", -1)) == move.epoch + 1)
         if not applied:
             self.stats["refused"] += 1
             self._give_up(device, e, "Raft refused the election (the epoch moved or this "
