@@ -13,6 +13,7 @@ MOVES = T + "::test_leadership_moves_to_the_follower_the_device_stays_on_losing_
 FLAP = T + "::test_a_device_bouncing_between_nodes_does_not_move_leadership"
 OFF = T + "::test_stable_time_zero_turns_the_move_off"
 AGAIN = T + "::test_a_log_moves_again_only_after_the_minimum_interval"
+CAP = T + "::test_tracked_devices_are_capped"
 CASE = "tests/meshmq/test_cluster_config.py::test_misconfiguration_exits_2_naming_the_key"
 AFF = "cluster/affinity.py"
 
@@ -40,6 +41,10 @@ def affinity_mutations(mutation: Any) -> tuple[Any, ...]:
           "log ignored (a log moves again as soon as another router's stable time passed)", AFF,
           "                    and now - changed[1] >= self.min_interval \\\n",
           "                    and True \\\n", (AGAIN,)),
+        m("affinity-no-cap", "affinity: leader_affinity_max_devices not enforced (one entry "
+          "per forwarded device, without bound)", AFF,
+          "            if len(self.devices) > self.max_devices:\n",
+          "            if False:\n", (CAP,)),
         m("affinity-zero-not-off", "affinity: leader_affinity_stable = 0 moves at once "
           "instead of turning the move off", "meshmq/replication_wiring.py",
           "    if settings.leader_affinity_stable > 0:\n",

@@ -11,6 +11,8 @@
   moves the leadership (each reconnect starts the stable time over);
 * once moved, the device going on to n2 for longer than the stable time moves the leadership
   there only after ``cluster.leader_affinity_min_interval`` (6 s) from the first move;
+* the devices a router tracks are capped (``leader_affinity_max_devices``): past it the oldest
+  entry is dropped, counted and logged;
 * ``leader_affinity_stable = 0`` turns the move off.
 
 No timing assertions that load can break: the stable time is 2 s and the tests wait with
@@ -34,8 +36,10 @@ pytestmark = pytest.mark.timeout(400)
 ACK_OFFSETS = {R.USER_PROPERTY: [("ack-offsets", "true")]}
 STABLE = 2.0
 MIN_INTERVAL = 6.0
+# one tracked device per router: each test here forwards one device at a time through a
+# router, and the eviction test needs the cap to be reached
 AFFINITY = {"append_timeout": 5.0, "leader_affinity_stable": STABLE,
-            "leader_affinity_min_interval": MIN_INTERVAL}
+            "leader_affinity_min_interval": MIN_INTERVAL, "leader_affinity_max_devices": 1}
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +218,21 @@ def test_a_log_moves_again_only_after_the_minimum_interval(trio: Cluster, raw) -
     at = {bytes(a.sent.payload): a.offset for a in pub.acks + pub2.acks}
     assert [at[p] for p in sent[1:]] == list(range(1, len(sent)))
     pub2.close()
+
+
+def test_tracked_devices_are_capped(trio: Cluster, raw) -> None:
+    first, second = unique("capa"), unique("capb")
+    _place(raw, trio, first)
+    _place(raw, trio, second)
+    evicted = trio.nodes[1].metric("meshmq_leader_affinity_events_total", event="evicted")
+    pub = _publisher(raw, trio, 1)
+    for k, device in enumerate((first, second, first, second)):
+        assert _publish(pub, device, b"c%d" % k, k + 1).reason_code == 0
+    # the cap is 1: each device's first publish here dropped the other's entry
+    assert trio.nodes[1].metric("meshmq_leader_affinity_devices") == 1
+    assert trio.nodes[1].metric("meshmq_leader_affinity_events_total",
+                                event="evicted") >= evicted + 3
+    pub.close()
 
 
 def test_stable_time_zero_turns_the_move_off(tmp_path: Path, raw) -> None:
