@@ -96,6 +96,10 @@ class Mesh:
         # set by the node wiring under Raft placement: serves followers' FETCHes of the logs
         # this router leads (cluster/replication.py, ReplicaManager)
         self.replication: Any = None
+        # set by the node wiring when cluster.leader_affinity_stable > 0: sees each publish
+        # proxied to a leader, and may hold it while the leadership moves here
+        # (cluster/affinity.py, LeaderAffinity)
+        self.affinity: Any = None
         self._refused_log = RateLimitedLog(log, logging.ERROR, "mesh handshakes refused",
                                            burst=3, window=10.0)
         self._entry_log = RateLimitedLog(log, logging.ERROR, "mesh entries not applied",
@@ -310,6 +314,10 @@ class Mesh:
                                 "replica (meshmq cluster status)" if owner == LOST else
                                 f"no router leads the log of {device!r} now"), -1)
             return
+        if self.affinity is not None:
+            done = self.affinity.observe(owner, device, msg, expiry, done)
+            if done is None:
+                return  # held: its device's leadership moves here (cluster/affinity.py)
         pub = msg.publisher  # the client's identity, for a resend's lookup there
         head, body = self.encode(msg, frames.APPEND, device, expiry, None if pub is None
                                  else frames.publisher_fields(pub, msg.maybe_stored))

@@ -136,6 +136,17 @@ class ClusterSettings:
     # FETCH per device and follower per wait: 0.1 s cost 2,800 frames/s per link at 300 idle
     # devices) and how stale a caught-up follower's "last caught up" time gets.
     replica_fetch_wait: float = 0.5
+    # Raft placement, leadership follows the device (cluster/affinity.py): seconds a device must
+    # publish through one connection at a router that proxies it to the leader (and is an ISR
+    # member of its log) before that router asks Raft to lead the log; 0 turns it off. Long
+    # enough that a client bouncing between nodes never qualifies (each reconnect starts over).
+    leader_affinity_stable: float = 10.0
+    # ... and no such move within this many seconds of the log's last leader change seen by
+    # the router (any election): one log's leadership moves at most once per interval.
+    leader_affinity_min_interval: float = 30.0
+    # devices a router tracks for it (one small entry each, least recently proxied dropped
+    # first: its stable time starts over; meshmq_leader_affinity_events_total{event="evicted"})
+    leader_affinity_max_devices: int = 100_000
     extra: dict = field(default_factory=dict, compare=False)
 
     def router_ids(self) -> list[str]:

@@ -166,6 +166,8 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     async def close_raft(_app: web.Application) -> None:
         if floors is not None:
             await floors.close()
+        if getattr(mesh, "affinity", None) is not None:
+            await mesh.affinity.close()
         if replication is not None:
             await replication.close()
         await placer.close()

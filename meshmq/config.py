@@ -552,6 +552,12 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
                                  _CLUSTER_DEFAULTS.replica_lag_time_max),
         "replica_fetch_wait": (_Float(0.0, inclusive=False),
                                _CLUSTER_DEFAULTS.replica_fetch_wait),
+        # Raft placement only: leadership follows the device (cluster/affinity.py); 0: off
+        "leader_affinity_stable": (_Float(0.0, inclusive=True),
+                                   _CLUSTER_DEFAULTS.leader_affinity_stable),
+        "leader_affinity_min_interval": (_Float(0.0, inclusive=True),
+                                         _CLUSTER_DEFAULTS.leader_affinity_min_interval),
+        "leader_affinity_max_devices": (_Int(1), _CLUSTER_DEFAULTS.leader_affinity_max_devices),
         # Raft port of this node's metadata process when [[cluster.nodes]] is absent (0: the
         # first port after the routers' mesh ports).
         "raft_port": (_Int(0, _U16), 0),
@@ -892,6 +898,9 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         acks=str(get("acks")), min_insync_replicas=get("min_insync_replicas"),
         replica_lag_time_max=float(get("replica_lag_time_max")),
         replica_fetch_wait=float(get("replica_fetch_wait")),
+        leader_affinity_stable=float(get("leader_affinity_stable")),
+        leader_affinity_min_interval=float(get("leader_affinity_min_interval")),
+        leader_affinity_max_devices=get("leader_affinity_max_devices"),
         protocol_version=get("protocol_version"))
 
 

@@ -36,7 +36,51 @@ def attach_replication(node: Any, mesh: Any, feed: Any, placer: Any) -> Any:
     manager.start()
     node.metrics.add_collector(lambda: replication_metrics(manager, fetchers, node.store),
                                "replication")
+    if settings.leader_affinity_stable > 0:
+        attach_affinity(node, mesh, feed, placer, fetchers)
     return manager
+
+
+def attach_affinity(node: Any, mesh: Any, feed: Any, placer: Any, fetchers: Any) -> Any:
+    """Leadership follows the device (cluster/affinity.py): the mesh shows it every publish
+    it proxies to a leader; its metrics. Closed with the replica manager (``close``)."""
+    import functools
+
+    from cluster.affinity import LeaderAffinity
+    from cluster.raftplace import append_here
+
+    affinity = LeaderAffinity(node.config.cluster, mesh.rid, feed, placer, fetchers,
+                              node.store, node.router.sessions, mesh.append_at,
+                              functools.partial(append_here, node.router), mesh.loop)
+    mesh.affinity = affinity
+    node.metrics.add_collector(lambda: affinity_metrics(affinity), "leader affinity")
+    return affinity
+
+
+def affinity_metrics(affinity: Any) -> Iterable[Metric]:
+    """Leadership moves this router asked for and won, and what else its asks came to."""
+    moves = CounterMetricFamily("meshmq_replica_leader_moves", "Device-log leadership moves "
+                                "to this router that Raft committed, by reason (affinity: "
+                                "the device stayed connected here for "
+                                "cluster.leader_affinity_stable).", labels=["reason"])
+    moves.add_metric(["affinity"], affinity.stats["moves"])
+    events = CounterMetricFamily("meshmq_leader_affinity_events", "Leadership moves this "
+                                 "router asked for and did not get (refused: stale epoch or "
+                                 "not in the ISR; failed: no Raft answer; gave_up: not caught "
+                                 "up within the drain time), publishes refused past "
+                                 "cluster.placement_max_held while held for a move "
+                                 "(held_full), entries dropped past "
+                                 "cluster.leader_affinity_max_devices (evicted).",
+                                 labels=["event"])
+    for event in ("refused", "failed", "gave_up", "held_full", "evicted"):
+        events.add_metric([event], affinity.stats[event])
+    tracked = GaugeMetricFamily("meshmq_leader_affinity_devices", "Devices this router "
+                                "proxies to another router's leadership and tracks for the "
+                                "affinity rule (at most cluster.leader_affinity_max_devices).",
+                                value=len(affinity.devices))
+    held = GaugeMetricFamily("meshmq_leader_affinity_held", "Publishes held while their "
+                             "device's leadership moves to this router.", value=affinity.held)
+    return [moves, events, tracked, held]
 
 
 def route_inherited(node: Any, device: str, lo: int, hi: int) -> None:

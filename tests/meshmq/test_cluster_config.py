@@ -195,6 +195,13 @@ CASES = [
     ("fetch-wait-past-lag-max",
      _config(cluster="replica_lag_time_max = 1.0\nreplica_fetch_wait = 1.0"), {},
      "cluster.replica_fetch_wait", "below cluster.replica_lag_time_max"),
+    # leadership follows the device (cluster/affinity.py)
+    ("affinity-stable-negative", _config(cluster="leader_affinity_stable = -1"), {},
+     "cluster.leader_affinity_stable", ">= 0"),
+    ("affinity-min-interval-negative", _config(cluster="leader_affinity_min_interval = -5"),
+     {}, "cluster.leader_affinity_min_interval", ">= 0"),
+    ("affinity-max-devices-zero", _config(cluster="leader_affinity_max_devices = 0"), {},
+     "cluster.leader_affinity_max_devices", ">= 1"),
 ]
 
 
