@@ -44,11 +44,19 @@ class Cluster:
 
     def __init__(self, base: Path, n: int = 3, routers: int = 1, name: str = "testmesh",
                  overrides: dict[str, Any] | None = None,
-                 per_node: dict[int, dict[str, Any]] | None = None, raft: bool = False) -> None:
-        """``raft``: cluster.placement = "raft", each node with a free Raft port."""
+                 per_node: dict[int, dict[str, Any]] | None = None, raft: bool = False,
+                 minimal: bool = False) -> None:
+        """``raft``: cluster.placement = "raft", each node with a free Raft port; else
+        placement = "static" (said explicitly: raft is the default), for the tests of the
+        hash placement (``owner``, ``device_owned_by``) and of the mesh without Raft.
+        ``minimal``: neither ``placement`` nor any ``raft_port`` written (the defaults: Raft
+        placement, each Raft port derived as port + routers, kept free here with the mesh
+        ports); ``raft_ports`` then lists the derived ones."""
         self.routers = routers
-        self.mesh_ports = [free_port_range(routers) for _ in range(n)]
+        self.mesh_ports = [free_port_range(routers + minimal) for _ in range(n)]
         self.raft_ports = [free_port() for _ in range(n)] if raft else []
+        if minimal:
+            raft, self.raft_ports = False, [p + routers for p in self.mesh_ports]
         self.nodes: list[BrokerProc] = []
         for i in range(n):
             entries = []
@@ -60,7 +68,8 @@ class Cluster:
                 "node": {"id": f"n{i}"},
                 "cluster": {"name": name, "routers": routers, "secret": SECRET,
                             "reconnect_max": 0.5, "link_timeout": 3.0, "nodes": entries,
-                            **({"placement": "raft"} if raft else {})},
+                            **({} if minimal else
+                               {"placement": "raft" if raft else "static"})},
                 "log": {"level": "info"},
                 # Every topic is logged by default (a first-level topic group); tests name
                 # unlogged topics u/... so a test about the link does not depend on which
