@@ -8,7 +8,9 @@ gives node j's address as the proxy's (node j's own entry stays its real port).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import socket
 import time
 from pathlib import Path
@@ -53,6 +55,7 @@ class Cluster:
         placement, each Raft port derived as port + routers, kept free here with the mesh
         ports); ``raft_ports`` then lists the derived ones."""
         self.routers = routers
+        self.raft_placement = raft or minimal
         self.mesh_ports = [free_port_range(routers + minimal) for _ in range(n)]
         self.raft_ports = [free_port() for _ in range(n)] if raft else []
         if minimal:
@@ -100,6 +103,16 @@ class Cluster:
         return self
 
     def stop(self) -> None:
+        """Every node SIGTERMed, waited for (SIGKILL past 10 s). Raft placement: SIGTERM to all
+        first, so they drain side by side with their Raft majority up; one after another a
+        Raft node's drain took 1-2 s here (5 to 10 s a cluster), the last ones without a
+        majority, and 0.7 s side by side. Static placement: in order, as before, since a node
+        draining may wait for appends only its peer can answer (test_append_outcomes' 600 s
+        append_timeout: side by side, its teardown went from < 0.5 s to the 10 s kill)."""
+        for node in self.nodes if self.raft_placement else ():
+            if node.proc is not None and node.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    node.proc.send_signal(signal.SIGTERM)  # a second one (stop's) is ignored
         for node in self.nodes:
             try:
                 node.stop(timeout=10)
