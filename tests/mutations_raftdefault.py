@@ -15,6 +15,7 @@ CFG = "tests/meshmq/test_cluster_config.py"
 CASE = CFG + "::test_misconfiguration_exits_2_naming_the_key"
 LIVE = "tests/cluster/test_raft_default.py"
 FDS = "tests/commitlog/test_commitlog_store.py::test_many_devices_within_open_files_limit"
+SPLIT = "tests/protocol/test_protocol_roundtrip.py::test_random_stream_split_anywhere"
 
 
 def raftdefault_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -57,4 +58,12 @@ def raftdefault_mutations(mutation: Any) -> tuple[Any, ...]:
           "whose reads came from the tail cache over 12 segments)",
           "commitlog/store.py", "        while len(fds) > self.settings.read_fd_cache:\n",
           "        while False and len(fds) > self.settings.read_fd_cache:\n", (FDS,)),
+        m("raftdefault-split-after-first-byte",
+          "broker/protocol/codec.py: a stream cut right after a packet's first byte is refused "
+          "instead of waiting for the rest (still caught with CI's 50 streams per level)",
+          "broker/protocol/codec.py",
+          "                if pos + 1 >= n:\n                    break\n"
+          "                rl = data[pos + 1]\n",
+          "                if pos + 1 >= n:\n                    raise protocol_error(\"cut\")\n"
+          "                rl = data[pos + 1]\n", (SPLIT,)),
     )
