@@ -200,8 +200,11 @@ class Cluster:
 
     def _toml_fn(self, i: int):
         def toml() -> str:
+            # The mesh bench measures the link and routing path against its earlier figures:
+            # the hash placement, said explicitly since raft is the default (bench/replicated.py
+            # measures Raft placement with replication).
             lines = ["", "[cluster]", 'name = "bench"', f"routers = {self.routers}",
-                     f'secret = "{SECRET}"']
+                     f'secret = "{SECRET}"', 'placement = "static"']
             lines += [f"{k} = {v}" for k, v in self.overrides.items()]
             if len(self.mesh_ports) == 1:  # the one-host shorthand: N routers on one node
                 lines.append(f"port = {self.mesh_ports[0]}")

@@ -32,7 +32,9 @@ class NodeAddress:
     id: str
     host: str
     port: int  # router r of this node accepts mesh links on port + r
-    raft_port: int = 0  # its metadata process's Raft port (cluster.placement = "raft"); 0: none
+    # its metadata process's Raft port (cluster.placement = "raft"); 0 in a config entry:
+    # derived as port + routers by meshmq/config.py; 0 here: none (static placement)
+    raft_port: int = 0
     # "host:port" MQTT clients can reach this node at (""; unknown): what a router whose
     # leader lease ran out names in its v5 Server Reference (cluster/lease.py)
     mqtt: str = ""
@@ -81,11 +83,15 @@ class ClusterSettings:
     # the whole outage. 5 s: well under the ack timeouts clients give up at (10-30 s), so the
     # client hears "not stored, retry" instead of guessing; well over an fsync stall.
     append_timeout: float = 5.0
-    # "static": the rendezvous hash places device logs (no metadata process); "raft": every
-    # node runs a metadata process (cluster/metaserver.py) and the nodes form a Raft group
-    # (issue 24): a device log is placed in Raft on its first publish, at the router its
-    # publisher is connected to (cluster/raftplace.py), and stays there when nodes are added.
-    placement: str = "static"
+    # "raft" (the default): every node runs a metadata process (cluster/metaserver.py) and
+    # the nodes form a Raft group (issue 24): a device log is placed in Raft on its first
+    # publish, at the router its publisher is connected to (cluster/raftplace.py), replicated
+    # to replication_factor nodes and stays there when nodes are added. "static": the
+    # rendezvous hash places device logs on one router each (no metadata process, no
+    # replicas): a node lost with its disk loses its acknowledged messages, and adding a node
+    # moves logs. Raft is the default because it is the promise (a PUBACK survives the loss
+    # of a minority of nodes), as Kafka made KRaft its default once it was complete.
+    placement: str = "raft"
     # Raft placement: how many nodes hold each new device log (the leader's and RF-1 others),
     # capped by the node count; recorded with the log (replication itself is a later step).
     replication_factor: int = 3

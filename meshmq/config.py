@@ -756,7 +756,8 @@ def _parse_nodes(value: object, path: str) -> tuple[NodeAddress, ...]:
         if isinstance(raft_port, bool) or not isinstance(raft_port, int) \
                 or not 0 <= raft_port <= _U16:
             raise ConfigError(f"{here}.raft_port", f"expected an integer between 1 and {_U16} "
-                                                   f"(0: none), got {_show(raft_port)}", path)
+                                                   "(0 or left out: port + cluster.routers), "
+                                                   f"got {_show(raft_port)}", path)
         mqtt = item.get("mqtt", "")
         try:
             if not isinstance(mqtt, str):
@@ -818,8 +819,8 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
     assert isinstance(node_id, str) and isinstance(routers, int)
     if nodes is None:
         base = int(get("port"))
-        nodes = (NodeAddress(node_id, "127.0.0.1", base, int(get("raft_port")) or
-                             (base + routers if get("placement") == "raft" else 0)),)
+        # raft_port 0: derived below (base + routers) when the placement is raft
+        nodes = (NodeAddress(node_id, "127.0.0.1", base, int(get("raft_port"))),)
         port_keys = ["cluster.port"]
         port_src: list[str | None] = [src("port")]
     else:
@@ -853,14 +854,23 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
                                   f"routers = {routers} apart)", port_src[j])
     own_index = ids.index(node_id)
     own = nodes[own_index]
+    derived: set[int] = set()
     if get("placement") == "raft":
-        _check_raft_ports(nodes, routers, port_keys, port_src, path)
+        nodes, derived = _derive_raft_ports(nodes, routers)
+        _check_raft_ports(nodes, routers, port_keys, port_src, path, derived)
+        own = nodes[own_index]
     for key in (("listener", "tcp", "bind"), ("listener", "tls", "bind"),
                 ("listener", "ws", "bind"), ("admin", "bind")):
         text = values[key]
         if not isinstance(text, str) or not text:
             continue
         port = parse_bind(text)[1]
+        if port and port == own.raft_port:
+            raft_key = port_keys[own_index].replace(".port", ".raft_port")
+            how = (f" (derived: port + cluster.routers; set {raft_key})"
+                   if own_index in derived else "")
+            raise ConfigError(raft_key, f"this node's Raft port {port}{how} is also the port "
+                              f"of {_dotted(key)}; move one of them", port_src[own_index])
         if port and own.port <= port <= own.port + routers - 1:
             raise ConfigError(port_keys[own_index], f"this node's mesh ports {own.port}-"
                               f"{own.port + routers - 1} include port {port} of "
@@ -915,29 +925,52 @@ def _check_failover_timeouts(node_timeout: float, lease: float, src: Any) -> Non
                           "node_timeout)", src("node_timeout"))
 
 
+def _derive_raft_ports(nodes: tuple[NodeAddress, ...], routers: int
+                       ) -> tuple[tuple[NodeAddress, ...], set[int]]:
+    """Raft placement is the default, so a minimal ``[[cluster.nodes]]`` list (id, host, port)
+    must work without a Raft port per entry: a node without one gets ``port + routers``, the
+    first port after its routers' mesh ports (router r listens on port + r), as the one-host
+    shorthand has always done. Derived from the mesh port rather than one fixed port so that
+    several nodes on one host (dev, tests) each get their own, and an operator opening a node's
+    port range in a firewall opens "mesh base .. base + routers" (Kafka's KRaft likewise needs
+    its controller listener on a port of its own, 9093 beside 9092). Returns the nodes and the
+    indexes whose port was derived (their collision errors say so)."""
+    out, derived = [], set()
+    for i, n in enumerate(nodes):
+        if not n.raft_port:
+            n = NodeAddress(n.id, n.host, n.port, n.port + routers, n.mqtt)
+            derived.add(i)
+        out.append(n)
+    return tuple(out), derived
+
+
 def _check_raft_ports(nodes: tuple[NodeAddress, ...], routers: int, port_keys: list[str],
-                      port_src: list[str | None], path: str | None) -> None:
-    """cluster.placement = "raft": every node has a Raft port, clear of every mesh range on
-    its host, and the group has at most MAX_RAFT_VOTERS voters (non-voting members are not
-    built yet: docs/replication.md)."""
+                      port_src: list[str | None], path: str | None,
+                      derived: set[int] | None = None) -> None:
+    """cluster.placement = "raft": every node has a Raft port (its own or derived), inside
+    1-65535, clear of every mesh range and other Raft port on its host, and the group has at
+    most MAX_RAFT_VOTERS voters (non-voting members are not built yet: docs/replication.md)."""
     if len(nodes) > MAX_RAFT_VOTERS:
-        raise ConfigError("cluster.placement", f'"raft" takes at most {MAX_RAFT_VOTERS} nodes '
-                          f"for now (every node votes; the cluster lists {len(nodes)}): use "
-                          '"static" or fewer nodes', path)
+        raise ConfigError("cluster.placement", f'"raft" (the default) takes at most '
+                          f"{MAX_RAFT_VOTERS} nodes for now (every node votes; the cluster "
+                          f'lists {len(nodes)}): set placement = "static" or list fewer nodes',
+                          path)
+    derived = derived or set()
     for i, n in enumerate(nodes):
         key = port_keys[i].replace(".port", ".raft_port")
-        if not n.raft_port:
-            raise ConfigError(key, 'required with cluster.placement = "raft" (the port of '
-                              "the node's metadata process, which the other nodes dial)",
-                              port_src[i])
+        how = (f" (derived: port + cluster.routers, as {key} is not set; set it, or space the "
+               "nodes further apart)" if i in derived else "")
+        if not 1 <= n.raft_port <= _U16:
+            raise ConfigError(key, f"node {_show(n.id)}'s Raft port {n.raft_port}{how} is "
+                              f"beyond {_U16}", port_src[i])
         for m in nodes:
             if _same_host(m.host, n.host) and m.port <= n.raft_port <= m.port + routers - 1:
-                raise ConfigError(key, f"node {_show(n.id)}'s Raft port {n.raft_port} is one "
-                                  f"of node {_show(m.id)}'s mesh ports {m.port}-"
+                raise ConfigError(key, f"node {_show(n.id)}'s Raft port {n.raft_port}{how} is "
+                                  f"one of node {_show(m.id)}'s mesh ports {m.port}-"
                                   f"{m.port + routers - 1} on host {m.host}", port_src[i])
             if m is not n and _same_host(m.host, n.host) and m.raft_port == n.raft_port:
-                raise ConfigError(key, f"node {_show(n.id)}'s Raft port {n.raft_port} is also "
-                                  f"node {_show(m.id)}'s on host {m.host}", port_src[i])
+                raise ConfigError(key, f"node {_show(n.id)}'s Raft port {n.raft_port}{how} is "
+                                  f"also node {_show(m.id)}'s on host {m.host}", port_src[i])
 
 
 def _cluster_secret(secret: str, secret_file: str,

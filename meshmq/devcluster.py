@@ -212,9 +212,8 @@ def _write_config(node: DevNode, nodes: list[DevNode], name: str, routers: int,
         "[cluster]", f"name = {_toml_str(name)}", f"routers = {routers}",
         f"secret_file = {_toml_str(str(secret))}",
     ]
-    if node.raft:
-        lines.append('placement = "raft"')
-    lines.append("")
+    # said either way (raft is also the config's default), so the file shows what it runs
+    lines += ['placement = "raft"' if node.raft else 'placement = "static"', ""]
     for n in nodes:
         lines += ["[[cluster.nodes]]", f"id = {_toml_str(n.node_id)}", 'host = "127.0.0.1"',
                   f"port = {n.mesh}"] + ([f"raft_port = {n.raft}"] if n.raft else []) + [""]

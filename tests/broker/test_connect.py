@@ -162,8 +162,7 @@ def test_silent_client_disconnected_after_keepalive(broker, raw, version):
 
 
 @pytest.mark.timeout(40)
-@pytest.mark.parametrize("version", [4, 5])
-def test_keepalive_closes_at_one_and_a_half_times_not_before(broker, raw, version):
+def test_keepalive_closes_at_one_and_a_half_times_not_before(broker, raw):
     """[MQTT-3.1.2-24] "one and a half times the Keep Alive": with Keep Alive 2 s a silent
     client is still connected 2.5 s after it sent CONNECT and closed 5 s after its CONNACK.
 
@@ -171,8 +170,10 @@ def test_keepalive_closes_at_one_and_a_half_times_not_before(broker, raw, versio
     loop) but never early, so "open at 2.5 s" is counted from before the CONNECT was sent (the
     server's clock starts later), and "closed by 5 s" leaves 1.5 s past the 3.5 s worst case
     of a correct sweep. A factor of 1.25 or less fails the first bound, 2.5 or more the
-    second (the planted factor 3 closes at 6 s)."""
-    c = raw(broker, version=version)
+    second (the planted factor 3 closes at 6 s). v5 only: the sweep and its timing are the
+    same for every version (a 3.5 s run each); how a 3.1.1 connection is closed (no
+    DISCONNECT) is test_silent_client_disconnected_after_keepalive's [4]."""
+    c = raw(broker, version=5)
     before_connect = time.monotonic()
     c.connect(unique("ka15"), keepalive=2)
     after_connack = time.monotonic()

@@ -73,7 +73,9 @@ def test_a_311_qos2_publish_refused_by_the_log_can_be_resent(lazy_broker, raw) -
 
 @pytest.fixture
 def slow_disk_broker(fuse_tools, tmp_path: Path):
-    fs = LazyFS(tmp_path / "disk", tmp_path / "data", fsync_delay_s=2.0).mount()
+    # 0.5 s per fsync: the connection is closed microseconds after its PUBLISH, far inside
+    # one fsync (2 s took 18 s here, most of it fsyncs at start and stop)
+    fs = LazyFS(tmp_path / "disk", tmp_path / "data", fsync_delay_s=0.5).mount()
     group = BrokerGroup()
     try:
         yield group.start(tmp_path, node={"data_dir": str(tmp_path / "data")})

@@ -74,9 +74,9 @@ class Node:
     def write_config(self, entries: list[dict[str, Any]]) -> None:
         cluster: dict[str, Any] = {
             "name": "chaos", "routers": self.routers, "secret": SECRET, "reconnect_max": 0.5,
-            "link_timeout": 3.0, "nodes": entries}
+            "link_timeout": 3.0, "nodes": entries,
+            "placement": self.placement}  # "static" said explicitly: raft is the default
         if self.placement == "raft":
-            cluster["placement"] = "raft"
             cluster["replication_factor"] = self.replication_factor
         config = {
             "node": {"id": self.id, "data_dir": str(self.data_dir)},

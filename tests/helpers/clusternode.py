@@ -43,13 +43,16 @@ def pid_alive(pid: int) -> bool:
 
 class ClusterNode(BrokerProc):
     """A one-node cluster with ``routers`` routers: the shorthand ``[cluster]`` (no nodes list),
-    mesh ports on a free block, a secret when there is more than one router."""
+    mesh ports on a free block, a secret when there is more than one router, and placement =
+    "static" said explicitly (raft is the default; these tests are about the supervisor and its
+    routers, without a metadata process on a derived port outside the free block)."""
 
     def __init__(self, workdir: Path, routers: int = 2, overrides: dict[str, Any] | None = None,
                  **kwargs: Any) -> None:
         self.routers = routers
         self.mesh_port = free_port_range(routers)
-        cluster: dict[str, Any] = {"name": "test", "routers": routers, "port": self.mesh_port}
+        cluster: dict[str, Any] = {"name": "test", "routers": routers, "port": self.mesh_port,
+                                   "placement": "static"}
         if routers > 1:
             cluster["secret"] = SECRET
         merged = {"cluster": cluster, **(overrides or {})}

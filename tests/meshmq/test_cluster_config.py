@@ -55,8 +55,11 @@ def test_three_node_cluster_loads(tmp_path):
     c = cfg.cluster
     assert c is not None
     assert (c.name, c.node_id, c.routers, c.link_window) == ("c1", "n0", 2, 64)
-    assert c.nodes == (NodeAddress("n0", "10.0.0.10", 7883), NodeAddress("n1", "10.0.0.11", 7883),
-                       NodeAddress("n2", "10.0.0.12", 7883))
+    # no placement, no raft_port: Raft placement, each Raft port derived as port + routers
+    assert c.placement == "raft"
+    assert c.nodes == (NodeAddress("n0", "10.0.0.10", 7883, 7885),
+                       NodeAddress("n1", "10.0.0.11", 7883, 7885),
+                       NodeAddress("n2", "10.0.0.12", 7883, 7885))
     assert c.secret == SECRET.encode()
     assert c.router_ids() == ["n0/0", "n0/1", "n1/0", "n1/1", "n2/0", "n2/1"]
     assert cfg.broker.listeners.reuse_port is True
@@ -76,9 +79,25 @@ def test_shorthand_one_node_n_routers_on_loopback(tmp_path):
                              "MESHMQ_CLUSTER__SECRET_FILE": str(secret)})
     c = cfg.cluster
     assert c is not None
-    assert c.nodes == (NodeAddress("solo", "127.0.0.1", 17000),)
+    assert c.placement == "raft"  # the default; Raft port: the first after the mesh ports
+    assert c.nodes == (NodeAddress("solo", "127.0.0.1", 17000, 17004),)
     assert c.secret == SECRET.encode()  # the file's newline is not part of the key
     assert c.address_of("solo/3") == ("127.0.0.1", 17003)
+
+
+def test_placement_defaults_to_raft_and_static_is_explicit(tmp_path):
+    """Issue 24's promise is the default: a config with no ``placement`` is Raft placement,
+    and a node entry's Raft port left out is derived (port + routers), one given is kept.
+    ``placement = "static"`` stays an explicit choice, with no Raft port derived."""
+    nodes = THREE_NODES.replace("port = 7883\n", "port = 7883\nraft_port = 9100\n", 1)
+    c = load_config(_write(tmp_path, _config(cluster="routers = 3", nodes=nodes)), {}).cluster
+    assert c is not None and c.placement == "raft"
+    assert [n.raft_port for n in c.nodes] == [9100, 7886, 7886]
+    s = load_config(_write(tmp_path, _config(cluster='placement = "static"')), {}).cluster
+    assert s is not None and s.placement == "static"
+    assert [n.raft_port for n in s.nodes] == [0, 0, 0]
+    e = load_config(_write(tmp_path, _config()), {"MESHMQ_CLUSTER__PLACEMENT": "static"}).cluster
+    assert e is not None and e.placement == "static"
 
 
 def test_one_router_needs_no_secret(tmp_path):
@@ -162,8 +181,32 @@ CASES = [
      "cluster.append_timeout", "(from MESHMQ_CLUSTER__APPEND_TIMEOUT)"),
     ("placement-unknown", _config(cluster='placement = "paxos"'), {}, "cluster.placement",
      "static"),
-    ("raft-without-raft-port", _config(cluster='placement = "raft"'), {},
-     "cluster.nodes[0].raft_port", "required"),
+    # Raft ports derived from the mesh ports (placement left at its default, "raft"): nodes
+    # on one host spaced only `routers` apart collide, and the line says it was derived
+    ("derived-raft-port-in-next-mesh-range",
+     _config(nodes=THREE_NODES.replace("10.0.0.1", "127.0.0.1")
+             .replace("port = 7883", f"port = {_FREE}", 1)
+             .replace("port = 7883", f"port = {_FREE + 1}", 1)
+             .replace("port = 7883", f"port = {_FREE + 3}", 1)), {},
+     "cluster.nodes[0].raft_port", "derived: port + cluster.routers"),
+    ("derived-raft-port-beyond-65535",
+     _config(nodes=THREE_NODES.replace("port = 7883", "port = 65535", 1)), {},
+     "cluster.nodes[0].raft_port", "beyond 65535"),
+    ("derived-raft-port-is-admin-port",
+     _config(nodes=_n0_port(_FREE), extra=f'[admin]\nbind = "127.0.0.1:{_FREE + 1}"'), {},
+     "cluster.nodes[0].raft_port", "admin.bind"),
+    ("shorthand-derived-raft-port-is-mqtt-port",
+     f'[node]\nid = "solo"\n[listener.tcp]\nbind = "127.0.0.1:{_FREE + 2}"\n[cluster]\n'
+     f'name = "c1"\nsecret = "{SECRET}"\nrouters = 2\nport = {_FREE}\n', {},
+     "cluster.raft_port", "listener.tcp.bind"),
+    ("raft-ports-equal-on-one-host",
+     _config(nodes=THREE_NODES.replace("10.0.0.1", "127.0.0.1")
+             .replace("port = 7883\n", f"port = {_FREE}\nraft_port = {_FREE + 3}\n", 1)
+             .replace("port = 7883\n", f"port = {_FREE + 1}\nraft_port = {_FREE + 3}\n", 1)
+             .replace("port = 7883\n", f"port = {_FREE + 2}\nraft_port = {_FREE + 4}\n", 1)),
+     {}, "cluster.nodes[0].raft_port", "also node"),
+    ("placement-from-env-unknown", _config(), {"MESHMQ_CLUSTER__PLACEMENT": "hash"},
+     "cluster.placement", "(from MESHMQ_CLUSTER__PLACEMENT)"),
     # failover (cluster/controller.py): a node is declared dead only after its lease ran out
     ("node-timeout-within-lease", _config(cluster="node_timeout = 0.6\nleader_lease = 0.5"), {},
      "cluster.node_timeout", "must exceed cluster.leader_lease"),
@@ -279,6 +322,10 @@ def test_kubernetes_statefulset_matches_its_config(tmp_path):
         own = cluster.node(pod)
         assert own.host == f"{pod}.{headless['metadata']['name']}"
         assert {own.port + r for r in range(cluster.routers)} == mesh_ports
+        # Raft placement (the default): the derived Raft port is published too
+        assert cluster.placement == "raft"
+        assert [p["port"] for p in headless["spec"]["ports"] if p["name"] == "raft"] \
+            == [own.raft_port]
     assert len(cluster.nodes) == sts["spec"]["replicas"]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -38,6 +39,9 @@ from broker.protocol import (
 )
 
 LEVELS = (3, 4, 5)
+# test_random_stream_split_anywhere: 50 streams per level in CI (14 s of CI at 150), 1,500
+# with TEST_SOAK=1 (tests/protocol/test_codec_fuzz.py's precedent)
+SPLIT_EXAMPLES = 1_500 if os.environ.get("TEST_SOAK") == "1" else 50
 
 
 def roundtrip(pkt: Any, level: int) -> Any:
@@ -341,7 +345,8 @@ def test_publish_parts_length_counts_packet_id(size: int) -> None:
 
 @pytest.mark.parametrize("level", LEVELS)
 @given(data=st.data())
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@settings(max_examples=SPLIT_EXAMPLES, suppress_health_check=[HealthCheck.too_slow],
+          deadline=None)
 def test_random_stream_split_anywhere(level: int, data: st.DataObject) -> None:
     pkts = data.draw(st.lists(packets(level), min_size=1, max_size=12))
     stream = b"".join(encode(p, level) for p in pkts)
