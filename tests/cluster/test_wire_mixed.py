@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from helpers import raw as R
-from helpers.broker import REPO_ROOT, BrokerProc, wait_for
+from helpers.broker import REPO_ROOT, BrokerProc, to_toml, wait_for
 from helpers.clients import V5, ClientFactory, props, unique
 from helpers.cluster import SECRET, Cluster
 from helpers.meshpeer import MeshPeer
@@ -154,8 +154,13 @@ def test_the_version_2_build_and_this_one_keep_a_working_link(
     # The old node reads the config this tree's helper writes: a key added to the helper later
     # that a052f44 does not know makes it exit 2 naming the key (leave it out for node 0 then).
     cluster = Cluster(tmp_path / "nodes", n=2)
+    # ``placement`` (written since Raft became the default) is such a key: the old build
+    # places by the hash without it, as this tree's node 1 does with placement = "static"
+    old_node = cluster.nodes[0]
+    old_node.config["cluster"].pop("placement", None)
+    old_node.config_path.write_text(to_toml(old_node.config))
     # BrokerProc puts REPO_ROOT first on PYTHONPATH: the old node gets its own tree instead
-    cluster.nodes[0].extra_env["PYTHONPATH"] = str(old)
+    old_node.extra_env["PYTHONPATH"] = str(old)
     try:
         cluster.start()
         # the old build's link status has no version: this build's side says it
