@@ -24,8 +24,10 @@ bridge holds no queue of its own. Each bridge is two MQTT connections:
   start 0, so the remote keeps inbound messages while the bridge is away, as Mosquitto's
   ``cleansession false`` bridges do), subscribed to the inbound topics. An inbound QoS 1 message
   is published into the local session at QoS 1 and the remote gets its PUBACK only when this
-  broker acknowledged it (stored, when its topic is logged); a local refusal closes the remote
-  connection unacknowledged, so the remote sends it again.
+  broker acknowledged it (stored, when its topic is logged); a local refusal that may pass
+  later (a full disk) closes the remote connection unacknowledged, so the remote sends it again;
+  one no resend can change (ACL, size: ``_DEFINITE_IN``) is let go, counted and logged, or it
+  would come first after every reconnect and hold up everything behind it.
 
 **Loops** (direction ``both``): the local subscription has No Local, so what the bridge
 publishes here does not come back to it (the origin is kept in the log record for a lagging
@@ -71,7 +73,7 @@ from broker.message import Message
 from broker.protocol.packets import Connect, Publish, SubscriptionOptions
 from broker.protocol.properties import Prop
 from meshmq.bridgeconfig import BridgeConfig, BridgeTopic
-from meshmq.mqttclient import ClientClosed, MqttClient, open_client
+from meshmq.mqttclient import ClientClosed, MqttClient, PacketTooLarge, open_client
 
 log = logging.getLogger("meshmq.bridge")
 
@@ -85,6 +87,14 @@ EARLY_MAX = 1000
 # choosing among the routers seen alive: at start every router sees only itself, and choosing
 # at once made both routers of a pair run the bridge and take its session from each other.
 STARTUP_GRACE_S = 5.0
+# This broker's PUBACK reasons for an inbound message that no resend can change: not
+# authorised (the ACL of $bridge/<name>), topic name invalid (mqtt.max_topic_levels...), packet
+# too large, payload format invalid. Closing the remote unacknowledged (what a transient refusal
+# such as a full disk, 0x80, gets) would have the remote send the same message first after every
+# reconnect, forever, and nothing behind it would ever arrive: a poison message. These are let
+# go instead, counted and logged, as outbound refusals are and as Mosquitto's bridge drops what
+# its local ACL denies.
+_DEFINITE_IN = frozenset({0x87, 0x90, 0x95, 0x99})
 # Properties a bridged PUBLISH carries on (MQTT 5 both ends); topic alias and subscription ids
 # are per connection, the expiry is recomputed by each broker.
 _CARRIED = (Prop.PAYLOAD_FORMAT_INDICATOR, Prop.CONTENT_TYPE, Prop.RESPONSE_TOPIC,
@@ -146,6 +156,8 @@ class Bridge:
         self._refused_log = RateLimitedLog(log, logging.WARNING,
                                            "bridged messages refused by the remote broker",
                                            burst=3, window=10.0)
+        self._let_go_log = RateLimitedLog(log, logging.ERROR, "inbound messages this broker "
+                                          "can never store, let go", burst=3, window=10.0)
 
     @property
     def running(self) -> bool:
@@ -348,6 +360,17 @@ class Bridge:
         try:
             fut = remote.publish(topic, pkt.payload, pkt.qos, pkt.retain,
                                  _carried(pkt.properties))
+        except PacketTooLarge as exc:
+            # sent, the remote would close the connection, and the session would send it
+            # first again after every reconnect: nothing behind it would ever pass
+            self.refused["out"] += 1
+            self._refused_log("bridge %s: a message on %r can never be sent to the remote (%s); "
+                              "let go (meshmq_bridge_refused_total{direction=\"out\"}): raise "
+                              "the remote's maximum packet size to carry such messages",
+                              self.cfg.name, topic, exc, extra={"bridge": self.cfg.name})
+            if pkt.qos:
+                local.puback(pkt.packet_id)
+            return
         except ClientClosed:
             return
         self.messages["out"] += 1
@@ -398,6 +421,12 @@ class Bridge:
         qos = min(pkt.qos, qos)
         try:
             fut = local.publish(topic, pkt.payload, qos, pkt.retain, _carried(pkt.properties))
+        except PacketTooLarge as exc:
+            # sent, this broker would close the local connection (0x95); the bridge would
+            # close the remote, and the remote would send it first again after every reconnect
+            self._let_go_in(remote, pkt, topic, f"{exc}: raise mqtt.max_packet_size here to "
+                            "carry such messages")
+            return
         except ClientClosed:
             return
         self.messages["in"] += 1
@@ -412,8 +441,14 @@ class Bridge:
             if f.cancelled() or f.exception() is not None:
                 remote.close("local connection lost before the message was stored")
                 return
+            if f.result() in _DEFINITE_IN:
+                self._let_go_in(remote, pkt, topic, f"this broker refused it with reason "
+                                f"0x{f.result():02X}; check its ACL and limits for client "
+                                f"{self.cfg.local_client_id!r}")
+                return
             if f.result() >= 0x80:
-                # not stored here: never acknowledged to the remote, which sends it again
+                # not stored here (a full disk...): never acknowledged to the remote, which
+                # sends it again
                 self.refused["in"] += 1
                 log.error("bridge %s: this broker refused an inbound message on %r (reason "
                           "0x%02X); closing the remote connection unacknowledged so it is sent "
@@ -424,6 +459,16 @@ class Bridge:
             remote.puback(pid)
 
         fut.add_done_callback(stored)
+
+    def _let_go_in(self, remote: MqttClient, pkt: Publish, topic: str, why: str) -> None:
+        """An inbound message this broker can never store: acknowledged to the remote (so it
+        is not sent again ahead of everything behind it), counted and logged."""
+        self.refused["in"] += 1
+        self._let_go_log("bridge %s: an inbound message on %r was let go: %s "
+                          "(meshmq_bridge_refused_total{direction=\"in\"})", self.cfg.name,
+                          topic, why, extra={"bridge": self.cfg.name})
+        if pkt.qos:
+            remote.puback(pkt.packet_id)
 
 
 class Bridges:
@@ -486,7 +531,8 @@ class Bridges:
                                      labels=["bridge", "direction"])
         refused = CounterMetricFamily("meshmq_bridge_refused", "Messages refused by the other "
                                       "side (out: the remote's PUBACK >= 0x80, let go; in: not "
-                                      "stored here, sent again by the remote)",
+                                      "stored here, sent again by the remote; let go when no "
+                                      "resend can change it: ACL, size, topic)",
                                       labels=["bridge", "direction"])
         reconnects = CounterMetricFamily("meshmq_bridge_reconnects", "Bridge connection attempts "
                                          "after a failure or a lost connection",

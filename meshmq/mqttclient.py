@@ -46,6 +46,19 @@ class ClientClosed(ConnectionError):
     """The connection ended (or was never made): every pending future fails with this."""
 
 
+class PacketTooLarge(ValueError):
+    """A PUBLISH bigger than the server's Maximum Packet Size (its v5 CONNACK): not sent. Sent,
+    the server would close the connection (0x95), and the same message sent again after the
+    reconnect would close it again: the caller decides what to do with a message that can
+    never pass (``meshmq/bridge.py`` lets it go, counted and logged)."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"a PUBLISH of {size} bytes exceeds the server's Maximum Packet Size "
+                         f"{limit}")
+        self.size = size
+        self.limit = limit
+
+
 class MqttClient:
     """One MQTT connection in the client role. ``on_publish`` gets every received PUBLISH; a
     QoS 1 one stays unacknowledged until the caller calls ``puback(packet_id)``."""
@@ -66,6 +79,7 @@ class MqttClient:
         self.bytes_out = 0
         self.last_rx = asyncio.get_running_loop().time()
         self.receive_maximum = 65_535  # the server's (v5 CONNACK), for the caller's window
+        self.max_packet_size: int | None = None  # the server's (v5 CONNACK); None: no limit
 
     # -- connection ---------------------------------------------------------------------------
     async def connect(self, pkt: Connect, bridge_bit: bool = False, timeout: float = 10.0
@@ -93,6 +107,7 @@ class MqttClient:
                                + (f" ({why})" if why else ""))
         if ack.properties:
             self.receive_maximum = ack.properties.get(Prop.RECEIVE_MAXIMUM, 65_535)
+            self.max_packet_size = ack.properties.get(Prop.MAXIMUM_PACKET_SIZE)
         return ack
 
     def close(self, why: str = "closed") -> None:
@@ -124,17 +139,21 @@ class MqttClient:
     # -- packets --------------------------------------------------------------------------------
     def publish(self, topic: str, payload: bytes, qos: int, retain: bool = False,
                 properties: dict | None = None, dup: bool = False) -> asyncio.Future | None:
-        """Send a PUBLISH; for QoS 1 a future resolved with the PUBACK's reason code."""
+        """Send a PUBLISH; for QoS 1 a future resolved with the PUBACK's reason code. Raises
+        ``PacketTooLarge`` (nothing sent) past the server's Maximum Packet Size."""
         if self.closed.done():
             raise ClientClosed(f"{self.name}: {self.closed.result()}")
-        pid = None
+        pid = self._allocate() if qos else None
+        props = properties if self.level == 5 else None
+        data = encode(Publish(topic, payload, qos, retain, dup, pid, props), self.level)
+        limit = self.max_packet_size
+        if limit is not None and len(data) > limit:
+            raise PacketTooLarge(len(data), limit)
         fut = None
-        if qos:
-            pid = self._allocate()
+        if pid is not None:
             fut = asyncio.get_running_loop().create_future()
             self._acks[pid] = fut
-        props = properties if self.level == 5 else None
-        self._write(encode(Publish(topic, payload, qos, retain, dup, pid, props), self.level))
+        self._write(data)
         return fut
 
     def puback(self, packet_id: int, reason: int = 0) -> None:
