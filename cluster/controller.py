@@ -100,10 +100,37 @@ def _node(router: str) -> str:
     return router.rpartition("/")[0]
 
 
+def completes(rec: Mapping[str, Any], routers: Mapping[str, dict],
+              alive: frozenset[str]) -> bool:
+    """Whether a reassignment (``meshmq cluster rebalance``: cluster/rebalance.py) is ready to
+    finish: every target replica in the ISR (its leader saw it caught up and proposed
+    ``set_isr``), on a live node and registered. ``complete_reassign`` then drops the old
+    replicas and, when the leader is not a target, makes the first target replica the leader
+    at a new epoch: never one on a dead node (the log would be offline until the next
+    election). A target on a dead node leaves the move waiting (``meshmq cluster status``
+    reports it stuck) until the node returns and its router catches up: Kafka's reassignment
+    likewise waits for a dead target broker rather than finishing without it."""
+    target = rec.get("target")
+    if not target:
+        return False
+    isr = set(rec.get("isr") or ())
+    return all(r in isr and _node(r) in alive and r in routers for r in target)
+
+
 def plan(logs: Mapping[str, dict], routers: Mapping[str, dict], alive: frozenset[str],
          sessions: Mapping[str, dict] | None = None) -> tuple[list[list], list[str]]:
     """The ``elect`` commands for every log that must move, and the logs that cannot (offline:
-    no eligible ISR member). Pure: the controller's whole decision, unit-tested alone."""
+    no eligible ISR member); ``complete_reassign`` for every reassignment whose target
+    replicas are all in sync (``completes``). Pure: the controller's whole decision,
+    unit-tested alone.
+
+    Why the controller completes reassignments, not the log's leader (which proposed the ISR
+    change that made it possible): it already scans every record at every Raft change, on the
+    Raft leader, and batches its commands in one entry, so a rebalance of a thousand logs
+    finishes in a few proposals; it knows node liveness (never makes a dead router leader);
+    and it finishes a move whose leader died mid-way, after electing another, with no
+    reassignment logic in the routers. Kafka's KRaft controller completes a reassignment the
+    same way, when it applies the AlterPartition that puts the last target replica in sync."""
     cmds: list[list] = []
     offline: list[str] = []
     sessions = sessions or {}
@@ -122,6 +149,8 @@ def plan(logs: Mapping[str, dict], routers: Mapping[str, dict], alive: frozenset
             if stale:  # out of the ISR until their leader sees them caught up (set_isr)
                 cmds.append(["set_isr", device, rec["epoch"], rec["isr_version"],
                              [r for r in isr if r not in stale]])
+            elif completes(rec, routers, alive):
+                cmds.append(["complete_reassign", device, rec["epoch"]])
             continue  # led by a live router of the incarnation that was elected
         lost = restarted and not (reg or {}).get("kept_logs")  # came back with an empty disk
         keep = [r for r in isr if _node(r) in alive and r in routers and r not in stale
@@ -179,7 +208,8 @@ class ControllerLoop:
         self._scanned: tuple | None = None
         self.alive: frozenset[str] = frozenset()
         self.offline: set[str] = set()
-        self.stats = {"elections": 0, "proposals": 0, "refused": 0, "failed": 0}
+        self.stats = {"elections": 0, "proposals": 0, "refused": 0, "failed": 0,
+                      "reassignments": 0}
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -253,13 +283,25 @@ class ControllerLoop:
             log.warning("controller proposal of %d elections not committed (%s): planned "
                         "again from the state as it is", len(cmds), error)
             return
-        moved = sum(1 for applied, _ in results if applied)
+        moved = sum(1 for (applied, _), c in zip(results, cmds, strict=False)
+                    if applied and c[0] == "elect")
+        done = sum(1 for (applied, _), c in zip(results, cmds, strict=False)
+                   if applied and c[0] == "complete_reassign")
+        refused = sum(1 for applied, _ in results if not applied)
         self.stats["elections"] += moved
-        self.stats["refused"] += len(cmds) - moved
-        log.warning("controller moved the leadership of %d device logs in %.3f s (%d refused "
-                    "as stale: planned again)", moved, time.monotonic() - started,
-                    len(cmds) - moved, extra={"devices": _sample(c[1] for c in cmds),
-                                              "to": _sample(c[3] for c in cmds)})
+        self.stats["reassignments"] += done
+        self.stats["refused"] += refused
+        if done:
+            log.info("controller completed %d reassignments (every target replica in "
+                     "sync: the old replicas dropped)", done,
+                     extra={"devices": _sample(c[1] for c in cmds
+                                               if c[0] == "complete_reassign")})
+        if moved or refused or len(cmds) > done:
+            log.warning("controller moved the leadership of %d device logs in %.3f s (%d "
+                        "refused as stale: planned again)", moved, time.monotonic() - started,
+                        refused, extra={"devices": _sample(c[1] for c in cmds),
+                                        "to": _sample(c[3] for c in cmds
+                                                      if c[0] == "elect")})
         self._scanned = None  # scan again at once: the state moved
 
 

@@ -13,6 +13,12 @@ Kafka's controller reports partitions (``UnderReplicatedPartitions``, ``OfflineP
 * **offline**: no leader, or a leader on a node that is not connected to the Raft leader: its
   publishes are refused and its reads fail until leadership moves (the ``failover``
   controller) or the node comes back.
+* **reassigning** (``meshmq cluster rebalance``: cluster/rebalance.py): a move in progress,
+  its added replicas fetching; finished by the controller once every target replica is in
+  sync. Not a fault. **Stuck** when a replica being added is on a node that is not alive: the
+  move waits for that node (it finishes by itself when the node returns and catches up, as
+  Kafka's reassignment waits for a dead target broker); meanwhile the log keeps its old
+  replicas and leader, so nothing is less safe than before the move.
 * **lost**: a leader found its log shorter than the floor Raft kept for it (``raise_floor``),
   with no replica to fetch from: acknowledged records are gone (``mark_lost``). Never
   restarted at offset 0 (a reader holding offset 100 would silently read other messages).
@@ -46,6 +52,15 @@ def node_liveness(settings: ClusterSettings, meta: Mapping[str, Any]) -> list[di
     return out
 
 
+def is_stuck(rec: Mapping[str, Any], alive: Mapping[str, bool | None]) -> bool:
+    """A reassignment waiting for a replica being added (not in the ISR yet) on a node that
+    is not alive (``alive``: node id -> liveness, as ``node_liveness`` says)."""
+    isr = set(rec.get("isr") or ())
+    return "target" in rec and any(
+        r not in isr and not alive.get(split_router_id(r)[0], False)
+        for r in rec.get("adding") or ())
+
+
 def log_health(records: Mapping[str, Mapping[str, Any]],
                liveness: list[dict[str, Any]] | None,
                limit: int = DEFAULT_LIMIT) -> dict[str, Any]:
@@ -55,11 +70,17 @@ def log_health(records: Mapping[str, Mapping[str, Any]],
     under: list[str] = []
     offline: list[str] = []
     lost: list[str] = []
+    moving: list[str] = []
+    stuck: list[str] = []
     for device, rec in records.items():
         if rec.get("lost"):
             lost.append(device)
             continue
         adding = set(rec.get("adding") or ())
+        if "target" in rec:
+            moving.append(device)
+            if known and is_stuck(rec, alive):
+                stuck.append(device)
         isr = rec.get("isr") or []
         if len(isr) < len([r for r in rec.get("replicas") or () if r not in adding]):
             under.append(device)
@@ -70,4 +91,6 @@ def log_health(records: Mapping[str, Mapping[str, Any]],
     return {"logs": len(records), "liveness_known": known,
             "under_replicated": {"count": len(under), "devices": sorted(under)[:limit]},
             "offline": {"count": len(offline), "devices": sorted(offline)[:limit]},
-            "lost": {"count": len(lost), "devices": sorted(lost)[:limit]}}
+            "lost": {"count": len(lost), "devices": sorted(lost)[:limit]},
+            "reassigning": {"count": len(moving), "devices": sorted(moving)[:limit]},
+            "reassign_stuck": {"count": len(stuck), "devices": sorted(stuck)[:limit]}}

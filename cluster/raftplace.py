@@ -130,8 +130,16 @@ class RaftFeed:
             return
         known = self.records.get(device)
         # newer: a later epoch, or the same epoch's later ISR (set_isr keeps the epoch); the
-        # same record seen twice (a proposal's answer, then the stream) is not news
-        if known is None or _version(rec) > _version(known):
+        # same record seen twice (a proposal's answer, then the stream) is not news. A
+        # reassignment (``reassign``) changes the replicas at the same epoch and ISR version:
+        # news too (an added replica starts following, the leader serves it), unless it is an
+        # older record arriving late (a proposal's answer after the stream moved on: ``_moved``)
+        if known is not None and _version(rec) == _version(known) \
+                and _moved(known) > _moved(rec):
+            return  # an older record of the same version: what is known stays
+        if known is None or _version(rec) > _version(known) \
+                or (_version(rec) == _version(known)
+                    and rec.get("replicas") != known.get("replicas")):
             self.records[device] = rec
             held = False
             for listener in list(self.listeners):
@@ -144,8 +152,8 @@ class RaftFeed:
                 return
             self._held.discard(device)  # a newer record no listener holds replaces it
         elif _version(rec) == _version(known) and rec != known:
-            # the same leader, epoch and ISR with other fields moved (ops' floor or lost mark,
-            # a reassignment's replica lists): kept, and not news to the role listeners
+            # the same leader, epoch, ISR and replicas with other fields moved (ops' floor or
+            # lost mark): kept, and not news to the role listeners
             self.records[device] = rec
             if device in self._held:
                 return
@@ -194,6 +202,13 @@ class RaftFeed:
 
 def _version(rec: dict) -> tuple[int, int]:
     return int(rec.get("epoch", 0)), int(rec.get("isr_version", 0))
+
+
+def _moved(rec: dict) -> tuple[bool, int, bool]:
+    """How far a record of one version has moved: within a (epoch, ISR version) the commands
+    that keep both only ever add a reassignment's target (``complete_reassign`` bumps the ISR
+    version), raise the floor and mark the log lost, so a smaller tuple is an older record."""
+    return "target" in rec, int(rec.get("floor", 0) or 0), bool(rec.get("lost"))
 
 
 class RaftPlacer:

@@ -22,6 +22,33 @@ KIP-455 order: the new replicas are *added*, fetch until they join the ISR, and 
 target replica); a log whose only change is its leader gets ``elect`` when the new leader is in
 the ISR. Both are compare-and-sets on the leader epoch (cluster/metastate.py): a plan computed
 from records that changed since is refused, never applied to the wrong state.
+
+Who does what once ``reassign`` is committed (no step needs the operator):
+
+1. every router hears the record (``RaftFeed.learn``: a new replica set at the same epoch is
+   news): an added router starts following the log from the leader (cluster/replication.py,
+   cluster/fetcher.py); the leader serves it (``LeaderState.replicas_changed``) and, once it
+   has caught up to the high-water mark, adds it to the ISR (``set_isr``, its usual check);
+2. the controller (cluster/controller.py ``completes``) proposes ``complete_reassign`` when
+   every target replica is in the ISR and on a live node: the old replicas leave, and a
+   leader that is not a target hands over to the first target replica at a new epoch;
+3. a router dropped from the replicas stops following; a leader dropped refuses the acks still
+   waiting on it (never acknowledged: the publisher sends again, to the new leader). Its copy
+   of the log **stays on its disk** (never served: it leads nothing and no one fetches from
+   it, like any follower's copy it is not what listings show): deleting it is not
+   needed for safety and a copy kept is never wrong (if the log comes back to it, the fetch's
+   divergence check truncates what differs and it fetches the rest); the space it takes is
+   freed by retention like any log's. Deleting it at once (Kafka's StopReplica with delete)
+   is not built;
+4. ``meshmq cluster rebalance`` (meshmq/clustercli.py) polls ``progress`` through the node
+   admin until every move is done, electing the plan's preferred leader where
+   ``complete_reassign`` kept a leader that is a target but not the first one.
+
+A target router on a dead node keeps its move waiting (reported **stuck**: cluster/loghealth.py,
+``meshmq cluster status``, ``meshmq_logs_reassign_stuck``): it finishes by itself when the node
+returns and catches up. Meanwhile the log keeps its old replicas and leader (its ISR and
+``min_insync_replicas`` are what they were), so a stuck move is no less safe than no move.
+Cancelling one is not built (it would be a new Raft command: replicas back to the old ones).
 """
 
 from __future__ import annotations
@@ -125,11 +152,55 @@ def commands(moves: list[dict[str, Any]],
     return out
 
 
-# Whether this build carries a plan out. Moving a replica or a leader needs followers that
-# fetch (the new replica must hold the log before it leads or counts): until the replica
-# fetcher lands, every replica but the leader is empty, and ``elect`` would make an empty
-# replica the leader of a log at offset 0 again. So ``--execute`` is refused (the dry run
-# works): the ``fetcher`` change sets this once followers fetch and join the ISR.
-EXECUTABLE = False
-NOT_EXECUTABLE = ("this build does not move replicas yet: followers do not fetch, so a moved "
-                  "replica or leader would hold no records (use --dry-run to see the plan)")
+def progress(moves: list[Mapping[str, Any]], records: Mapping[str, Mapping[str, Any]],
+             stuck: set[str] | frozenset[str] = frozenset()
+             ) -> tuple[list[dict[str, Any]], list[list]]:
+    """Where each move of a plan stands, judged from the records as Raft holds them now (never
+    from a proposal's answer: an unknown outcome is read back here), and the ``elect``
+    commands that finish the ones whose replicas moved but whose leader is not the planned
+    one yet (``complete_reassign`` keeps a leader that is a target replica; the plan's
+    preferred leader, ``new_replicas[0]``, then takes over by a clean election of an in-sync
+    replica, Kafka's preferred-leader election after a reassignment).
+
+    States: ``done``; ``copying`` (the reassignment is in Raft, its added replicas not all in
+    sync yet; ``waiting`` lists them); ``stuck`` (``copying``, with an added replica on a node
+    that is down: ``stuck`` names those logs, from cluster/loghealth.py); ``electing`` (an
+    ``elect`` is proposed with this answer); ``waiting`` (the new leader is a replica outside
+    the ISR: it joins once caught up); ``not moved`` (the record has neither the planned
+    replicas nor a reassignment to them: refused, or another change came first); ``gone``
+    (no record). The first four and ``waiting`` may still finish; the last two never will."""
+    out: list[dict[str, Any]] = []
+    cmds: list[list] = []
+    for m in moves:
+        device = str(m["device"])
+        new_leader, new = m["new_leader"], list(m["new_replicas"])
+        rec = records.get(device)
+        entry: dict[str, Any] = {"device": device}
+        if rec is None:
+            entry["state"] = "gone"
+        elif "target" in rec:
+            if list(rec["target"]) == new:
+                isr = set(rec.get("isr") or ())
+                entry["state"] = "stuck" if device in stuck else "copying"
+                entry["waiting"] = [r for r in new if r not in isr]
+            else:
+                entry["state"] = "not moved"
+                entry["why"] = f"another reassignment of it is in progress (to {rec['target']})"
+        elif sorted(rec.get("replicas") or ()) != sorted(new):
+            entry["state"] = "not moved"
+            entry["why"] = (f"its replicas are {rec.get('replicas')}, not the planned {new} "
+                            "(refused, or changed since the plan: run it again)")
+        elif rec.get("leader") == new_leader:
+            entry["state"] = "done"
+        elif new_leader in (rec.get("isr") or ()):
+            entry["state"] = "electing"
+            cmds.append(["elect", device, rec["epoch"], new_leader])
+        else:
+            entry["state"] = "waiting"
+            entry["waiting"] = [new_leader]
+        out.append(entry)
+    return out, cmds
+
+
+FINISHED = ("done",)
+FAILED = ("not moved", "gone")

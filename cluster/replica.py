@@ -139,6 +139,21 @@ class LeaderState:
         self.isr = set(isr)
         self.advance(log_end)
 
+    def replicas_changed(self, replicas: list[str], now: float) -> None:
+        """Raft committed another replica set at this leader epoch (a reassignment, KIP-455:
+        ``reassign`` adds the target replicas, ``complete_reassign`` drops the old ones). An
+        added replica is a follower from now (counted caught up now, as a new leader counts
+        its followers: ``started_at``), outside the ISR until it reaches the high-water mark
+        (``isr_change``); a dropped one is forgotten, so it is never proposed back into the
+        ISR (``set_isr`` refuses a router outside the replicas)."""
+        self.replicas = list(replicas)
+        for r in list(self.followers):
+            if r not in replicas:
+                del self.followers[r]
+        for r in replicas:
+            if r != self.me:
+                self.followers.setdefault(r, _Follower(caught_up_at=now))
+
 
 @dataclass
 class FollowerState:

@@ -182,6 +182,8 @@ class ReplicaManager:
             led = self.leading.get(device)
             if led is not None and led.state.leader_epoch == int(rec["epoch"]):
                 led.isr_version = int(rec.get("isr_version", 0))
+                if replicas != led.replicas:
+                    self._replicas_changed(device, led, replicas)
                 led.state.isr_changed(set(rec["isr"]), self.store.durable_end(device))
                 self._publish_hw(device, led)
                 return True
@@ -189,11 +191,40 @@ class ReplicaManager:
         self._become_follower(device, rec)
         return True
 
+    def _replicas_changed(self, device: str, led: _Led, replicas: list[str]) -> None:
+        """A reassignment changed the replica set at this epoch (cluster/rebalance.py): the
+        added replicas are served and counted toward the ISR once caught up, the dropped
+        ones forgotten. A log going from one replica to more starts the replicated mark
+        (acks wait for the ISR from now: the added replica is outside it until caught up,
+        so nothing waits on it before then)."""
+        before = led.replicas
+        led.replicas = replicas
+        led.state.replicas_changed(replicas, time.monotonic())
+        store = self.store
+        if self.acks_all and len(before) == 1 and len(replicas) > 1:
+            hw = led.state.advance(store.durable_end(device))
+            store.set_high_watermark(device, hw)
+            led.published = hw
+        elif len(before) > 1 and len(replicas) == 1:
+            store.set_high_watermark(device, None)  # the single-node rule again
+        log.info("device log replicas changed (reassignment): %s -> %s", before, replicas,
+                 extra={"device": device, "router": self.me, "epoch": led.state.leader_epoch})
+
     def _drop(self, device: str) -> None:
         self.waiting.discard(device)
         self.fetcher.unfollow(device)
         if self.leading.pop(device, None) is not None:
             self._unpark_all(device)
+            # No longer a replica (a reassignment moved the log off this router, leadership
+            # with it): no follower fetches from here any more, so the mark never moves again
+            # and acks waiting on it would hang. Refused (never acked: an unknown outcome is
+            # not a success); the publisher retries, at the new leader
+            rec = self.feed.records.get(device) or {}
+            failed = self.store.fail_high_watermark_waiters(device, NotEnoughReplicas(
+                f"not known to be stored: router {self.me} no longer replicates device "
+                f"{device} (moved to {rec.get('leader')}); publish again"))
+            if failed:
+                self.stats["acks_refused"] += failed
 
     def _become_leader(self, device: str) -> bool:
         self.fetcher.unfollow(device)
@@ -324,15 +355,27 @@ class ReplicaManager:
 
     # -- serving followers -----------------------------------------------------------------------
     def serves(self, device: str, replica: str) -> bool:
-        """Whether a FETCH naming ``replica`` is a follower fetch of a log this router leads
-        (any other FETCH is a reader's: served up to the mark by cluster/logserve.py)."""
-        led = self.leading.get(device)
-        return led is not None and replica in led.state.followers
+        """Whether a FETCH naming ``replica`` (the link's peer: a replica's own fetch) is for a
+        log this router leads (any other FETCH is a reader's: served up to the mark by
+        cluster/logserve.py). A replica this leader does not know yet is answered by
+        ``serve`` too (refused), never as a reader."""
+        return device in self.leading
 
     def serve(self, f: frames.Fetch, answer: Answer) -> None:
         """A follower's FETCH: divergence, its log end learned, records or a parked wait."""
         device = f.device
         led = self.leading[device]
+        if f.replica not in led.state.followers:
+            # A replica a reassignment added whose record reached it before this leader (each
+            # node's metadata process streams on its own), or one it dropped that has not
+            # heard yet. Served as a reader's read, it would get records without their epoch
+            # starts and the mark; refused, it fetches again shortly (cluster/fetcher.py)
+            answer(frames.Records(f.request, frames.RECORDS_FAILED, -1, -1, f.offset,
+                                  f"router {f.replica} is not a replica of {device!r} at "
+                                  f"leader {self.me} (epoch {led.state.leader_epoch}) yet"
+                                  .encode(), self.store.durable_end(device),
+                                  led.state.leader_epoch))
+            return
         store = self.store
         end = store.durable_end(device)
         div = _unversioned_tail(store, f) or led.state.on_fetch(

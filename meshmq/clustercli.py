@@ -9,12 +9,14 @@ reach the admin port, like ``meshmq log``.
 
 Human tables by default; ``--json`` prints the endpoint's document unchanged, for scripts.
 Exit codes: 0 every router and link up (and, under Raft placement, a Raft leader, every node
-alive and no under-replicated, offline or lost log), 1 something is down or the node did not
-answer, 2 bad usage (the ``--admin`` address).
+alive and no under-replicated, offline or lost log, no stuck reassignment), 1 something is
+down or the node did not answer, 2 bad usage (the ``--admin`` address).
 
 ``meshmq cluster rebalance`` (opt-in, cluster/rebalance.py): the moves that give every node a
 fair share of replicas and leaders, printed with ``--dry-run``; carried out through Raft's
-compare-and-set commands otherwise. Adding a node never moves a log by itself (placement is
+compare-and-set commands otherwise, and waited for (``--timeout``) with a progress line each
+time the moves' states change, the way ``kafka-reassign-partitions --verify`` is run until
+done. Adding a node never moves a log by itself (placement is
 state, not a hash): this is how an operator moves some onto it, when it suits them.
 """
 
@@ -29,6 +31,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, TextIO
 
+from cluster.rebalance import FAILED, FINISHED
 from meshmq.logcli import LogCliError, _Http, _silence_stdout, admin_url
 
 __all__ = ["add_cluster_parser", "run_cluster", "render_status"]
@@ -56,12 +59,20 @@ def add_cluster_parser(sub: Any) -> None:
         "rebalance", help="move replicas and leaders so every node has a fair share",
         description="Plan (and, without --dry-run, carry out through Raft) the moves that "
         "give every node a fair share of device-log replicas and leaders. Opt-in: adding a "
-        "node never moves an existing log by itself.")
+        "node never moves an existing log by itself. Without --dry-run it waits (at most "
+        "--timeout) until every move is done: its new replicas copied the log and joined "
+        "the in-sync replicas, the old ones dropped, the planned leader leading. Exit 0: "
+        "every move done (or nothing to do); 1: a move was refused or did not finish in time "
+        "(or the node could not be asked); 2: bad usage.")
     rb.add_argument("--admin", default="127.0.0.1:9883", metavar="HOST:PORT",
                     help="any node's admin endpoint (default 127.0.0.1:9883)")
     rb.add_argument("--dry-run", action="store_true", help="print the moves, change nothing")
     rb.add_argument("--max-moves", type=int, default=1000, metavar="N",
                     help="change at most N logs in this run (default 1000)")
+    rb.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                    help="without --dry-run: wait at most S seconds for the moves to finish, "
+                    "printing progress (default 300); moves still copying then go on in the "
+                    "background (meshmq cluster status shows them)")
     rb.add_argument("--json", action="store_true", help="print the raw JSON answer")
     rb.add_argument("--token-file", metavar="PATH",
                     help="bearer token for a node with admin authentication")
@@ -270,6 +281,20 @@ def _render_raft_health(doc: dict[str, Any], out: TextIO) -> bool:
             more = state["count"] - len(state["devices"])
             print(f"{label} logs ({what}): " + ", ".join(state["devices"])
                   + (f" and {more} more (--limit)" if more > 0 else ""), file=out)
+    moving, stuck = logs.get("reassigning"), logs.get("reassign_stuck")
+    if isinstance(moving, dict) and moving.get("count"):
+        # a rebalance in progress is not a fault (exit 0); one waiting on a dead node is
+        more = moving["count"] - len(moving["devices"])
+        print("reassigning logs (meshmq cluster rebalance: new replicas catching up): "
+              + ", ".join(moving["devices"]) + (f" and {more} more (--limit)" if more > 0
+                                                else ""), file=out)
+    if isinstance(stuck, dict) and stuck.get("count"):
+        healthy = False
+        more = stuck["count"] - len(stuck["devices"])
+        print("STUCK reassignments (a replica being added is on a node that is down: the "
+              "move finishes when it returns and catches up; the log keeps its old replicas "
+              "meanwhile): " + ", ".join(stuck["devices"])
+              + (f" and {more} more (--limit)" if more > 0 else ""), file=out)
     return healthy
 
 
@@ -329,9 +354,13 @@ class _Discard:
         pass
 
 
-def _post(http: _Http, path: str, query: dict[str, Any]) -> tuple[int, Any]:
+def _post(http: _Http, path: str, query: dict[str, Any],
+          body: bytes = b"") -> tuple[int, Any]:
     url = f"{http.base}{path}?{urllib.parse.urlencode(query)}"
-    req = urllib.request.Request(url, data=b"", method="POST", headers=http.headers)
+    headers = dict(http.headers)
+    if body:
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             status, body = resp.status, resp.read()
@@ -347,10 +376,13 @@ def _post(http: _Http, path: str, query: dict[str, Any]) -> tuple[int, Any]:
 
 
 def run_rebalance(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Exit 0: planned (dry run) or every move applied; 1: a move was refused or not made,
-    or the node could not be asked; 2: bad usage."""
+    """Exit 0: planned (dry run), or every move done; 1: a move was refused or did not
+    finish within ``--timeout``, or the node could not be asked; 2: bad usage."""
     if args.max_moves < 1:
         print("meshmq cluster rebalance: --max-moves must be at least 1", file=err)
+        return 2
+    if not args.timeout > 0:
+        print("meshmq cluster rebalance: --timeout must be above 0", file=err)
         return 2
     try:
         http = _Http(args.admin, args.token_file)
@@ -380,8 +412,84 @@ def run_rebalance(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if status != 200:
         print(f"meshmq cluster rebalance: {doc.get('error', f'HTTP {status}')}", file=err)
         return 1
-    failed = [r for r in doc.get("results") or () if not r.get("applied")]
-    for r in failed:
-        print(f"meshmq cluster rebalance: {r['device']!r} not moved: "
-              f"{r.get('why') or 'its record changed since the plan (run it again)'}", file=err)
-    return 1 if failed else 0
+    if doc.get("dry_run"):
+        return 0
+    # refused: a compare-and-set computed from a record that changed since the plan. An
+    # unknown outcome (applied None) and a deferred leader move are read back while waiting
+    failed = {r["device"] for r in doc.get("results") or ()
+              if r.get("applied") is False and not r.get("deferred")}
+    for r in doc.get("results") or ():
+        if r["device"] in failed:
+            print(f"meshmq cluster rebalance: {r['device']!r} not moved: "
+                  f"{r.get('why') or 'its record changed since the plan (run it again)'}",
+                  file=err)
+    waiting = [m for m in doc["moves"] if m["device"] not in failed]
+    if not waiting:
+        return 1 if failed else 0
+    try:
+        # progress lines to stderr under --json: stdout stays one JSON document
+        finished = _wait_moves(http, waiting, args.timeout, err if args.json else out, err)
+    except LogCliError as exc:
+        print(f"meshmq cluster rebalance: {exc}", file=err)
+        return 1
+    return 0 if finished and not failed else 1
+
+
+POLL_S = 0.5  # between progress reads while the moves copy
+
+
+def _wait_moves(http: _Http, moves: list[dict[str, Any]], timeout: float, out: TextIO,
+                err: TextIO) -> bool:
+    """Poll the node until every move is done, cannot finish, or ``timeout`` passed, printing
+    a line whenever the counts change. True when every move is done."""
+    started = time.monotonic()
+    deadline = started + timeout
+    body = json.dumps({"moves": [{k: m[k] for k in ("device", "new_leader", "new_replicas")}
+                                 for m in moves]}).encode()
+    last = None
+    states: list[dict[str, Any]] = []
+    while True:
+        try:
+            status, doc = _post(http, "/api/v1/cluster/rebalance/progress", {}, body)
+            if status != 200 or not isinstance(doc, dict) or "moves" not in doc:
+                reason = doc.get("error") if isinstance(doc, dict) else None
+                raise LogCliError(f"progress: {http.base} answered HTTP {status}"
+                                  + (f": {reason}" if reason else ""))
+        except LogCliError as exc:
+            # the moves go on in Raft whatever this poll met (a node restarting, a busy
+            # admin): asked again until the deadline, then reported
+            if time.monotonic() >= deadline:
+                raise
+            print(f"meshmq cluster rebalance: {exc}; asking again", file=err)
+            time.sleep(POLL_S)
+            continue
+        states = doc["moves"]
+        counts: dict[str, int] = {}
+        for st in states:
+            counts[st["state"]] = counts.get(st["state"], 0) + 1
+        line = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        if line != last:
+            print(f"progress: {line} (of {len(states)}, "
+                  f"{time.monotonic() - started:.0f}s)", file=out)
+            out.flush()
+            last = line
+        if all(st["state"] in FINISHED + FAILED for st in states):
+            break
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    ok = True
+    for st in states:
+        if st["state"] in FINISHED:
+            continue
+        ok = False
+        if st["state"] in FAILED:
+            why = st.get("why") or st["state"]
+        else:
+            why = (f"not finished within --timeout {timeout:g} s ({st['state']}"
+                   + (f": waiting for {', '.join(st['waiting'])}" if st.get("waiting") else "")
+                   + "); it goes on in the background: see meshmq cluster status")
+        print(f"meshmq cluster rebalance: {st['device']!r} not moved: {why}", file=err)
+    if ok:
+        print(f"every move done ({len(states)})", file=out)
+    return ok

@@ -521,7 +521,13 @@ def raft_log_metrics(status: Mapping[str, object], liveness: list[dict],
              "their publishes are refused until leadership moves or the node returns."),
             ("lost", "meshmq_logs_lost",
              "Device logs whose every replica lost acknowledged records (shorter than their "
-             "Raft floor): refused, never restarted at offset 0; see `meshmq cluster status`.")):
+             "Raft floor): refused, never restarted at offset 0; see `meshmq cluster status`."),
+            ("reassigning", "meshmq_logs_reassigning",
+             "Device logs being moved by `meshmq cluster rebalance` (new replicas fetching; "
+             "the controller completes each once every target replica is in sync)."),
+            ("reassign_stuck", "meshmq_logs_reassign_stuck",
+             "Reassignments waiting for a replica being added on a node that is not alive: "
+             "they finish when it returns; see `meshmq cluster status`.")):
         value = health.get(key)
         count = value.get("count", 0) if isinstance(value, dict) else value
         out.append(GaugeMetricFamily(name, doc, value=float(count or 0)))  # type: ignore[arg-type]

@@ -25,7 +25,9 @@ answers for the node, the way EMQX answers for its whole node on one dashboard p
 * ``POST /api/v1/cluster/rebalance`` (``meshmq cluster rebalance``): the plan that gives every
   node a fair share of replicas and leaders, from this node's Raft records
   (cluster/rebalance.py), and, without ``dry_run``, its compare-and-set commands proposed to
-  the node's metadata process (refused in this build: followers do not fetch yet). Under Raft
+  the node's metadata process; ``POST /api/v1/cluster/rebalance/progress`` says where each
+  move stands (the CLI waits on it) and proposes the leader elections that finish them. Under
+  Raft
   placement ``/api/v1/cluster`` also carries ``node_liveness`` and ``logs`` (under-replicated,
   offline, lost: cluster/loghealth.py), computed here from the same records, so any node
   answers for the whole cluster.
@@ -187,6 +189,7 @@ class NodeAdmin:
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/api/v1/cluster", self._cluster)
         self.app.router.add_post("/api/v1/cluster/rebalance", self._rebalance)
+        self.app.router.add_post("/api/v1/cluster/rebalance/progress", self._progress)
         self.app.router.add_route("*", "/api/v1/{tail:.*}", self._proxy)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -404,11 +407,41 @@ class NodeAdmin:
                                "dry_run": request.query.get("dry_run") not in (None, "0")}
         if doc["dry_run"]:
             return web.json_response(doc)
-        if not rebalance.EXECUTABLE:
-            doc["error"] = rebalance.NOT_EXECUTABLE
-            return web.json_response(doc, status=409)
         doc["results"] = await self._propose_moves(rebalance.commands(moves, records))
         return web.json_response(doc)
+
+    async def _progress(self, request: web.Request) -> web.Response:
+        """``POST /api/v1/cluster/rebalance/progress`` with ``{"moves": [...]}`` (the moves a
+        rebalance answered): where each stands, from this node's Raft records
+        (``rebalance.progress``), after proposing the ``elect`` of each whose replicas moved
+        and whose planned leader is in sync but not leading yet. ``meshmq cluster
+        rebalance`` polls it until every move is done or cannot finish."""
+        refused = None if self.auth is None else await self.auth.refusal(request)
+        if refused is not None:  # it may propose elections: the admin credentials, always
+            return refused
+        if self.feed is None or self.metadata is None:
+            return web.json_response({"error": "rebalance needs cluster.placement = "
+                                      "\"raft\""}, status=409)
+        try:
+            body = await request.json()
+            moves = body["moves"]
+            if not isinstance(moves, list) or not all(
+                    isinstance(m, dict) and isinstance(m.get("device"), str)
+                    and isinstance(m.get("new_replicas"), list) and m.get("new_replicas")
+                    and isinstance(m.get("new_leader"), str) for m in moves):
+                raise ValueError("each move needs device, new_leader and new_replicas")
+        except (ValueError, KeyError, TypeError) as err:
+            return web.json_response({"error": f"expected {{\"moves\": [...]}}: {err}"},
+                                     status=400)
+        meta = await self.metadata.status(voters=True)
+        alive = {n["id"]: n["alive"] for n in loghealth.node_liveness(self.cluster, meta)}
+        records = dict(self.feed.records)
+        known = bool(alive) and all(v is not None for v in alive.values())
+        stuck = {m["device"] for m in moves if known
+                 and loghealth.is_stuck(records.get(m["device"]) or {}, alive)}
+        states, elects = rebalance.progress(moves, records, stuck)
+        results = await self._propose_moves([(c[1], c) for c in elects]) if elects else []
+        return web.json_response({"moves": states, "elections": results})
 
     async def _propose_moves(self, cmds: list[tuple[str, list]]) -> list[dict[str, Any]]:
         assert self.metadata is not None
@@ -417,8 +450,10 @@ class NodeAdmin:
         try:
             out = []
             for device, cmd in cmds:
-                if cmd[0] == "skip":
-                    out.append({"device": device, "applied": False, "why": cmd[1]})
+                if cmd[0] == "skip":  # a leader move whose new leader is not in sync yet:
+                    # elected once it is (``_progress``), so not a refusal
+                    out.append({"device": device, "applied": False, "deferred": True,
+                                "why": cmd[1]})
                     continue
                 try:
                     applied, rec = await asyncio.wait_for(client.propose(cmd), 10.0)
