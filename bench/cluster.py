@@ -92,10 +92,12 @@ WORKLOADS = {
                         True),
     "replicated_single_ack": ("single node PUBACK p99 at 50% of its QoS 1", "ms", False),
     "replicated_ack": ("3 nodes raft RF 3 PUBACK p99 at 50% of its QoS 1", "ms", False),
-    "replicated_single_lag": ("single node event-loop lag p99, 100 new logs/s + 50% QoS 1",
+    "replicated_single_lag": ("single node event-loop lag p99, 100 new logs/s + 25% QoS 1",
                               "ms", False),
+    "replicated_lag_idle": ("3 nodes raft n0/0 event-loop lag p99, no new logs (metadata idle) "
+                            "+ 25% of single QoS 1", "ms", False),
     "replicated_lag": ("3 nodes raft n0/0 event-loop lag p99, 100 new logs/s (Raft "
-                       "proposals) + 50% QoS 1", "ms", False),
+                       "proposals) + 25% of single QoS 1", "ms", False),
     "replicated_failover": ("kill -9 of a log's leader node: s to the next PUBACK (<= 2 s)",
                             "s", False),
 }
@@ -116,6 +118,8 @@ TARGETS = [
      "replicated_single_ack", None, ""),
     ("raft event-loop lag p99 / single node (issue 24: <= single + 1 ms, see details)",
      "replicated_lag", "replicated_single_lag", None, ""),
+    ("raft event-loop lag p99, 100 new logs/s / metadata idle (the Raft proposals' share)",
+     "replicated_lag", "replicated_lag_idle", None, ""),
 ]
 STALL = ("stall_idle", "stall_full")
 #: Seconds from the SIGSTOP to the measurement, in both stall windows: past cluster.link_timeout
@@ -598,12 +602,18 @@ def _extra(w: str, r: dict | None) -> str:
                     f"at {r['target_rate']:,.0f} msg/s")
     if "lag_p99_ms" in r:
         bits.append(f"loop lag p99 {r['lag_p99_ms']:.1f} ms over {r['samples']:,.0f} samples, "
-                    f"{r.get('new_logs') or 0:,} new logs"
+                    f"{r.get('new_logs') or 0:,} new logs ({r.get('new_logs_acked') or 0:,} "
+                    f"acked) at {r.get('offered_per_s', 0):,.0f} msg/s"
                     + (f"; {r['over_single_ms']:+.1f} ms vs single node" if "over_single_ms"
+                       in r else "")
+                    + (f", {r['over_idle_ms']:+.1f} ms vs metadata idle" if "over_idle_ms"
                        in r else ""))
     if w == "replicated_failover" and r.get("leader"):
         bits.append(f"killed the node of leader {r['leader']}"
-                    + (f"; answered by {r['answered_by']}" if r.get("answered_by") else ""))
+                    + (f"; answered by {r['answered_by']}" if r.get("answered_by") else "")
+                    + (f"; {r['sent_after_kill']:,} sent after the kill, "
+                       f"{r.get('unanswered', 0):,} never acknowledged"
+                       if "sent_after_kill" in r else ""))
     if "n0_links" in r:  # results of the first stall design (stall_before/stopped/after)
         bits.append("; ".join(f"{k}: {v['state']}, {v['msgs_out']:,} out, queued "
                               f"{v['queued']:,}, unacked {v['unacked']}"

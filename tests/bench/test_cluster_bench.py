@@ -53,6 +53,9 @@ def test_replicated_group_quick_produces_numbers(tmp_path: Path) -> None:
     assert by["replicated_ack"]["p50_ms"] <= by["replicated_ack"]["p99_ms"]
     fo = by["replicated_failover"]
     assert fo["status"] == "ok" or "no PUBACK within" in fo["error"], fo
+    # the publisher streamed after the kill (the first acked publish times the failover)
+    assert fo.get("sent_after_kill", 0) >= 1, fo
+    assert by["replicated_lag_idle"]["status"] == "ok", by["replicated_lag_idle"]
     assert fo["leader"] == "n0/0", fo  # the log was placed where its first publish came
     assert [row["name"] for row in doc["ratios"]][0].startswith("3 nodes raft RF 3 QoS 1")
 
