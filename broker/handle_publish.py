@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from broker.connection import Connection
 from broker.ingest import forwarded_properties
@@ -29,6 +30,30 @@ log = logging.getLogger("broker.router")  # the router's log lines keep the rout
 
 class PublishRoom:
     """PUBLISH from a client (a mixin of ``Router``; see the module docstring)."""
+
+    def _gated(self, gate: Any, logs: Any, key: str, msg: Message, conn: Connection,
+               pkt: Publish, expiry: int | None) -> bool:
+        """Whether the write gate took the publish: held (a Raft election: stored when the
+        gate opens, broker/gatehold.py) or refused (cut off from the Raft majority)."""
+        refusal = gate()
+        held = self.gate_held
+        if refusal is None:
+            if held.items:  # the gate opened before its news came: the held ones first
+                held.opened()
+            return False
+        if not held.hold(conn, refusal, lambda: self._store_publish(logs, key, msg, conn,
+                                                                    pkt, expiry)):
+            refuse(conn, refusal)
+        return True
+
+    def _store_publish(self, logs: Any, key: str, msg: Message, conn: Connection,
+                       pkt: Publish, expiry: int | None) -> None:
+        """A publish to a device log, past every check: to its leader, or appended here."""
+        owner = self.forwarder.owner_of(key) if self.forwarder is not None else None
+        if owner is not None:
+            self.remote.append_at_owner(owner, key, msg, conn, pkt.packet_id, expiry)
+            return
+        self._append(logs, key, msg, conn, pkt, expiry)
 
     def _on_publish(self, conn: Connection, pkt: Publish) -> None:
         session = conn.session
@@ -93,11 +118,10 @@ class PublishRoom:
                     if pkt.dup or (props and message_id(props) is not None):
                         msg.maybe_stored = True
                 gate = self.write_gate
-                if qos and gate is not None:
-                    refusal = gate()
-                    if refusal is not None:  # e.g. cut off from the Raft majority: not stored
-                        refuse(conn, refusal)
-                        return
+                if qos and gate is not None and self._gated(gate, logs, key, msg, conn, pkt,
+                                                            interval if expiry_at else None):
+                    return
+                # _store_publish, inline: the logged publish's hot path (cost guard)
                 owner = self.forwarder.owner_of(key) if self.forwarder is not None else None
                 if owner is not None:
                     self.remote.append_at_owner(owner, key, msg, conn, pkt.packet_id,

@@ -47,6 +47,7 @@ from broker.cursors import LogSource
 from broker.delivery import DeliveryRoom
 from broker.devicelogs import DeviceLogs
 from broker.forwarding import Forwarder, RemotePublishes, RemoteSessions
+from broker.gatehold import HeldPublishes
 from broker.handle_acks import AckRoom
 from broker.handle_connect import ConnectRoom
 from broker.handle_publish import PublishRoom
@@ -146,6 +147,8 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
         # None, or a callable answering None or why QoS>=1 publishes to device logs are
         # refused now (broker/writegate.py; a cluster router's leader lease, cluster/lease.py)
         self.write_gate: Callable[[], Any] | None = None
+        # QoS>=1 publishes waiting for that gate to open again (a Raft election), in order
+        self.gate_held = HeldPublishes(self.release_held, 10_000)
         self.remote = RemotePublishes(self)
         self.sessions_remote = RemoteSessions(self)
         self.registry: Any = None  # broker.registry.RegisteredSessions (set by the wiring)

@@ -33,6 +33,9 @@ def refuse(conn: Connection, refusal: Any) -> None:
     """Close ``conn`` for ``refusal`` (see the module docstring); the publish is dropped."""
     reason: str = refusal.reason
     reference: str | None = refusal.server_reference
+    counted = getattr(refusal, "on_refused", None)
+    if counted is not None:
+        counted()
     conn.close_reason = f"publish refused: {reason}"
     _log_refused("QoS>=1 publish refused, connection closed: %s", reason,
                      extra={"client_id": conn.client_id, "peer": conn.peer,

@@ -21,11 +21,15 @@ What a refused publish gets (``refusal``): MQTT 5 has no PUBACK code for "use an
 (0x9C is a CONNACK and DISCONNECT code), so the router sends DISCONNECT 0x9C with a reason
 string and, when it knows one, a Server Reference naming the MQTT address of the node whose
 voter leads Raft (``[[cluster.nodes]] mqtt``): the majority side; 3.x clients have their
-connection closed. The publish is not stored and not acknowledged; the client resends it after
-reconnecting (to another node, from its own list or the reference). CONNECT is accepted on the
-minority side, as EMQX and HiveMQ nodes accept connections during a partition: subscribers
-keep reading what was committed, QoS 0 flows, and only the publishes that need a commit are
-turned away.
+connection closed. Not at once, though: for ``cluster.lease_hold`` after the lease ran out the
+refusal says the publish may wait (``hold_until``), and the router holds it, unstored, until
+the lease is valid again (``on_valid``) or that time passes (broker/gatehold.py): every
+node's lease runs out for the moment a Raft election takes, and that must not disconnect every
+3.x publisher of the cluster. The publish is not stored and not acknowledged; the client
+resends it after reconnecting (to another node, from its own list or the reference). CONNECT
+is accepted on the minority side, as EMQX and HiveMQ nodes accept connections during a
+partition: subscribers keep reading what was committed, QoS 0 flows, and only the publishes
+that need a commit are turned away.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from cluster.settings import ClusterSettings
@@ -45,10 +50,15 @@ _DIAL_TIMEOUT = 1.0
 
 
 class Refusal(NamedTuple):
-    """Why a publish is refused, and where to go instead (v5 Server Reference, or None)."""
+    """Why a publish is refused, and where to go instead (v5 Server Reference, or None);
+    ``hold_until``: a ``time.monotonic()`` until which the publish may wait for the lease
+    instead (``cluster.lease_hold``, broker/gatehold.py), None when it may not;
+    ``on_refused``: called once per publish actually refused (meshmq_lease_refused_total)."""
 
     reason: str
     server_reference: str | None
+    hold_until: float | None = None
+    on_refused: Callable[[], None] | None = None
 
 
 class Lease:
@@ -61,6 +71,8 @@ class Lease:
         self.majority_at = -math.inf  # the voter's last majority contact (time.monotonic())
         self.raft_leader: str | None = None  # "host:port" of the Raft leader, last reported
         self.refused = 0  # publishes refused (meshmq_lease_refused_total)
+        # the router's held publishes go on (broker/gatehold.py HeldPublishes.opened)
+        self.on_valid: Callable[[], None] | None = None
         self._was_valid = True
         self._task: asyncio.Task | None = None
         self._by_raft = {f"{n.host}:{n.raft_port}": n for n in settings.nodes}
@@ -74,17 +86,25 @@ class Lease:
         """None while the lease holds; else why, for the publish path (broker write gate)."""
         if self.valid():
             return None
-        self.refused += 1
         age = time.monotonic() - self.majority_at
         since = "never" if math.isinf(age) else f"{age:.1f} s ago"
         if self._was_valid:
             self._was_valid = False
             log.error("leader lease ran out (this node's Raft voter last heard from a majority "
-                      "%s, cluster.leader_lease = %.2f s): QoS>=1 publishes are refused here "
-                      "until it has a majority again. Check `meshmq cluster status` and the "
-                      "network between the nodes' Raft ports", since, self.duration)
+                      "%s, cluster.leader_lease = %.2f s): QoS>=1 publishes are held for "
+                      "cluster.lease_hold = %.1f s (a Raft election), then refused here until "
+                      "it has a majority again. Check `meshmq cluster status` and the network "
+                      "between the nodes' Raft ports", since, self.duration,
+                      self.settings.lease_hold)
+        hold = self.settings.lease_hold
+        until = self.majority_at + self.duration + hold \
+            if hold > 0 and math.isfinite(self.majority_at) else None
         return Refusal(f"not stored: this node is cut off from the cluster majority (Raft "
-                       f"contact {since}); publish to another node", self._majority_side())
+                       f"contact {since}); publish to another node", self._majority_side(),
+                       until, self._refused_one)
+
+    def _refused_one(self) -> None:
+        self.refused += 1
 
     def _majority_side(self) -> str | None:
         """The MQTT address of the node whose voter last led Raft (not this node's)."""
@@ -138,3 +158,5 @@ class Lease:
                 self._was_valid = True
                 log.warning("leader lease valid again: this node's Raft voter hears a "
                             "majority; publishes are acknowledged again")
+                if self.on_valid is not None:
+                    self.on_valid()

@@ -118,10 +118,10 @@ class LinkFull(OwnerNotStored):
 class Out:
     """An entry waiting to be sent or acknowledged."""
 
-    __slots__ = ("seq", "kind", "qos", "head", "body", "done", "size", "at", "epoch")
+    __slots__ = ("seq", "kind", "qos", "head", "body", "done", "size", "at", "epoch", "retry")
 
     def __init__(self, seq: int, kind: int, qos: int, head: tuple[int, int], body: bytes,
-                 done: Done | None, epoch: int = 0) -> None:
+                 done: Done | None, epoch: int = 0, retry: Any = None) -> None:
         self.seq = seq
         self.kind = kind
         self.qos = qos
@@ -135,6 +135,9 @@ class Out:
         # (APPEND) or version-4 one (every entry), left out on a version-2 one (decided per
         # connection at flush, so a queued entry goes right after a reconnect to either)
         self.epoch = epoch
+        # APPEND: (device, message, expiry), to send it to the log's next leader instead
+        # when the leadership moves while it waits (cluster/appendmove.py)
+        self.retry = retry
 
 
 class InboundSequence:
@@ -226,7 +229,7 @@ class MeshLink:
              "frames_out", "frames_in",
              "resent", "dropped_full", "dropped_reconnect", "refused_full",
              "append_timeouts", "expired_unsent", "outcomes_asked", "appends_fenced",
-             "deliveries_fenced"), 0)
+             "deliveries_fenced", "appends_moved"), 0)
         self._timeout_log = RateLimitedLog(
             log, logging.ERROR, f"link to {peer}: publishes refused (cluster.append_timeout)",
             burst=1, window=5.0)
@@ -236,7 +239,7 @@ class MeshLink:
 
     # -- sending ----------------------------------------------------------------------------
     def enqueue(self, kind: int, qos: int, head: tuple[int, int], body: bytes,
-                done: Done | None = None, epoch: int = 0) -> bool:
+                done: Done | None = None, epoch: int = 0, retry: Any = None) -> bool:
         """Queue an entry; False when the link is full (the caller decides: drop or refuse)."""
         if self.queued_bytes + len(body) > self.mesh.settings.link_max_queued_bytes:
             if kind == frames.APPEND:
@@ -248,7 +251,7 @@ class MeshLink:
                            self.queued_bytes, "publish refused as not stored"
                            if kind == frames.APPEND else "delivery dropped")
             return False
-        out = Out(self.next_seq, kind, qos, head, body, done, epoch)
+        out = Out(self.next_seq, kind, qos, head, body, done, epoch, retry)
         if done is not None:
             out.at = time.monotonic()
             self.awaiting[out.seq] = out  # its RESULT finds it without a walk of the window
@@ -559,6 +562,36 @@ class MeshLink:
                               "or cut off? (meshmq cluster status)", expired, self.peer,
                               timeout, extra={"peer": self.peer, "link": self.state})
         return expired
+
+    def take_appends(self, device: str, epoch: int,
+                     resendable: Callable[[Any], bool]) -> list[tuple[Done, Any, bool]]:
+        """The APPENDs to ``device``'s log still waiting for their outcome here, in queueing
+        order, as (done, retry, sent), except a sent one whose ``retry`` is not
+        ``resendable`` (its outcome stays this link's to give). Taken away: their outcome is
+        no longer this link's to give (cluster/appendmove.py sends them to the new leader).
+        One never sent leaves the queue; one sent stays in the window (the peer's ACK frees
+        it) with ``epoch`` in its head, so a resend after a reconnect is fenced there: the
+        peer does not lead at it."""
+        sent_upto = self.sent_upto
+        taken = [out for out in self.awaiting.values()
+                 if out.retry is not None and out.retry[0] == device
+                 and (out.seq > sent_upto or resendable(out.retry))]
+        if not taken:
+            return []
+        unsent = set()
+        moved: list[tuple[Done, Any, bool]] = []
+        for out in taken:
+            del self.awaiting[out.seq]
+            moved.append((out.done, out.retry, out.seq <= sent_upto))
+            out.done = out.retry = None  # its RESULT or ACK now frees it, nothing more
+            out.epoch = epoch
+            if out.seq > sent_upto:
+                unsent.add(out.seq)
+        if unsent:
+            self.unsent = deque(o for o in self.unsent if o.seq not in unsent)
+            self.queued_bytes -= sum(out.size for out in taken if out.seq in unsent)
+        self.stats["appends_moved"] += len(moved)
+        return moved
 
     def oldest_awaiting(self, now: float) -> float:
         """Seconds the oldest APPEND waiting for its outcome has waited (0 when none)."""

@@ -323,7 +323,7 @@ class Mesh:
                                  else frames.publisher_fields(pub, msg.maybe_stored))
         # the epoch we believe the owner leads at: it fences the APPEND if that is stale
         if not link.enqueue(frames.APPEND, msg.qos, head, body, done,
-                            self.placement.epoch_of(device)):
+                            self.placement.epoch_of(device), (device, msg, expiry)):
             done(LinkFull(f"the link to owner router {owner} is full"), -1)
 
     def appended(self, ticket: Any, msg: Message, exc: BaseException | None) -> None:
@@ -386,12 +386,16 @@ class Mesh:
                 msg.publisher, msg.maybe_stored = frames.publisher_of(e.group)
             slot = link.append_pending(e.seq)
             inc = link.peer_incarnation
-            if self.placer is not None and not self.placement.placed(e.device):
-                # Raft placement: the peer heard that this router leads the log before this
-                # router did (the compare-and-set answered there first): checked once this
-                # router's placement has it, or at cluster.append_timeout (cluster/raftplace.py)
-                self.placer.when_placed(e.device, lambda: self._append_from_peer(
-                    link, router, e, msg, slot, inc))
+            placer = self.placer
+            if placer is not None and (e.epoch > self.placement.epoch_of(e.device)
+                                       or not self.placement.placed(e.device)
+                                       or e.device in placer.peers_waiting):
+                # Raft placement: the peer heard that this router leads the log (or at which
+                # epoch) before this router did (the compare-and-set or the election answered
+                # there first): checked once this router's placement has it, or at
+                # cluster.append_timeout (cluster/raftplace.py)
+                placer.when_placed(e.device, lambda: self._append_from_peer(
+                    link, router, e, msg, slot, inc), e.epoch)
                 return
             self._append_from_peer(link, router, e, msg, slot, inc)
         elif kind == frames.RETAIN:

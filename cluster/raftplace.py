@@ -227,7 +227,8 @@ class RaftPlacer:
         self._dialing = asyncio.Lock()
         self.held: dict[str, list[tuple[Message, int | None, Done]]] = {}
         # peers' APPENDs waiting for this router to hear of their log (``when_placed``)
-        self.peers_waiting: dict[str, list[Callable[[], None]]] = {}
+        # (the epoch it names, run), in arrival order
+        self.peers_waiting: dict[str, list[tuple[int, Callable[[], None]]]] = {}
         self.held_count = 0
         self.max_held = settings.placement_max_held
         self.stats = {"placed": 0, "placed_elsewhere": 0, "conflicts": 0, "held_full": 0,
@@ -260,30 +261,46 @@ class RaftPlacer:
         self.held[device] = [(msg, expiry, done)]
         self._spawn(self._place(device, time.monotonic()))
 
-    def when_placed(self, device: str, run: Callable[[], None]) -> None:
-        """A peer's APPEND for a log this router has not heard placed: the peer heard first
-        that this router leads it (the compare-and-set answered there before this router's
-        watch stream). ``run`` (the APPEND's fencing check and append) waits, in arrival
-        order, until this router's placement has the log or ``cluster.append_timeout``
-        passes; then it is fenced as usual if this router does not lead it. Without this wait
-        the first publishes of a log placed here from another router's race were refused."""
-        if self.placement.placed(device) or self.held_count >= self.max_held:
+    def when_placed(self, device: str, run: Callable[[], None], epoch: int = -1) -> None:
+        """A peer's APPEND for a log this router has not heard placed, or naming a leader
+        epoch newer than the one it knows: the peer heard first that this router leads it
+        (the compare-and-set answered there before this router's watch stream; or the
+        controller's election, which the peer's stream brought first: its APPENDs waiting on
+        the old leader move here at once, cluster/appendmove.py). ``run`` (the APPEND's
+        fencing check and append) waits, in arrival order, until this router's placement has
+        the log at that epoch or ``cluster.append_timeout`` passes; then it is fenced as
+        usual if this router does not lead it. Without this wait the first publishes of a log
+        placed here from another router's race, and those moved after a failover, were
+        refused (Kafka answers a newer epoch than it knows with the retriable
+        UNKNOWN_LEADER_EPOCH; the wait here is that retry, without a round trip)."""
+        if (self._ready(device, epoch) and device not in self.peers_waiting) \
+                or self.held_count >= self.max_held:
             run()
             return
         waiting = self.peers_waiting.get(device)
         self.held_count += 1
         if waiting is not None:
-            waiting.append(run)
+            waiting.append((epoch, run))
             return
-        self.peers_waiting[device] = [run]
+        self.peers_waiting[device] = [(epoch, run)]
         asyncio.get_running_loop().call_later(self.settings.append_timeout,
                                               self._peers_timed_out, device)
 
-    def _peers_timed_out(self, device: str) -> None:
-        self._run_peers(device)
+    def _ready(self, device: str, epoch: int) -> bool:
+        """Whether this router's placement has ``device`` at ``epoch`` or later."""
+        return self.placement.placed(device) and self.placement.epoch_of(device) >= epoch
 
-    def _run_peers(self, device: str) -> None:
-        for run in self.peers_waiting.pop(device, None) or ():
+    def _peers_timed_out(self, device: str) -> None:
+        self._run_peers(device, everything=True)
+
+    def _run_peers(self, device: str, everything: bool = False) -> None:
+        """The waiting APPENDs whose epoch is known now, in order: the first still ahead
+        stops the rest (their order), until the timeout runs them all (fenced, then)."""
+        waiting = self.peers_waiting.pop(device, None) or []
+        for i, (epoch, run) in enumerate(waiting):
+            if not everything and not self._ready(device, epoch):
+                self.peers_waiting[device] = waiting[i:]
+                return
             self.held_count -= 1
             try:
                 run()

@@ -124,6 +124,11 @@ class ClusterSettings:
     # last heard from a Raft majority (cluster/lease.py); then QoS>=1 publishes are refused
     # (v5 DISCONNECT 0x9C Use another server, 3.x: connection closed) until contact is back.
     leader_lease: float = 0.5
+    # Raft placement: seconds a QoS>=1 publish is held (not refused) after the lease ran out,
+    # riding over a Raft election (broker/gatehold.py); 0 refuses at once. At most
+    # lease_hold_max held per router (refused past it).
+    lease_hold: float = 2.0
+    lease_hold_max: int = 10_000
     # Replication (Raft placement, issue 24 step 3, cluster/replication.py). "all": a QoS>=1
     # publish is acknowledged once every ISR member holds it (the high-water mark passed it)
     # and the ISR has min_insync_replicas members; "leader": once the leader's fsync holds it

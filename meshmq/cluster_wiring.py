@@ -49,6 +49,10 @@ _COUNTERS = (
      "DELIVERs from the peer dropped: routed at a leader epoch older than the one this router "
      "knows for their device log (a deposed leader's, late); sessions read those records from "
      "the log instead (cluster/deliverfence.py)."),
+    ("appends_moved", "meshmq_link_appends_moved",
+     "Publishes waiting on the peer for their outcome when it stopped leading their device "
+     "log, sent to the new leader instead (the sent ones looked up there first, never stored "
+     "twice: cluster/appendmove.py)."),
 )
 
 
@@ -117,6 +121,11 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     placer = RaftPlacer(settings, mesh.rid, feed, mesh.append_at,
                         functools.partial(append_here, node.router))
     mesh.placer = placer
+    # publishes waiting on a deposed leader go to the new one (cluster/appendmove.py)
+    from cluster.appendmove import AppendMover
+
+    mover = AppendMover(mesh, functools.partial(append_here, node.router))
+    mesh.placement.subscribe(mover.on_change)
     # a log's epoch rising: sessions read it back, its old leader's DELIVERs are dropped
     feed.listeners.append(mesh.deliver_fence.on_record)
     floors = None
@@ -133,6 +142,8 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     lease.start()
     mesh.lease = lease
     node.router.write_gate = lease.refusal
+    node.router.gate_held.limit = settings.lease_hold_max
+    lease.on_valid = node.router.gate_held.opened
     # what this router's disk held at start, before its fetchers add anything: a restarted
     # sole in-sync replica is elected again only with its logs (cluster/controller.py)
     kept = node.store is not None and any(not k.startswith("#") for k in node.store.keys())
@@ -159,7 +170,7 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     if floors is not None:
         floors.start()
         node.metrics.add_collector(lambda: floor_metrics(floors), "log floors")
-    node.metrics.add_collector(lambda: lease_metrics(lease), "lease")
+    node.metrics.add_collector(lambda: lease_metrics(lease, node.router.gate_held), "lease")
 
     closing = node.admin.app.on_cleanup
 
@@ -179,7 +190,7 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     return placer
 
 
-def lease_metrics(lease: Any) -> Iterable[Metric]:
+def lease_metrics(lease: Any, held: Any) -> Iterable[Metric]:
     """The leader lease (cluster/lease.py): whether this router may ack, and its refusals."""
     valid = GaugeMetricFamily("meshmq_leader_lease_valid", "1 while this router's node's Raft "
                               "voter heard from a majority within cluster.leader_lease (QoS>=1 "
@@ -191,6 +202,19 @@ def lease_metrics(lease: Any) -> Iterable[Metric]:
                                   "out (cut off from the Raft majority).")
     refused.add_metric([], lease.refused)
     yield refused
+    counts = CounterMetricFamily(
+        "meshmq_publishes_held", "QoS>=1 publishes held while the leader lease was out (a "
+        "Raft election; broker/gatehold.py), by outcome: held (all), released (stored once "
+        "the lease was back), refused (cluster.lease_hold ran out), full (refused at once: "
+        "cluster.lease_hold_max held already).", labels=["outcome"])
+    for outcome, value in (("held", held.held), ("released", held.released),
+                           ("refused", held.refused), ("full", held.full)):
+        counts.add_metric([outcome], value)
+    yield counts
+    waiting = GaugeMetricFamily("meshmq_publishes_held_now", "QoS>=1 publishes held for the "
+                                "leader lease now.")
+    waiting.add_metric([], len(held.items))
+    yield waiting
 
 
 def placement_metrics(placer: Any) -> Iterable[Metric]:

@@ -545,6 +545,9 @@ _SCHEMA: dict[tuple[str, ...], _SectionSchema] = {
         "node_timeout": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.node_timeout),
         # Raft placement: a router acks only within this of its voter's majority contact
         "leader_lease": (_Float(0.0, inclusive=False), _CLUSTER_DEFAULTS.leader_lease),
+        # Raft placement: publishes held, not refused, this long after the lease ran out
+        "lease_hold": (_Float(0.0, inclusive=True), _CLUSTER_DEFAULTS.lease_hold),
+        "lease_hold_max": (_Int(1), _CLUSTER_DEFAULTS.lease_hold_max),
         # Raft placement only: replication (cluster/replication.py, docs/replication.md)
         "acks": (_Choice(ACKS), _CLUSTER_DEFAULTS.acks),
         "min_insync_replicas": (_Int(1, 5), _CLUSTER_DEFAULTS.min_insync_replicas),
@@ -905,6 +908,7 @@ def _build_cluster(values: Mapping[tuple[str, ...], object],
         session_checkpoint_interval=float(get("session_checkpoint_interval")),
         log_floor_interval=float(get("log_floor_interval")),
         node_timeout=float(get("node_timeout")), leader_lease=float(get("leader_lease")),
+        lease_hold=float(get("lease_hold")), lease_hold_max=get("lease_hold_max"),
         acks=str(get("acks")), min_insync_replicas=get("min_insync_replicas"),
         replica_lag_time_max=float(get("replica_lag_time_max")),
         replica_fetch_wait=float(get("replica_fetch_wait")),
