@@ -30,6 +30,7 @@ from typing import Any
 from broker.lograte import RateLimitedLog
 from cluster import frames
 from cluster.logserve import FETCH_MAX_RECORDS, RawRecords
+from cluster.logverify import LogVerifier
 from cluster.replica import Diverging, FollowerState
 
 log = logging.getLogger("cluster.fetcher")
@@ -63,6 +64,8 @@ class Fetchers:
         self._log = RateLimitedLog(log, logging.WARNING, "follower fetches failed", burst=3,
                                    window=10.0)
         self.loop: asyncio.AbstractEventLoop = mesh.loop
+        # each followed log read end to end once per process before its first FETCH
+        self.verifier = LogVerifier(store, self.loop)
 
     # -- roles (the replica manager's calls) ----------------------------------------------------
     def follow(self, device: str, leader: str, epoch: int) -> None:
@@ -89,6 +92,9 @@ class Fetchers:
         store = self.store
         if store.log_end(device) != store.durable_end(device):
             self.loop.call_later(_BACKOFF, self._start, device, leader, epoch)
+            return
+        if self.verifier.needed(device):  # rot found only when read (cluster/logverify.py)
+            self.verifier.verify(device, partial(self._start, device, leader, epoch))
             return
         lost = store.lost_ranges(device, 0, store.durable_end(device))
         if lost:

@@ -19,7 +19,8 @@ refused with a reason); a follower restarted with its data directory deleted; th
 follower, still in the ISR, when the leader dies before it fetched anything (it must not be
 elected: cluster/metastate.py takes it out of the ISR when it registers with an empty disk);
 a follower with a flipped byte in an acknowledged record (it must repair it from the leader
-before it can be elected: cluster/fetcher.py; after a clean stop not fixed, xfail strict); a
+before it can be elected: cluster/fetcher.py; after a clean stop it reads its log end to end
+before its first fetch to find it: cluster/logverify.py); a
 follower whose disk (a tmpfs) is full while the leader acks.
 
 Run: ``PYTHONPATH=$PWD python -m pytest -s tests/cluster/test_review5_replication_faults.py``.
@@ -479,11 +480,7 @@ def _flip_record(log_dir: str, device: str, offset: int) -> None:
     raise AssertionError(f"no record {device}@{offset} in {log_dir}")
 
 
-@pytest.mark.parametrize("stop", ["kill", pytest.param("clean", marks=pytest.mark.xfail(
-    strict=True, reason="not fixed (review5): after a clean stop the store trusts its checkpoint "
-    "and finds the flipped record only when read; nothing reads a follower's old records, so it "
-    "rejoins the ISR with the bad record and, elected, loses it to quarantine. Needs a CRC "
-    "verification of followed logs (or of the records below the high-water mark) at start"))])
+@pytest.mark.parametrize("stop", ["kill", "clean"])
 def test_a_follower_with_a_flipped_byte_is_never_elected_with_the_hole(
         tmp_path: Path, raw, stop: str) -> None:
     """One payload bit of an acknowledged record flipped in a stopped follower's segment: it
@@ -512,9 +509,10 @@ def test_a_follower_with_a_flipped_byte_is_never_elected_with_the_hole(
         _flip_record(_store_dir(cluster, b), device, 150)
         cluster.nodes[b].start()
         cluster.wait_links_up(60)
-        if stop == "kill":  # recovery scanned the tail: the follower cut its log and refetched
-            wait_for(lambda: "lost to corruption" in cluster.nodes[b].log_text(), 60,
-                     message=f"{bad} repaired the record from its leader")
+        # kill: recovery scanned the tail; clean: the follower read its log end to end before
+        # its first fetch (cluster/logverify.py). Either way it cut its log and refetched
+        wait_for(lambda: "lost to corruption" in cluster.nodes[b].log_text(), 60,
+                 message=f"{bad} repaired the record from its leader")
         assert stream.pump(60, until_acked=400)
         stream.drain()
         _final(cluster, device, 0)
@@ -537,10 +535,10 @@ def test_a_follower_with_a_flipped_byte_is_never_elected_with_the_hole(
     finally:
         cluster.stop()
     _check(_dumps(cluster, device), isr, leader, stream.acked)
-    if stop == "kill":  # repaired: no offset of it is reported lost any more (fetch API, restarts)
-        from commitlog.quarantine import load_gaps
-        gaps = load_gaps(_store_dir(cluster, b)).get(device)
-        assert not gaps, f"{bad} still reports offsets {gaps} lost after refetching them"
+    # repaired: no offset of it is reported lost any more (fetch API, restarts)
+    from commitlog.quarantine import load_gaps
+    gaps = load_gaps(_store_dir(cluster, b)).get(device)
+    assert not gaps, f"{bad} still reports offsets {gaps} lost after refetching them"
 
 
 def _fill(path: Path) -> None:
