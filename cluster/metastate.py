@@ -320,6 +320,29 @@ class MetadataState:
         self.logs[device] = rec
         return True, rec, ("log", device, rec)
 
+    def _cancel_reassign(self, index: int, device: str,
+                         expected_epoch: int) -> tuple[bool, Any, tuple | None]:
+        """Give up a reassignment not completed (``meshmq cluster rebalance --cancel``,
+        Kafka's ``kafka-reassign-partitions --cancel``, KIP-455): the replicas go back to the
+        old ones, the added ones leave the replica set and the ISR (they stop following;
+        what they copied is never served), the leader and its epoch stay: the leader is an
+        old replica until ``complete_reassign``, which a cancel can no longer race (it
+        finds no target). Refused when no move is in progress or the epoch moved."""
+        rec = self.logs.get(device)
+        if rec is None:
+            return False, f"no log for device {device!r}", None
+        if "target" not in rec or rec["epoch"] != expected_epoch:
+            return False, rec, None
+        added = set(rec.get("adding") or ())
+        isr = [r for r in rec["isr"] if r not in added]
+        if rec["leader"] in added or not isr:
+            return False, rec, None  # cannot happen before completion; never leave no ISR
+        rec = {k: v for k, v in rec.items() if k not in ("target", "adding", "removing")}
+        rec.update(replicas=[r for r in rec["replicas"] if r not in added], isr=isr,
+                   isr_version=rec["isr_version"] + 1, isr_at=index)
+        self.logs[device] = rec
+        return True, rec, ("log", device, rec)
+
     # -- reading ----------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """The whole state for a new watcher (JSON-ready)."""
@@ -340,5 +363,6 @@ _HANDLERS = {
     "mark_lost": MetadataState._mark_lost,
     "reassign": MetadataState._reassign,
     "complete_reassign": MetadataState._complete_reassign,
+    "cancel_reassign": MetadataState._cancel_reassign,
 }
 COMMANDS = tuple(_HANDLERS)

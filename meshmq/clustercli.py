@@ -73,6 +73,11 @@ def add_cluster_parser(sub: Any) -> None:
                     help="without --dry-run: wait at most S seconds for the moves to finish, "
                     "printing progress (default 300); moves still copying then go on in the "
                     "background (meshmq cluster status shows them)")
+    rb.add_argument("--cancel", action="store_true",
+                    help="give up the moves still in progress instead (their replicas go back "
+                    "to the old ones; a move already done stays): for a move stuck on a node "
+                    "that will not return")
+    rb.add_argument("--device", metavar="D", help="with --cancel: only device D's move")
     rb.add_argument("--json", action="store_true", help="print the raw JSON answer")
     rb.add_argument("--token-file", metavar="PATH",
                     help="bearer token for a node with admin authentication")
@@ -293,7 +298,8 @@ def _render_raft_health(doc: dict[str, Any], out: TextIO) -> bool:
         more = stuck["count"] - len(stuck["devices"])
         print("STUCK reassignments (a replica being added is on a node that is down: the "
               "move finishes when it returns and catches up; the log keeps its old replicas "
-              "meanwhile): " + ", ".join(stuck["devices"])
+              "meanwhile; or give it up: meshmq cluster rebalance --cancel): "
+              + ", ".join(stuck["devices"])
               + (f" and {more} more (--limit)" if more > 0 else ""), file=out)
     return healthy
 
@@ -306,7 +312,8 @@ def run_cluster(args: argparse.Namespace, out: TextIO | None = None,
     if command not in ("status", "rebalance"):
         print("usage: meshmq cluster status [--admin HOST:PORT] [--device D] [--limit N] "
               "[--json]\n       meshmq cluster rebalance [--admin HOST:PORT] [--dry-run] "
-              "[--max-moves N] [--json]", file=err)
+              "[--max-moves N] [--timeout S] [--json]\n       meshmq cluster rebalance "
+              "--cancel [--device D] [--admin HOST:PORT]", file=err)
         return 2
     if command == "rebalance":
         return run_rebalance(args, out, err)
@@ -378,6 +385,11 @@ def _post(http: _Http, path: str, query: dict[str, Any],
 def run_rebalance(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Exit 0: planned (dry run), or every move done; 1: a move was refused or did not
     finish within ``--timeout``, or the node could not be asked; 2: bad usage."""
+    if args.cancel:
+        return _cancel(args, out, err)
+    if args.device is not None:
+        print("meshmq cluster rebalance: --device goes with --cancel", file=err)
+        return 2
     if args.max_moves < 1:
         print("meshmq cluster rebalance: --max-moves must be at least 1", file=err)
         return 2
@@ -433,6 +445,46 @@ def run_rebalance(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"meshmq cluster rebalance: {exc}", file=err)
         return 1
     return 0 if finished and not failed else 1
+
+
+def _cancel(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``--cancel``: exit 0 when every move in progress was given up (or none was), 1 when
+    one was refused (completed meanwhile: run status) or the node could not be asked."""
+    if args.dry_run:
+        print("meshmq cluster rebalance: --cancel changes placement; it has no --dry-run",
+              file=err)
+        return 2
+    query: dict[str, Any] = {} if args.device is None else {"device": args.device}
+    try:
+        status, doc = _post(_Http(args.admin, args.token_file),
+                            "/api/v1/cluster/rebalance/cancel", query)
+    except LogCliError as exc:
+        print(f"meshmq cluster rebalance --cancel: {exc}", file=err)
+        return 1
+    if status != 200 or not isinstance(doc, dict) or "cancelled" not in doc:
+        reason = doc.get("error") if isinstance(doc, dict) else None
+        print(f"meshmq cluster rebalance --cancel: {args.admin} answered HTTP {status}"
+              + (f": {reason}" if reason else ""), file=err)
+        return 1
+    if args.json:
+        json.dump(doc, out, indent=2)
+        print(file=out)
+    failed = 0
+    for r in doc["cancelled"]:
+        if r.get("applied"):
+            if not args.json:
+                rec = r.get("record") or {}
+                print(f"cancelled the move of {r['device']!r}: replicas back to "
+                      f"{','.join(rec.get('replicas', []))}", file=out)
+            continue
+        failed += 1
+        why = r.get("why") or "its record changed (the move completed, or another began)"
+        print(f"meshmq cluster rebalance --cancel: {r['device']!r} not cancelled: {why}",
+              file=err)
+    if not args.json:
+        print(f"{len(doc['cancelled']) - failed} moves cancelled"
+              + ("" if doc["cancelled"] else " (none in progress)"), file=out)
+    return 1 if failed else 0
 
 
 POLL_S = 0.5  # between progress reads while the moves copy

@@ -25,7 +25,8 @@ answers for the node, the way EMQX answers for its whole node on one dashboard p
 * ``POST /api/v1/cluster/rebalance`` (``meshmq cluster rebalance``): the plan that gives every
   node a fair share of replicas and leaders, from this node's Raft records
   (cluster/rebalance.py), and, without ``dry_run``, its compare-and-set commands proposed to
-  the node's metadata process; ``POST /api/v1/cluster/rebalance/progress`` says where each
+  the node's metadata process (``POST /api/v1/cluster/rebalance/cancel[?device=D]`` gives
+  up the moves still in progress); ``POST /api/v1/cluster/rebalance/progress`` says where each
   move stands (the CLI waits on it) and proposes the leader elections that finish them. Under
   Raft
   placement ``/api/v1/cluster`` also carries ``node_liveness`` and ``logs`` (under-replicated,
@@ -190,6 +191,7 @@ class NodeAdmin:
         self.app.router.add_get("/api/v1/cluster", self._cluster)
         self.app.router.add_post("/api/v1/cluster/rebalance", self._rebalance)
         self.app.router.add_post("/api/v1/cluster/rebalance/progress", self._progress)
+        self.app.router.add_post("/api/v1/cluster/rebalance/cancel", self._cancel)
         self.app.router.add_route("*", "/api/v1/{tail:.*}", self._proxy)
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -442,6 +444,26 @@ class NodeAdmin:
         states, elects = rebalance.progress(moves, records, stuck)
         results = await self._propose_moves([(c[1], c) for c in elects]) if elects else []
         return web.json_response({"moves": states, "elections": results})
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        """``POST /api/v1/cluster/rebalance/cancel[?device=D]``: every reassignment still in
+        progress (or D's) given up: ``cancel_reassign`` proposed per log (cluster/metastate.py:
+        replicas back to the old ones; a compare-and-set on the epoch, so a move the
+        controller completed meanwhile is refused, not undone)."""
+        refused = None if self.auth is None else await self.auth.refusal(request)
+        if refused is not None:  # it changes placement: the admin credentials, always
+            return refused
+        if self.feed is None or self.metadata is None:
+            return web.json_response({"error": "rebalance needs cluster.placement = "
+                                      "\"raft\""}, status=409)
+        only = request.query.get("device")
+        records = dict(self.feed.records)
+        if only is not None and only not in records:
+            return web.json_response({"error": f"no log for device {only!r}"}, status=404)
+        cmds = [(d, ["cancel_reassign", d, rec["epoch"]]) for d, rec in sorted(records.items())
+                if "target" in rec and (only is None or d == only)]
+        results = await self._propose_moves(cmds) if cmds else []
+        return web.json_response({"logs": len(records), "cancelled": results})
 
     async def _propose_moves(self, cmds: list[tuple[str, list]]) -> list[dict[str, Any]]:
         assert self.metadata is not None

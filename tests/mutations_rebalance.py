@@ -13,7 +13,7 @@ from typing import Any
 UNIT = "tests/cluster/test_rebalance_unit.py"
 REAL = ("tests/cluster/test_rebalance.py::test_rebalance_moves_replicas_and_a_leader_onto_a_"
         "new_node_losing_nothing")
-STUCK = ("tests/cluster/test_rebalance.py::test_a_move_onto_a_dead_node_is_stuck_then_"
+STUCK = ("tests/cluster/test_rebalance.py::test_a_move_onto_a_dead_node_is_stuck_cancelled_then_"
          "finishes_when_it_returns")
 
 
@@ -80,4 +80,15 @@ def rebalance_mutations(mutation: Any) -> tuple[Any, ...]:
           "        elif sorted(rec.get(\"replicas\") or ()) != sorted(new):",
           "        elif False:",
           (f"{UNIT}::test_a_move_refused_or_overtaken_is_not_moved",)),
+        m("rebalance-cancel-keeps-added", "cluster/metastate.py cancel_reassign: the added "
+          "replica stays in the replica set (it keeps following; the log stays "
+          "under-replicated)", "cluster/metastate.py",
+          "        rec.update(replicas=[r for r in rec[\"replicas\"] if r not in added], isr=isr,",
+          "        rec.update(replicas=list(rec[\"replicas\"]), isr=isr,",
+          (f"{UNIT}::test_a_cancelled_move_gives_the_old_replicas_back_and_the_added_one_stops_"
+           "following", STUCK)),
+        m("rebalance-cancel-proposes-nothing", "meshmq/node_admin.py: the cancel route "
+          "proposes nothing (the stuck move stays)", "meshmq/node_admin.py",
+          "        results = await self._propose_moves(cmds) if cmds else []",
+          "        results = []", (STUCK,)),
     )

@@ -266,13 +266,15 @@ def _second_replica(device: str) -> str:
         n.encode() + b"\0" + device.encode(), digest_size=8).digest())
 
 
-def test_a_move_onto_a_dead_node_is_stuck_then_finishes_when_it_returns(
+def test_a_move_onto_a_dead_node_is_stuck_cancelled_then_finishes_when_it_returns(
         tmp_path: Path) -> None:
     """RF 2 over three nodes, two logs led on n0 with their other replica on n1 (n2 holds
     none): the plan moves one replica onto n2 (and the other log's leadership to n1). With
     n2 down, the CLI exits 1 once its --timeout runs out, naming the move stuck; ``cluster
     status`` lists it as STUCK (and ``meshmq_logs_reassign_stuck``); the log keeps taking
-    publishes on its old replicas meanwhile. n2 back: the move finishes by itself."""
+    publishes on its old replicas meanwhile. ``rebalance --cancel`` gives the move up: the
+    replicas are the old ones again and ``cluster status`` exits 0 with n2 still down; n2
+    back, nothing moves by itself; a new rebalance then moves the log onto n2 and finishes."""
     cluster = Cluster(tmp_path, n=3, raft=True,
                       overrides={"cluster": {"replication_factor": 2,
                                              "leader_affinity_stable": 0.0}})
@@ -311,7 +313,25 @@ def test_a_move_onto_a_dead_node_is_stuck_then_finishes_when_it_returns(
         # the log is served by its old replicas meanwhile: publishes are acknowledged
         pub.publish_all([(f"devices/{moved}/t", f"{moved}|{FIRST}".encode())], timeout=60)
 
+        # given up (KIP-455's cancel): the old replicas again, nothing stuck, nothing missing
+        cancel = _cli(n0, "rebalance", "--cancel")
+        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        assert f"cancelled the move of '{moved}': replicas back to n0/0,n1/0" \
+            in cancel.stdout, cancel.stdout
+        owner = cluster.status(1, moved)["owner"]
+        assert owner["target"] is None and owner["replicas"] == ["n0/0", "n1/0"], owner
+        wait_for(lambda: "STUCK" not in _cli(n0, "status").stdout, 30,
+                 message="no stuck move after the cancel")
+        assert n0.metric("meshmq_logs_reassigning") == 0
+        again = _cli(n0, "rebalance", "--cancel")
+        assert again.returncode == 0 and "0 moves cancelled (none in progress)" \
+            in again.stdout, again.stdout + again.stderr
+
         n2.start()
+        cluster.wait_links_up(60)
+        assert cluster.status(0, moved)["owner"]["replicas"] == ["n0/0", "n1/0"]
+        run = _cli(n0, "rebalance", "--timeout", "60", timeout=120)
+        assert run.returncode == 0, run.stdout + run.stderr
 
         def finished() -> bool:
             owner = cluster.status(0, moved)["owner"]

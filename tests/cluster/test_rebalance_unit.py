@@ -132,3 +132,37 @@ def test_a_move_refused_or_overtaken_is_not_moved() -> None:
     states, elects = progress([move], st.logs)
     assert states[0]["state"] == "not moved" and elects == []
     assert progress([dict(move, device="nope")], st.logs)[0][0]["state"] == "gone"
+
+
+def test_a_cancelled_move_gives_the_old_replicas_back_and_the_added_one_stops_following() -> None:
+    """``cancel_reassign`` (KIP-455's cancel): replicas and ISR without the added router, the
+    leader and epoch kept, a newer ISR version (news to every router: the added one stops
+    following); refused with no move in progress, at a stale epoch, and after completion."""
+    st = _state()
+    assert st.apply(["cancel_reassign", "d", 0])[0] is False  # nothing in progress
+    st.apply(["reassign", "d", 0, ["n0/0", "n1/0", "n3/0"]])
+    rec = st.logs["d"]
+    # the added replica caught up and joined the ISR before the cancel
+    st.apply(["set_isr", "d", 0, rec["isr_version"], ["n0/0", "n1/0", "n2/0", "n3/0"]])
+    before = st.logs["d"]
+    assert st.apply(["cancel_reassign", "d", 1])[0] is False  # stale epoch
+    applied, rec, _ = st.apply(["cancel_reassign", "d", 0])
+    assert applied, rec
+    assert rec["replicas"] == ["n0/0", "n1/0", "n2/0"] and rec["isr"] == ["n0/0", "n1/0", "n2/0"]
+    assert rec["leader"] == "n0/0" and rec["epoch"] == 0
+    assert rec["isr_version"] == before["isr_version"] + 1
+    assert "target" not in rec and "adding" not in rec and "removing" not in rec
+    health = log_health(st.logs, _liveness({"n0": True, "n1": True, "n2": True, "n3": False}))
+    assert health["reassign_stuck"]["count"] == 0 and health["under_replicated"]["count"] == 0
+    feed = RaftFeed(Placement(ROUTERS, "n3/0", static=False), "/nonexistent")
+    heard: list[dict] = []
+    feed.listeners.append(lambda _d, r: heard.append(r) and None)
+    feed.learn("d", before)
+    feed.learn("d", rec)
+    assert heard[-1] is rec and "n3/0" not in heard[-1]["replicas"]  # news: it stops following
+    # a completed move cannot be cancelled (no target any more)
+    st.apply(["reassign", "d", 0, ["n0/0", "n1/0", "n3/0"]])
+    rec = st.logs["d"]
+    st.apply(["set_isr", "d", 0, rec["isr_version"], ["n0/0", "n1/0", "n2/0", "n3/0"]])
+    assert st.apply(["complete_reassign", "d", 0])[0]
+    assert st.apply(["cancel_reassign", "d", 0])[0] is False
