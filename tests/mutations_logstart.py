@@ -8,12 +8,20 @@ from __future__ import annotations
 from typing import Any
 
 UNIT = "tests/commitlog/test_commitlog_logstart.py"
+CLUSTER = "tests/cluster/test_replica_log_start.py"
+WIPED = CLUSTER + "::test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead"
+AT_START = CLUSTER + "::test_a_fetch_at_the_leaders_start_with_no_epoch_is_not_diverging"
 
 
 def logstart_mutations(mutation: Any) -> tuple[Any, ...]:
     """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
     m = mutation
     return (
+        m("logstart-oor-retried", "fetcher: an out-of-range answer below the leader's start is "
+          "a failure fetched again (the replica loops forever, never rejoins the ISR)",
+          "cluster/fetcher.py",
+          "        if r.status == frames.RECORDS_OUT_OF_RANGE and r.log_start > st.log_end \\\n",
+          "        if False and r.log_start > st.log_end \\\n", (WIPED,)),
         m("logstart-reset-not-replayed", "store recovery: the reset marker (a marker above "
           "the log end) replayed as a truncation (the old records come back after a restart)",
           "commitlog/store.py",
@@ -28,9 +36,13 @@ def logstart_mutations(mutation: Any) -> tuple[Any, ...]:
           "epoch start (the restarted follower holds records of no epoch)",
           "commitlog/store.py",
           "        if offset == dev.start and table and table[0][1] < offset:\n",
-          "        if False:\n", (UNIT,)),
+          "        if False:\n", (UNIT, WIPED)),
         m("logstart-epochs-unclipped", "store.epochs lists epochs that ended before the log "
           "start (no truncateFromStart view)", "commitlog/store.py",
           "        return [(e[0], e[1]) for e in _ep.from_start(dev.epochs, dev.start)]\n",
           "        return [(e[0], e[1]) for e in dev.epochs]\n", (UNIT,)),
+        m("logstart-unversioned-below-start", "leader: a follower at the log start with no "
+          "epoch answered diverging below the start (forever)", "cluster/replication.py",
+          "    first = max(epochs[0][1] if epochs else 0, store.log_range(f.device)[0])\n",
+          "    first = epochs[0][1] if epochs else 0\n", (AT_START,)),
     )

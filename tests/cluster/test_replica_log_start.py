@@ -1,0 +1,175 @@
+"""A replica whose log ends below its leader's log start can still follow (issue 24's "offsets
+are never reused" with retention on), on a real 3-node Raft cluster, RF 3, acks=all:
+
+byte retention moves the leader's log start past 0 while a QoS 1 publisher writes; then a
+follower's node comes back with its data directory gone (a replaced disk: the same case as a
+new replica a reassignment adds). It fetches from its own end (0), below the leader's start:
+before the fix the leader answered out-of-range forever, the replica never caught up, never
+rejoined the ISR, and ``meshmq cluster status`` kept reporting the log under-replicated. Now
+(cluster/fetcher.py, ``LogStore.reset_start``, Kafka's truncateFullyAndStartAt):
+
+* the replica restarts its log empty at the leader's start, counts it
+  (``meshmq_replica_log_start_resets_total``) and logs the WARNING; it catches up, rejoins the
+  ISR, and ``meshmq cluster status`` exits 0;
+* a failover to it (the other follower frozen out of the ISR, the leader killed) loses nothing
+  acknowledged from its start on: the fetch API there returns every acked payload at its
+  offset; a replay from offset 0 is refused with 0x83 naming the range, and with
+  ``offset-reset=earliest`` it starts at the log start (as after local retention);
+* its log on disk starts where the leader's did, past 0, with the leader's records.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers.broker import wait_for
+from helpers.clients import unique
+from helpers.cluster import Cluster
+from helpers.devicelog import (
+    RETENTION_CONFIG,
+    Publisher,
+    Subscriber,
+    fetch_all,
+    log_list,
+    offsets_of,
+)
+
+from cluster import frames
+from cluster.replication import unversioned_tail
+from commitlog.settings import LogSettings
+from commitlog.store import LogStore
+
+pytestmark = pytest.mark.timeout(400)
+N = 120  # records published: ~8 KB of one device, retention keeps ~2 KB
+
+
+def _store_dir(cluster: Cluster, i: int) -> str:
+    return str(cluster.nodes[i].workdir / "data" / "router-0" / "log")
+
+
+def _owner(cluster: Cluster, i: int, device: str) -> dict:
+    return cluster.status(i, device)["owner"]
+
+
+def _status_cli(node) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshmq", "cluster", "status", "--admin",
+                           f"127.0.0.1:{node.admin_port}"], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ))
+
+
+def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
+        tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, n=3, raft=True, overrides={
+        "cluster": {"append_timeout": 5.0, "replica_lag_time_max": 1.0,
+                    "leader_affinity_stable": 0.0},
+        "commitlog": dict(RETENTION_CONFIG)})
+    n0, n1, n2 = cluster.nodes
+    frozen: list[int] = []
+    subs: list[Subscriber] = []
+    try:
+        cluster.start()
+        device = unique("lstart")
+        pub = Publisher(n0.host, n0.port, unique("pub"), window=16, timeout=60)
+        try:
+            payloads = [f"{device}-{i:05d}-".encode() + b"x" * 40 for i in range(N)]
+            acks = pub.publish_all([(f"devices/{device}/t", p) for p in payloads])
+            assert all(a.reason_code == 0 for a in acks), [a.reason_code for a in acks]
+        finally:
+            pub.close()
+        owner = _owner(cluster, 0, device)
+        assert owner["router"] == "n0/0" and len(owner["replicas"]) == 3, owner
+        wait_for(lambda: log_list(n0).get(device, (0, 0))[0] > 0, 60,
+                 message="retention moved the leader's log start past 0")
+        leader_start = log_list(n0)[device][0]
+
+        # n2 comes back with an empty disk: its log ends (at 0) below the leader's start
+        n2.stop()
+        wait_for(lambda: sorted(_owner(cluster, 0, device)["isr"]) == ["n0/0", "n1/0"], 60,
+                 message="n2 shrunk out of the ISR while it is down")
+        shutil.rmtree(_store_dir(cluster, 2))
+        n2.start()
+        cluster.wait_links_up()
+        wait_for(lambda: len(_owner(cluster, 0, device)["isr"]) == 3
+                 and log_list(n2).get(device, (0, 0))[1] == N, 120,
+                 message="n2 caught up from the leader's log start and rejoined the ISR "
+                         "(it fetches from 0, below the leader's start)")
+        assert n2.metric("meshmq_replica_log_start_resets_total") >= 1
+        assert "ends below its leader's log start" in n2.log_since(0)
+        status = _status_cli(n0)
+        assert status.returncode == 0, (status.returncode, status.stdout, status.stderr)
+
+        # failover to n2: n1 frozen out of the ISR, then the leader killed
+        frozen.append(cluster.router_pid(1))
+        os.kill(frozen[0], signal.SIGSTOP)
+        wait_for(lambda: sorted(_owner(cluster, 0, device)["isr"]) == ["n0/0", "n2/0"], 60,
+                 message="n1 shrunk out of the ISR")
+        router = cluster.router_pid(0)
+        n0.kill()
+        try:
+            os.kill(router, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        wait_for(lambda: _owner(cluster, 2, device)["router"] == "n2/0", 90,
+                 message="n2 (the only live ISR member) elected leader")
+        wait_for(lambda: log_list(n2).get(device, (0, 0))[1] == N, 60,
+                 message=f"n2's log visible up to {N}")
+        start2, end2 = log_list(n2)[device]
+        assert 0 < start2 and end2 == N, (start2, end2, leader_start)
+        recs = fetch_all(n2, device)
+        assert [(r.offset, bytes(r.payload)) for r in recs] == [
+            (o, payloads[o]) for o in range(start2, N)], "acked records lost or changed at n2"
+
+        s = Subscriber(n2.host, n2.port, unique("replay"))
+        subs.append(s)
+        ack = s.subscribe(f"devices/{device}/#", 1, offset="0")
+        assert ack.reason_codes == [0x83], f"offset 0 below start {start2}: {ack!r}"
+        s = Subscriber(n2.host, n2.port, unique("replay"))
+        subs.append(s)
+        assert s.subscribe(f"devices/{device}/#", 1, offset="0",
+                           reset="earliest").reason_codes == [1]
+        msgs = s.collect(N - start2, timeout=60)
+        assert offsets_of(msgs, device) == list(range(start2, N))
+        assert [bytes(m.payload) for m in msgs] == payloads[start2:]
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        for s in subs:
+            s.close()
+        cluster.stop()
+    with LogStore.open(_store_dir(cluster, 2)) as store:
+        start = store.log_range(device)[0]
+        assert 0 < start and store.durable_end(device) == N, (start, store.durable_end(device))
+        got = [(r.offset, bytes(r.payload))
+               for r in store.read_durable(device, start, 1 << 20, 1 << 30)]
+        assert got == [(o, payloads[o]) for o in range(start, N)]
+
+
+def test_a_fetch_at_the_leaders_start_with_no_epoch_is_not_diverging(tmp_path: Path) -> None:
+    """The leader side (``unversioned_tail``): a follower that restarted its log at the
+    leader's start fetches there with no epoch yet. "Records past the leader's first epoch
+    start" must not count the offsets below the log start, or a leader whose epoch record
+    retention took (a rebuilt index: the table is empty) answers "diverging at 0" forever and
+    the follower, which cannot truncate below its start, fetches the same offset again."""
+    with LogStore.open(str(tmp_path / "leader"), LogSettings(index_interval_bytes=64)) as st:
+        for off in range(40):
+            st.append("d", 1_000 + off, "t/d", 1, None, b"p%d" % off)
+        st.flush_sync_commit()
+        st.advance_start("d", 30)
+        start = st.log_range("d")[0]
+        assert start == 30 and st.epochs("d") == []
+
+        def fetch(offset: int) -> frames.Fetch:
+            return frames.Fetch(1, "d", offset, 100, "n2/0", -1)
+
+        assert unversioned_tail(st, fetch(start)) is None
+        div = unversioned_tail(st, fetch(35))  # records of no epoch past the start: cut
+        assert div is not None and div.end_offset == start
