@@ -2848,7 +2848,15 @@ class LogStore:
         Byte limit: each device's start advances to the first index entry leaving at most
         ``retention_bytes_per_device`` bytes. Age: the oldest sealed segments whose newest
         record is older than ``retention_ms`` are dropped, moving every device's start
-        past them. A sealed, committed segment no device still needs is deleted."""
+        past them. A sealed, committed segment no device still needs is deleted.
+
+        Neither moves a start past the device's **high-water mark** (Kafka: the log start
+        offset never passes the HW; retention deletes only below it): records not committed
+        yet (a follower has not fetched them) must not vanish before any reader or replica
+        saw them, and a follower below the start would restart there (``reset_start``) and
+        let the mark jump over them. A log whose mark is held keeps those segments until it
+        moves (counted in ``stats.retention_held_by_hwm``). On a single node the mark is the
+        durable end: nothing changes there."""
         s = self.settings
         if s.retention_bytes_per_device:
             limit = s.retention_bytes_per_device
@@ -2856,9 +2864,12 @@ class LogStore:
                 if not dev.idx_cum or dev.c_total - dev.idx_cum[0] <= limit \
                         or dev.key.startswith(INTERNAL_PREFIX):
                     continue
-                ncommitted = bisect.bisect_left(dev.idx_off, dev.durable_end)
-                j = bisect.bisect_left(dev.idx_cum, dev.c_total - limit, 0, ncommitted)
-                j = min(j, ncommitted - 1)
+                ndurable = bisect.bisect_left(dev.idx_off, dev.durable_end)
+                want = min(bisect.bisect_left(dev.idx_cum, dev.c_total - limit, 0, ndurable),
+                           ndurable - 1)
+                j = min(want, bisect.bisect_left(dev.idx_off, dev.high_watermark) - 1)
+                if j < want:
+                    self.stats.retention_held_by_hwm += 1
                 if j > 0:
                     self._set_start(dev, dev.idx_off[j], j)
         segs = self._segments
@@ -2871,7 +2882,7 @@ class LogStore:
                 else:
                     break
             if cut > segs[0].base:
-                self._advance_devices_past(cut)
+                self._advance_devices_past(cut, below_hwm=True)
         min_live = self._committed_pos
         for dev in self._devices.values():
             if dev.idx_pos and dev.idx_pos[0] < min_live:
@@ -2892,13 +2903,21 @@ class LogStore:
         self.stats.segments = len(segs)
         return deleted
 
-    def _advance_devices_past(self, pos: int) -> None:
+    def _advance_devices_past(self, pos: int, below_hwm: bool = False) -> None:
         """Move every device's start to its first record at or after store ``pos``.
         Internal state logs keep theirs (their owner compacts them): the segments they
-        still need stay until it moves their start (``advance_start``)."""
+        still need stay until it moves their start (``advance_start``). ``below_hwm``
+        (age retention): never past a device's high-water mark; its index entries from the
+        mark on stay, and so do their segments (see :meth:`apply_retention`). Recovery
+        passes False: the segments before ``pos`` are gone already."""
         for dev in self._devices.values():
             if dev.idx_pos and dev.idx_pos[0] < pos and not dev.key.startswith(INTERNAL_PREFIX):
                 j = bisect.bisect_left(dev.idx_pos, pos)
+                if below_hwm and (dev.idx_off[j] if j < len(dev.idx_pos)
+                                  else dev.durable_end) > dev.high_watermark:
+                    self.stats.retention_held_by_hwm += 1
+                    self.advance_start(dev.key, dev.high_watermark)
+                    continue
                 if j < len(dev.idx_pos):
                     self._set_start(dev, dev.idx_off[j], j)
                 else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 UNIT = "tests/commitlog/test_commitlog_logstart.py"
+RETAIN = UNIT + "::test_retention_never_moves_a_start_past_the_high_water_mark"
 CLUSTER = "tests/cluster/test_replica_log_start.py"
 WIPED = CLUSTER + "::test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead"
 AT_START = CLUSTER + "::test_a_fetch_at_the_leaders_start_with_no_epoch_is_not_diverging"
@@ -45,4 +46,13 @@ def logstart_mutations(mutation: Any) -> tuple[Any, ...]:
           "epoch answered diverging below the start (forever)", "cluster/replication.py",
           "    first = max(epochs[0][1] if epochs else 0, store.log_range(f.device)[0])\n",
           "    first = epochs[0][1] if epochs else 0\n", (AT_START,)),
+        m("logstart-bytes-past-hwm", "byte retention moves a start past the high-water mark "
+          "(records no follower fetched yet deleted)", "commitlog/store.py",
+          "                j = min(want, bisect.bisect_left(dev.idx_off, dev.high_watermark)"
+          " - 1)\n",
+          "                j = want\n", (RETAIN,)),
+        m("logstart-age-past-hwm", "age retention moves a start past the high-water mark",
+          "commitlog/store.py",
+          "                self._advance_devices_past(cut, below_hwm=True)\n",
+          "                self._advance_devices_past(cut, below_hwm=False)\n", (RETAIN,)),
     )

@@ -213,3 +213,44 @@ def test_reset_refuses_pending_appends(tmp_path: Path):
     st_.flush_sync_commit()
     st_.reset_start("d", 50)
     st_.close()
+
+
+def test_retention_never_moves_a_start_past_the_high_water_mark(tmp_path: Path):
+    """Kafka's rule (the log start never passes the HW): records a follower has not fetched
+    yet are not deleted by byte or age retention; once the mark moves, retention goes on.
+    Without it a lagging follower would find them below the leader's start, restart past
+    them (reset_start) and the mark would jump over records no reader ever saw."""
+    by_bytes = LogSettings(segment_bytes=4096, index_interval_bytes=200,
+                           tail_cache_bytes_per_device=0, retention_ms=0,
+                           retention_bytes_per_device=2000)
+    st_ = LogStore.open(str(tmp_path / "b"), by_bytes)
+    append_n(st_, "d", 100)
+    st_.set_high_watermark("d", 20)  # the ISR has fetched [0, 20) only
+    st_.apply_retention(2_000_000_000_000)
+    start = st_.log_range("d")[0]
+    assert start <= 20 and st_.stats.retention_held_by_hwm >= 1, start
+    assert [r.offset for r in st_.read_durable("d", 20, 1000)] == list(range(20, 100))
+    st_.set_high_watermark("d", 100)
+    st_.apply_retention(2_000_000_000_000)
+    assert st_.log_range("d")[0] > 20  # the mark moved: the byte limit applies again
+    st_.close()
+
+    by_age = LogSettings(segment_bytes=4096, index_interval_bytes=256,
+                         tail_cache_bytes_per_device=0, retention_ms=1000)
+    st_ = LogStore.open(str(tmp_path / "a"), by_age)
+    for _ in range(200):  # old records of two devices over several segments
+        append_n(st_, "d", 1, ts0=1_000)
+        append_n(st_, "o", 1, ts0=1_000)
+    append_n(st_, "o", 1, ts0=10**15)  # a fresh segment holding something new
+    assert len(st_.segments) > 2
+    st_.set_high_watermark("d", 5)
+    st_.set_high_watermark("o", st_.durable_end("o"))
+    segs = len(st_.segments)
+    st_.apply_retention(10**15)
+    assert st_.log_range("d")[0] <= 5 and st_.stats.retention_held_by_hwm >= 1
+    assert [r.offset for r in st_.read_durable("d", 5, 1000)] == list(range(5, 200))
+    assert st_.log_range("o")[0] > 5 and len(st_.segments) == segs  # held for "d"
+    st_.set_high_watermark("d", 200)
+    st_.apply_retention(10**15)
+    assert st_.log_range("d")[0] > 5 and len(st_.segments) < segs
+    st_.close()
