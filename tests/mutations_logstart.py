@@ -11,6 +11,7 @@ UNIT = "tests/commitlog/test_commitlog_logstart.py"
 RETAIN = UNIT + "::test_retention_never_moves_a_start_past_the_high_water_mark"
 CLUSTER = "tests/cluster/test_replica_log_start.py"
 WIPED = CLUSTER + "::test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead"
+MOVED = CLUSTER + "::test_a_replica_rebalance_adds_below_the_leaders_start_completes_the_move"
 AT_START = CLUSTER + "::test_a_fetch_at_the_leaders_start_with_no_epoch_is_not_diverging"
 
 
@@ -22,7 +23,7 @@ def logstart_mutations(mutation: Any) -> tuple[Any, ...]:
           "a failure fetched again (the replica loops forever, never rejoins the ISR)",
           "cluster/fetcher.py",
           "        if r.status == frames.RECORDS_OUT_OF_RANGE and r.log_start > st.log_end \\\n",
-          "        if False and r.log_start > st.log_end \\\n", (WIPED,)),
+          "        if False and r.log_start > st.log_end \\\n", (WIPED, MOVED)),
         m("logstart-reset-not-replayed", "store recovery: the reset marker (a marker above "
           "the log end) replayed as a truncation (the old records come back after a restart)",
           "commitlog/store.py",

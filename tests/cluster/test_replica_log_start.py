@@ -57,10 +57,10 @@ def _owner(cluster: Cluster, i: int, device: str) -> dict:
     return cluster.status(i, device)["owner"]
 
 
-def _status_cli(node) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "meshmq", "cluster", "status", "--admin",
+def _cli(node, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshmq", "cluster", *args, "--admin",
                            f"127.0.0.1:{node.admin_port}"], capture_output=True, text=True,
-                          timeout=60, env=dict(os.environ))
+                          timeout=timeout, env=dict(os.environ))
 
 
 def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
@@ -101,7 +101,7 @@ def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
                          "(it fetches from 0, below the leader's start)")
         assert n2.metric("meshmq_replica_log_start_resets_total") >= 1
         assert "ends below its leader's log start" in n2.log_since(0)
-        status = _status_cli(n0)
+        status = _cli(n0, "status")
         assert status.returncode == 0, (status.returncode, status.stdout, status.stderr)
 
         # failover to n2: n1 frozen out of the ISR, then the leader killed
@@ -151,6 +151,64 @@ def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
         got = [(r.offset, bytes(r.payload))
                for r in store.read_durable(device, start, 1 << 20, 1 << 30)]
         assert got == [(o, payloads[o]) for o in range(start, N)]
+
+
+def _second_replica(device: str) -> str:
+    """The node ``replicas_for`` (cluster/raftplace.py) gives a log led on n0 at RF 2 in a
+    three-node cluster (as tests/cluster/test_rebalance.py computes it)."""
+    import hashlib
+
+    return max(("n1", "n2"), key=lambda n: hashlib.blake2b(
+        n.encode() + b"\0" + device.encode(), digest_size=8).digest())
+
+
+def test_a_replica_rebalance_adds_below_the_leaders_start_completes_the_move(
+        tmp_path: Path) -> None:
+    """RF 2 over three nodes, two logs led on n0 with their other replica on n1, byte
+    retention past 0 on both; ``meshmq cluster rebalance`` moves one replica onto n2, whose
+    new replica fetches from 0, below the leader's start. The move must complete (the CLI
+    exits 0, ``cluster status`` exits 0) and n2's copy start at the leader's start with its
+    records (before: the move stayed "copying" until the CLI's timeout)."""
+    cluster = Cluster(tmp_path, n=3, raft=True, overrides={
+        "cluster": {"replication_factor": 2, "leader_affinity_stable": 0.0},
+        "commitlog": dict(RETENTION_CONFIG)})
+    n0, n1, n2 = cluster.nodes
+    try:
+        cluster.start()
+        base = unique("rbs")
+        devices = [d for d in (f"{base}x{k}" for k in range(200))
+                   if _second_replica(d) == "n1"][:2]
+        payloads = {d: [f"{d}|{i:05d}|".encode() + b"x" * 40 for i in range(N)]
+                    for d in devices}
+        pub = Publisher(n0.host, n0.port, unique("seed"), window=16, timeout=60)
+        try:
+            for device in devices:
+                acks = pub.publish_all([(f"devices/{device}/t", p) for p in payloads[device]],
+                                       timeout=60)
+                assert all(a.reason_code == 0 for a in acks)
+        finally:
+            pub.close()
+        for device in devices:
+            wait_for(lambda d=device: cluster.status(0, d)["owner"]["replicas"]
+                     == ["n0/0", "n1/0"], 30, message=f"{device} on n0 and n1")
+            wait_for(lambda d=device: log_list(n0).get(d, (0, 0))[0] > 0, 60,
+                     message=f"retention moved the start of {device} past 0 on n0")
+        run = _cli(n0, "rebalance", "--timeout", "90", timeout=200)
+        print(run.stdout, run.stderr)
+        assert run.returncode == 0, run.stdout + run.stderr
+        moved = [d for d in devices if "n2/0" in cluster.status(0, d)["owner"]["replicas"]]
+        assert len(moved) == 1, [cluster.status(0, d)["owner"] for d in devices]
+        assert n2.metric("meshmq_replica_log_start_resets_total") >= 1
+        status = _cli(n0, "status")
+        assert status.returncode == 0, status.stdout + status.stderr
+    finally:
+        cluster.stop()
+    with LogStore.open(_store_dir(cluster, 2)) as store:
+        device = moved[0]
+        start = store.log_range(device)[0]
+        assert 0 < start and store.durable_end(device) == N, (start, store.durable_end(device))
+        got = [bytes(r.payload) for r in store.read_durable(device, start, 1 << 20, 1 << 30)]
+        assert got == payloads[device][start:]
 
 
 def test_a_fetch_at_the_leaders_start_with_no_epoch_is_not_diverging(tmp_path: Path) -> None:
