@@ -56,4 +56,8 @@ def logstart_mutations(mutation: Any) -> tuple[Any, ...]:
           "commitlog/store.py",
           "                self._advance_devices_past(cut, below_hwm=True)\n",
           "                self._advance_devices_past(cut, below_hwm=False)\n", (RETAIN,)),
+        m("logstart-held-cursor-stuck", "a cursor held below the log start stays there (reads "
+          "out of range again and again: the session hangs)", "broker/cursors.py",
+          "        to = start if c.next < start else end\n",
+          "        to = c.next if c.next < start else end\n", (WIPED,)),
     )

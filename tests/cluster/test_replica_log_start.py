@@ -13,8 +13,10 @@ rejoined the ISR, and ``meshmq cluster status`` kept reporting the log under-rep
   ISR, and ``meshmq cluster status`` exits 0;
 * a failover to it (the other follower frozen out of the ISR, the leader killed) loses nothing
   acknowledged from its start on: the fetch API there returns every acked payload at its
-  offset; a replay from offset 0 is refused with 0x83 naming the range, and with
-  ``offset-reset=earliest`` it starts at the log start (as after local retention);
+  offset; a persistent session that held an offset retention then passed resumes there at
+  the log start (WARNING "cursor fell behind retention"), never hangs; a replay from offset 0
+  is refused with 0x83 naming the range, and with ``offset-reset=earliest`` it starts at the
+  log start (as after local retention);
 * its log on disk starts where the leader's did, past 0, with the leader's records.
 """
 
@@ -63,6 +65,15 @@ def _cli(node, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
                           timeout=timeout, env=dict(os.environ))
 
 
+def _publish(node, device: str, payloads: list[bytes]) -> None:
+    pub = Publisher(node.host, node.port, unique("pub"), window=16, timeout=60)
+    try:
+        acks = pub.publish_all([(f"devices/{device}/t", p) for p in payloads], timeout=60)
+        assert all(a.reason_code == 0 for a in acks), [a.reason_code for a in acks]
+    finally:
+        pub.close()
+
+
 def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
         tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, n=3, raft=True, overrides={
@@ -75,18 +86,12 @@ def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
     try:
         cluster.start()
         device = unique("lstart")
-        pub = Publisher(n0.host, n0.port, unique("pub"), window=16, timeout=60)
-        try:
-            payloads = [f"{device}-{i:05d}-".encode() + b"x" * 40 for i in range(N)]
-            acks = pub.publish_all([(f"devices/{device}/t", p) for p in payloads])
-            assert all(a.reason_code == 0 for a in acks), [a.reason_code for a in acks]
-        finally:
-            pub.close()
+        payloads = [f"{device}-{i:05d}-".encode() + b"x" * 40 for i in range(2 * N)]
+        _publish(n0, device, payloads[:N])
         owner = _owner(cluster, 0, device)
         assert owner["router"] == "n0/0" and len(owner["replicas"]) == 3, owner
         wait_for(lambda: log_list(n0).get(device, (0, 0))[0] > 0, 60,
                  message="retention moved the leader's log start past 0")
-        leader_start = log_list(n0)[device][0]
 
         # n2 comes back with an empty disk: its log ends (at 0) below the leader's start
         n2.stop()
@@ -104,6 +109,20 @@ def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
         status = _cli(n0, "status")
         assert status.returncode == 0, (status.returncode, status.stdout, status.stderr)
 
+        # a persistent session at n2 replays a few from the start and goes away, holding
+        # an offset that retention then passes (more publishes)
+        held_id = unique("held")
+        p = Subscriber(n2.host, n2.port, held_id, session_expiry=600)
+        subs.append(p)
+        assert p.subscribe(f"devices/{device}/#", 1, offset="earliest").reason_codes == [1]
+        held = offsets_of(p.collect(3, timeout=60), device)[:3]
+        assert held == list(range(held[0], held[0] + 3)) and held[0] > 0, held
+        p.close()
+        _publish(n0, device, payloads[N:])
+        wait_for(lambda: log_list(n0)[device][0] > held[-1] + 1
+                 and log_list(n2).get(device, (0, 0))[1] == 2 * N, 60,
+                 message="the leader's start past the held offset, n2 caught up")
+
         # failover to n2: n1 frozen out of the ISR, then the leader killed
         frozen.append(cluster.router_pid(1))
         os.kill(frozen[0], signal.SIGSTOP)
@@ -117,13 +136,22 @@ def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
             pass
         wait_for(lambda: _owner(cluster, 2, device)["router"] == "n2/0", 90,
                  message="n2 (the only live ISR member) elected leader")
-        wait_for(lambda: log_list(n2).get(device, (0, 0))[1] == N, 60,
-                 message=f"n2's log visible up to {N}")
+        wait_for(lambda: log_list(n2).get(device, (0, 0))[1] == 2 * N, 60,
+                 message=f"n2's log visible up to {2 * N}")
         start2, end2 = log_list(n2)[device]
-        assert 0 < start2 and end2 == N, (start2, end2, leader_start)
+        assert held[-1] + 1 < start2 and end2 == 2 * N, (start2, end2, held)
         recs = fetch_all(n2, device)
         assert [(r.offset, bytes(r.payload)) for r in recs] == [
-            (o, payloads[o]) for o in range(start2, N)], "acked records lost or changed at n2"
+            (o, payloads[o]) for o in range(start2, 2 * N)], "acked records lost at n2"
+
+        # the held offset is below n2's start now: the session resumes at the start
+        mark = len(n2.log_since(0))
+        p = Subscriber(n2.host, n2.port, held_id, session_expiry=600)
+        subs.append(p)
+        assert p.session_present
+        got = offsets_of(p.collect(2 * N - start2, timeout=60), device)
+        assert got == list(range(start2, 2 * N)), got
+        assert "cursor fell behind retention" in n2.log_since(mark)
 
         s = Subscriber(n2.host, n2.port, unique("replay"))
         subs.append(s)
@@ -133,8 +161,8 @@ def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
         subs.append(s)
         assert s.subscribe(f"devices/{device}/#", 1, offset="0",
                            reset="earliest").reason_codes == [1]
-        msgs = s.collect(N - start2, timeout=60)
-        assert offsets_of(msgs, device) == list(range(start2, N))
+        msgs = s.collect(2 * N - start2, timeout=60)
+        assert offsets_of(msgs, device) == list(range(start2, 2 * N))
         assert [bytes(m.payload) for m in msgs] == payloads[start2:]
     finally:
         for pid in frozen:
@@ -147,10 +175,11 @@ def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
         cluster.stop()
     with LogStore.open(_store_dir(cluster, 2)) as store:
         start = store.log_range(device)[0]
-        assert 0 < start and store.durable_end(device) == N, (start, store.durable_end(device))
+        assert 0 < start and store.durable_end(device) == 2 * N, (
+            start, store.durable_end(device))
         got = [(r.offset, bytes(r.payload))
                for r in store.read_durable(device, start, 1 << 20, 1 << 30)]
-        assert got == [(o, payloads[o]) for o in range(start, N)]
+        assert got == [(o, payloads[o]) for o in range(start, 2 * N)]
 
 
 def _second_replica(device: str) -> str:
