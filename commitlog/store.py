@@ -2421,11 +2421,13 @@ class LogStore:
             if offset <= dev.durable_end:
                 raise ValueError(f"cannot restart {key!r} at offset {offset}: not past its "
                                  f"durable end {dev.durable_end} (a start never moves back)")
-            old_end = dev.durable_end
+            old_end, old_hw = dev.durable_end, dev.high_watermark
             self._reset_state(dev, offset, self._flushed_pos)
             if dev.key in self._waiters.by_key:
-                call_all(self._waiters.take_between(key, min(old_end, dev.start) - 1,
-                                                    1 << 62), LogTruncatedError(key, old_end))
+                # every waiter above the old mark waits for a dropped record, or for one
+                # never written here: a success from the mark at the new start would be false
+                call_all(self._waiters.take_between(key, old_hw, 1 << 62),
+                         LogTruncatedError(key, old_end))
             if dev.gaps:
                 self._drop_gaps_from(dev, 0)
         ts = time.time_ns() // 1000 if timestamp_us is None else timestamp_us

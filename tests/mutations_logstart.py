@@ -60,4 +60,10 @@ def logstart_mutations(mutation: Any) -> tuple[Any, ...]:
           "out of range again and again: the session hangs)", "broker/cursors.py",
           "        to = start if c.next < start else end\n",
           "        to = c.next if c.next < start else end\n", (WIPED,)),
+        m("logstart-reset-waiters-from-end", "reset_start fails only the waiters past the old "
+          "end (one for a dropped record above the mark later succeeds falsely)",
+          "commitlog/store.py",
+          "                call_all(self._waiters.take_between(key, old_hw, 1 << 62),\n",
+          "                call_all(self._waiters.take_between(key, old_end, 1 << 62),\n",
+          (UNIT + "::test_reset_fails_the_commit_waiters_of_the_dropped_records",)),
     )

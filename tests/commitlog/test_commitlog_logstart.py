@@ -254,3 +254,21 @@ def test_retention_never_moves_a_start_past_the_high_water_mark(tmp_path: Path):
     st_.apply_retention(10**15)
     assert st_.log_range("d")[0] > 5 and len(st_.segments) < segs
     st_.close()
+
+
+def test_reset_fails_the_commit_waiters_of_the_dropped_records(tmp_path: Path):
+    """A waiter for a record the reset dropped (above the mark, below the old end) gets an
+    error, never a success when the mark later passes its offset at the new start."""
+    from commitlog.store import LogTruncatedError
+
+    st_ = LogStore.open(str(tmp_path / "f"), SMALL)
+    append_n(st_, "d", 10)
+    st_.set_high_watermark("d", 5)
+    got: list = []
+    st_.when_high_watermark("d", 8, got.append)  # record 7 (acks=all of it)
+    st_.when_high_watermark("d", 60, got.append)  # a record never written here
+    st_.reset_start("d", 50)
+    st_.flush_sync_commit()
+    st_.set_high_watermark("d", 50)
+    assert len(got) == 2 and all(isinstance(e, LogTruncatedError) for e in got), got
+    st_.close()
