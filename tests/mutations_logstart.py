@@ -12,6 +12,7 @@ RETAIN = UNIT + "::test_retention_never_moves_a_start_past_the_high_water_mark"
 CLUSTER = "tests/cluster/test_replica_log_start.py"
 WIPED = CLUSTER + "::test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead"
 MOVED = CLUSTER + "::test_a_replica_rebalance_adds_below_the_leaders_start_completes_the_move"
+OLD = CLUSTER + "::test_a_follower_down_while_retention_passed_its_end_rejoins"
 AT_START = CLUSTER + "::test_a_fetch_at_the_leaders_start_with_no_epoch_is_not_diverging"
 
 
@@ -38,7 +39,7 @@ def logstart_mutations(mutation: Any) -> tuple[Any, ...]:
           "epoch start (the restarted follower holds records of no epoch)",
           "commitlog/store.py",
           "        if offset == dev.start and table and table[0][1] < offset:\n",
-          "        if False:\n", (UNIT, WIPED)),
+          "        if False:\n", (UNIT, WIPED, OLD)),
         m("logstart-epochs-unclipped", "store.epochs lists epochs that ended before the log "
           "start (no truncateFromStart view)", "commitlog/store.py",
           "        return [(e[0], e[1]) for e in _ep.from_start(dev.epochs, dev.start)]\n",

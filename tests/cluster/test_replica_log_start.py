@@ -182,6 +182,53 @@ def test_a_wiped_follower_below_the_leaders_log_start_catches_up_and_can_lead(
         assert got == [(o, payloads[o]) for o in range(start, 2 * N)]
 
 
+def test_a_follower_down_while_retention_passed_its_end_rejoins(tmp_path: Path) -> None:
+    """Not wiped, only old: n2 holds [0, 20) with the leader's epoch when it stops; the leader
+    takes 120 more and its start passes 20. Back, n2 fetches at 20 with its last epoch (no
+    divergence: the leader's epoch goes on past 20), is refused out of range, restarts its
+    log at the leader's start (its old records and epoch table dropped, the epoch the start
+    falls in given back by the leader) and rejoins; on disk it then matches the leader from
+    its start."""
+    cluster = Cluster(tmp_path, n=3, raft=True, overrides={
+        "cluster": {"append_timeout": 5.0, "replica_lag_time_max": 1.0,
+                    "leader_affinity_stable": 0.0},
+        "commitlog": dict(RETENTION_CONFIG)})
+    n0, _n1, n2 = cluster.nodes
+    first = 20
+    try:
+        cluster.start()
+        device = unique("old")
+        payloads = [f"{device}-{i:05d}-".encode() + b"x" * 40 for i in range(first + N)]
+        _publish(n0, device, payloads[:first])
+        wait_for(lambda: log_list(n2).get(device, (0, 0))[1] == first, 60,
+                 message=f"n2 holds the first {first}")
+        n2.stop()
+        _publish(n0, device, payloads[first:])
+        wait_for(lambda: log_list(n0).get(device, (0, 0))[0] > first, 60,
+                 message=f"retention moved the leader's start past n2's end {first}")
+        n2.start()
+        cluster.wait_links_up()
+        wait_for(lambda: len(_owner(cluster, 0, device)["isr"]) == 3
+                 and log_list(n2).get(device, (0, 0))[1] == first + N, 120,
+                 message="n2 caught up from the leader's log start and rejoined the ISR "
+                         f"(it fetches from {first}, below the leader's start)")
+        assert n2.metric("meshmq_replica_log_start_resets_total") >= 1
+    finally:
+        cluster.stop()
+    stores = [LogStore.open(_store_dir(cluster, i)) for i in (0, 2)]
+    try:
+        leader, follower = stores
+        start = follower.log_range(device)[0]
+        assert first < start and follower.durable_end(device) == first + N
+        got = [(r.offset, bytes(r.payload))
+               for r in follower.read_durable(device, start, 1 << 20, 1 << 30)]
+        assert got == [(o, payloads[o]) for o in range(start, first + N)]
+        assert follower.epochs(device)[-1][0] == leader.epochs(device)[-1][0]
+    finally:
+        for st in stores:
+            st.close()
+
+
 def _second_replica(device: str) -> str:
     """The node ``replicas_for`` (cluster/raftplace.py) gives a log led on n0 at RF 2 in a
     three-node cluster (as tests/cluster/test_rebalance.py computes it)."""
