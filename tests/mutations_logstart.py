@@ -57,10 +57,10 @@ def logstart_mutations(mutation: Any) -> tuple[Any, ...]:
           "commitlog/store.py",
           "                self._advance_devices_past(cut, below_hwm=True)\n",
           "                self._advance_devices_past(cut, below_hwm=False)\n", (RETAIN,)),
-        m("logstart-held-cursor-stuck", "a cursor held below the log start stays there (reads "
-          "out of range again and again: the session hangs)", "broker/cursors.py",
+        m("logstart-held-cursor-to-end", "a cursor held below the log start skips to the log's "
+          "end (what is still there is silently dropped)", "broker/cursors.py",
           "        to = start if c.next < start else end\n",
-          "        to = c.next if c.next < start else end\n", (WIPED,)),
+          "        to = end\n", (WIPED,)),
         m("logstart-reset-waiters-from-end", "reset_start fails only the waiters past the old "
           "end (one for a dropped record above the mark later succeeds falsely)",
           "commitlog/store.py",
