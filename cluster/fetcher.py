@@ -60,7 +60,8 @@ class Fetchers:
         # the role the replica manager asked for last (a start deferred until appends are
         # durable must not revive an older one)
         self._want: dict[str, tuple[str, int]] = {}
-        self.stats = {"bytes_in": 0, "truncations": 0, "fetch_failures": 0}
+        self.stats = {"bytes_in": 0, "truncations": 0, "fetch_failures": 0,
+                      "log_start_resets": 0}
         self._log = RateLimitedLog(log, logging.WARNING, "follower fetches failed", burst=3,
                                    window=10.0)
         self.loop: asyncio.AbstractEventLoop = mesh.loop
@@ -162,6 +163,11 @@ class Fetchers:
         if r.status == frames.RECORDS_DIVERGING:
             self._truncate(device, fol, Diverging(r.diverging_epoch, r.diverging_end))
             return
+        if r.status == frames.RECORDS_OUT_OF_RANGE and r.log_start > st.log_end \
+                and r.leader_epoch == st.leader_epoch:
+            # below the leader's log start (an offset above its end is answered diverging)
+            self._restart_at(device, fol, r.log_start)
+            return
         if r.status != frames.RECORDS_OK:
             why = r.data.decode("utf-8", "replace") or f"status {r.status}"
             self._failed(device, fol, why)
@@ -223,6 +229,53 @@ class Fetchers:
                            "epoch": div.epoch})
         self.committer.request_flush()
         self._send(device, fol)
+
+    def _restart_at(self, device: str, fol: _Follow, leader_start: int) -> None:
+        """This replica's log ends below its leader's log start: retention (or
+        ``advance_start``) there deleted the offsets it would fetch next, so asking again
+        is refused forever and the replica never catches up (a new replica of a
+        reassignment, one that came back with an empty or older disk). What it holds is
+        only what the leader itself dropped; the log restarts empty at the leader's start
+        (``LogStore.reset_start``) and fetches from there: Kafka's
+        ReplicaFetcherThread.handleOffsetOutOfRange, ``truncateFullyAndStartAt(leader log
+        start)`` (KIP-107). Never backwards: only a start above this log's end gets here
+        (an offset above the leader's end is a diverged tail, answered diverging)."""
+        store, st = self.store, fol.state
+        old_start = store.log_range(device)[0] if device in store else 0
+        old_end = store.durable_end(device)
+        try:
+            store.reset_start(device, leader_start)
+        except Exception as err:  # noqa: BLE001 - appends pending here: fetched again later
+            st.log_end = store.durable_end(device)
+            self._failed(device, fol, f"restarting the log at its leader's start "
+                                      f"{leader_start} failed: {err!r}")
+            return
+        self.stats["log_start_resets"] += 1
+        log.warning("device log [%d, %d) ends below its leader's log start %d (retention or "
+                    "record deletion on the leader): its records dropped, the log restarts "
+                    "empty at %d and fetches from there. Offsets below %d exist on no replica "
+                    "any more; readers there get out-of-range (or offset-reset=earliest)",
+                    old_start, old_end, leader_start, leader_start, leader_start,
+                    extra={"device": device, "leader": st.leader, "old_end": old_end,
+                           "new_start": leader_start})
+        st.log_end = leader_start
+        st.last_fetched_epoch = -1  # no epoch here now: the leader sends the one at its start
+        fol.inflight = True  # nothing leaves before the marker is durable
+
+        def durable(exc: BaseException | None) -> None:
+            fol.inflight = False
+            if self.devices.get(device) is not fol:
+                return
+            if exc is not None:
+                st.log_end = store.durable_end(device)
+                self._failed(device, fol, f"log restart at {leader_start} not stored: {exc}")
+                return
+            # a fetch offset the leader counts must survive this replica's crash, as for
+            # fetched records: the next FETCH leaves once the restart is durable
+            self._send(device, fol)
+
+        self.committer.request_flush()
+        self.committer.when_durable(durable)
 
     # -- operations -------------------------------------------------------------------------------
     def lag(self) -> int:

@@ -95,7 +95,7 @@ class _Parked:
     timer: asyncio.TimerHandle | None = None
 
 
-def _unversioned_tail(store: Any, f: frames.Fetch) -> Diverging | None:
+def unversioned_tail(store: Any, f: frames.Fetch) -> Diverging | None:
     """A follower with records but no leader epoch at all (its log predates replication: the
     static placement wrote it) cannot show that any of them came from this log. Records it
     holds past the leader's first epoch start are cut there, and it fetches the rest with no
@@ -103,8 +103,12 @@ def _unversioned_tail(store: Any, f: frames.Fetch) -> Diverging | None:
     high-water mark; here that mark is its own durable end, which would keep all of it."""
     if f.last_epoch >= 0 or f.offset <= 0:
         return None
+    # The epochs as seen from the log start (store.epochs: Kafka's truncateFromStart), and
+    # never below the start: a follower that restarted its log at this leader's start
+    # (cluster/fetcher.py, reset_start) fetches from there with no epoch yet and holds
+    # nothing to cut; "diverging below the start" would be answered to it forever.
     epochs = store.epochs(f.device)
-    first = epochs[0][1] if epochs else 0
+    first = max(epochs[0][1] if epochs else 0, store.log_range(f.device)[0])
     return Diverging(-1, first) if f.offset > first else None
 
 
@@ -378,7 +382,7 @@ class ReplicaManager:
             return
         store = self.store
         end = store.durable_end(device)
-        div = _unversioned_tail(store, f) or led.state.on_fetch(
+        div = unversioned_tail(store, f) or led.state.on_fetch(
             f.replica, f.offset, f.last_epoch, end, partial(store.end_offset_for_epoch, device),
             time.monotonic())
         self._publish_hw(device, led)

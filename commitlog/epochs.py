@@ -93,6 +93,24 @@ def truncate_from(table: list[EpochEntry] | None, offset: int) -> None:
         table.pop()
 
 
+def from_start(table: list[EpochEntry] | None, log_start: int) -> list[EpochEntry]:
+    """The table as seen from a log that starts at ``log_start`` (Kafka's
+    ``LeaderEpochFileCache.truncateFromStart``, as a view): epochs that ended before the
+    start are gone, and the one the start falls in starts there. A follower that restarted
+    its log at the leader's start (``LogStore.reset_start``) holds exactly this, so the
+    leader's and the follower's lookups agree on every offset they both hold."""
+    if not table:
+        return []
+    i = bisect.bisect_right([e[1] for e in table], log_start) - 1
+    if i < 0:
+        return list(table)
+    out = list(table[i:])
+    e = out[0]
+    if e[1] < log_start:
+        out[0] = (e[0], log_start, e[2], e[3])
+    return out
+
+
 def end_offset_for(table: list[EpochEntry] | None, epoch: int, log_end: int) -> tuple[int, int]:
     """Kafka's OffsetsForLeaderEpoch on one log: ``(E', end)`` where E' is the largest
     epoch <= ``epoch`` in the table and ``end`` the start offset of the next epoch after

@@ -19,7 +19,8 @@ class LogStats:
         "appends", "append_bytes", "batches", "batch_records_sum", "fsyncs",
         "fsync_seconds_sum", "fsync_buckets", "fsync_recent_s", "fsync_errors",
         "write_errors", "recovery_truncations", "recovery_truncated_bytes",
-        "retention_segments_deleted", "retention_bytes_deleted", "segments",
+        "retention_segments_deleted", "retention_bytes_deleted", "retention_held_by_hwm",
+        "segments",
         "segments_rolled", "tail_cache_hits", "tail_cache_misses", "tail_cache_bytes",
         "tail_cache_evictions", "disk_reads", "checkpoints", "index_rebuilds",
         "writable", "corrupt_records", "corrupt_bytes",
@@ -40,6 +41,9 @@ class LogStats:
         self.recovery_truncated_bytes = 0
         self.retention_segments_deleted = 0
         self.retention_bytes_deleted = 0
+        # retention passes that left a device's start at its high-water mark (not committed
+        # past it yet: a lagging follower or a held ISR), instead of where the limit said
+        self.retention_held_by_hwm = 0
         self.segments = 0
         self.segments_rolled = 0
         self.tail_cache_hits = 0

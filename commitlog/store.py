@@ -904,7 +904,10 @@ class LogStore:
                     if off < dev.start:
                         bad = "truncation marker below the log start"
                         continue
-                    self._truncate_state(dev, off, pos + p)
+                    if off > dev.next:  # only reset_start writes a marker past the end
+                        self._reset_state(dev, off, pos + p)
+                    else:
+                        self._truncate_state(dev, off, pos + p)
                 elif off != dev.next and not (skipped and off > dev.next):
                     bad = f"offset {off} of {dev.key!r} where {dev.next} was expected"
                     continue
@@ -2383,6 +2386,80 @@ class LogStore:
         self._pend_n += 1
         self._pend_bound += HEADER_SIZE + len(dev.kb)
 
+    def reset_start(self, key: str, offset: int, timestamp_us: int | None = None) -> None:
+        """Drop every record of ``key`` and restart its log **empty at** ``offset``: log
+        start = durable end = log end = ``offset``, no leader epochs (Kafka's
+        ``Log.truncateFullyAndStartAt``). What a follower does when its fetch offset fell
+        below its leader's log start (retention or ``advance_start`` on the leader, KIP-107):
+        the records it holds are ones the leader itself no longer has, and the offsets
+        between its end and ``offset`` exist nowhere any more; keeping the old records
+        would leave a hole no fetch can fill, and fetching from its own end is refused
+        forever (cluster/fetcher.py).
+
+        Only forward: ``offset`` must be past the durable end (a start never moves back and
+        an offset is never reused; a log that must *shrink* is :meth:`truncate`'s). Like a
+        truncation it writes a control record (a marker at ``offset`` above the log's end,
+        which recovery replays as this reset: see ``_scan_tail``); it becomes durable with
+        the next sync. A crash before that recovers the old log whole (a fetch then finds
+        it below the leader's start again and resets again); after it, the reset log. The
+        checkpoint records the new start and end directly. Commit waiters of the dropped
+        records fail with LogTruncatedError. Raises LogStoreError while the key has
+        uncommitted appends, ValueError for an offset not past the durable end."""
+        if self._broken is not None:
+            raise LogWriteError(getattr(self._broken, "errno", None),
+                                f"commit log is failing: {self._broken}") from self._broken
+        dev = self._devices.get(key)
+        if dev is None:
+            if offset <= 0:
+                return
+            # a new log: recovery meets the marker first and starts the log at its offset
+            dev = self._devices[key] = DeviceLog(key, offset)
+        else:
+            if dev.next != dev.durable_end or dev.raw is not None \
+                    or (dev.pend is not None and len(dev.pend) > dev.n_ctl):
+                raise LogStoreError(f"{key!r} has uncommitted appends; commit before resetting")
+            if offset <= dev.durable_end:
+                raise ValueError(f"cannot restart {key!r} at offset {offset}: not past its "
+                                 f"durable end {dev.durable_end} (a start never moves back)")
+            old_end, old_hw = dev.durable_end, dev.high_watermark
+            self._reset_state(dev, offset, self._flushed_pos)
+            if dev.key in self._waiters.by_key:
+                # every waiter above the old mark waits for a dropped record, or for one
+                # never written here: a success from the mark at the new start would be false
+                call_all(self._waiters.take_between(key, old_hw, 1 << 62),
+                         LogTruncatedError(key, old_end))
+            if dev.gaps:
+                self._drop_gaps_from(dev, 0)
+        ts = time.time_ns() // 1000 if timestamp_us is None else timestamp_us
+        pend = dev.pend
+        if pend is None:
+            pend = dev.pend = []
+            self._pend_devs.append(dev)
+        # only control records can be pending here: the marker follows them, in order
+        pend.append(_new_record(Record, (offset, ts, key, "", 0, (), b"")))
+        dev.n_ctl += 1
+        self._pend_n += 1
+        self._pend_bound += HEADER_SIZE + len(dev.kb)
+
+    def _reset_state(self, dev: DeviceLog, offset: int, boundary: int) -> None:
+        """In-memory side of :meth:`reset_start` (and of its marker, in recovery): empty at
+        ``offset``. The marker ``(boundary, offset)`` makes any record written before it at
+        an offset >= ``offset`` stale (an older truncation may have left such records on
+        disk, which a reader of the new records' segment must not take for them)."""
+        dev.drop_index_before(len(dev.idx_off))
+        dev.markers = [(boundary, offset)]
+        dev.mk = None
+        dev.epochs = None  # Kafka's truncateFullyAndStartAt clears the epoch cache too
+        if dev.replicated_hw >= 0:
+            dev.replicated_hw = offset
+        dev.next = dev.durable_end = dev.start = offset
+        dev.since_idx = 0
+        dev.seg_base = -1  # the next record gets an index entry past the marker
+        dev.c_total, dev.c_since, dev.c_seg, dev.c_max = (
+            dev.total, dev.since_idx, dev.seg_base, dev.max_ts)
+        self._drop_cache(dev)
+        dev.cache_start = offset
+
     def _drop_gaps_from(self, dev: DeviceLog, offset: int) -> None:
         """A truncation to ``offset`` gives the offsets from there to new records (a replica
         fetching them again from its leader): quarantine gaps there named records that are
@@ -2500,9 +2577,13 @@ class LogStore:
             call_all(self._waiters.take_between(dev.key, end, old_end), exc)
 
     def epochs(self, key: str) -> list[tuple[int, int]]:
-        """The leader epoch table of ``key``: ``[(epoch, start offset)]``, oldest first."""
+        """The leader epoch table of ``key``: ``[(epoch, start offset)]``, oldest first, from
+        the log start (epochs that ended before it are left out, and the one it falls in
+        starts there: Kafka's truncateFromStart, ``epochs.from_start``)."""
         dev = self._devices.get(key)
-        return [(e[0], e[1]) for e in dev.epochs] if dev is not None and dev.epochs else []
+        if dev is None or not dev.epochs:
+            return []
+        return [(e[0], e[1]) for e in _ep.from_start(dev.epochs, dev.start)]
 
     def latest_epoch(self, key: str) -> int:
         """The latest leader epoch of ``key``; -1 if it never had one."""
@@ -2724,7 +2805,14 @@ class LogStore:
         recs = self._read(dev, offset, end, max_records, max_bytes)
         nxt = recs[-1][0] + 1 if recs else offset
         committed = self._committed_pos
-        eps = [e for e in dev.epochs or () if 0 <= e[3] < committed and e[0] > last_epoch
+        table = dev.epochs or ()
+        if offset == dev.start and table and table[0][1] < offset:
+            # Read from the log start that retention moved into an epoch: that epoch starts
+            # here for the reader (epochs.from_start), so a follower restarting its log at
+            # this start (reset_start) gets the epoch its records belong to, as Kafka's
+            # truncated-from-start epoch cache would give it.
+            table = _ep.from_start(table, offset)
+        eps = [e for e in table if 0 <= e[3] < committed and e[0] > last_epoch
                and offset <= e[1] <= nxt and (e[1] < nxt or nxt == end)]
         kb = dev.kb
         if not eps:
@@ -2762,7 +2850,15 @@ class LogStore:
         Byte limit: each device's start advances to the first index entry leaving at most
         ``retention_bytes_per_device`` bytes. Age: the oldest sealed segments whose newest
         record is older than ``retention_ms`` are dropped, moving every device's start
-        past them. A sealed, committed segment no device still needs is deleted."""
+        past them. A sealed, committed segment no device still needs is deleted.
+
+        Neither moves a start past the device's **high-water mark** (Kafka: the log start
+        offset never passes the HW; retention deletes only below it): records not committed
+        yet (a follower has not fetched them) must not vanish before any reader or replica
+        saw them, and a follower below the start would restart there (``reset_start``) and
+        let the mark jump over them. A log whose mark is held keeps those segments until it
+        moves (counted in ``stats.retention_held_by_hwm``). On a single node the mark is the
+        durable end: nothing changes there."""
         s = self.settings
         if s.retention_bytes_per_device:
             limit = s.retention_bytes_per_device
@@ -2770,9 +2866,12 @@ class LogStore:
                 if not dev.idx_cum or dev.c_total - dev.idx_cum[0] <= limit \
                         or dev.key.startswith(INTERNAL_PREFIX):
                     continue
-                ncommitted = bisect.bisect_left(dev.idx_off, dev.durable_end)
-                j = bisect.bisect_left(dev.idx_cum, dev.c_total - limit, 0, ncommitted)
-                j = min(j, ncommitted - 1)
+                ndurable = bisect.bisect_left(dev.idx_off, dev.durable_end)
+                want = min(bisect.bisect_left(dev.idx_cum, dev.c_total - limit, 0, ndurable),
+                           ndurable - 1)
+                j = min(want, bisect.bisect_left(dev.idx_off, dev.high_watermark) - 1)
+                if j < want:
+                    self.stats.retention_held_by_hwm += 1
                 if j > 0:
                     self._set_start(dev, dev.idx_off[j], j)
         segs = self._segments
@@ -2785,7 +2884,7 @@ class LogStore:
                 else:
                     break
             if cut > segs[0].base:
-                self._advance_devices_past(cut)
+                self._advance_devices_past(cut, below_hwm=True)
         min_live = self._committed_pos
         for dev in self._devices.values():
             if dev.idx_pos and dev.idx_pos[0] < min_live:
@@ -2806,13 +2905,21 @@ class LogStore:
         self.stats.segments = len(segs)
         return deleted
 
-    def _advance_devices_past(self, pos: int) -> None:
+    def _advance_devices_past(self, pos: int, below_hwm: bool = False) -> None:
         """Move every device's start to its first record at or after store ``pos``.
         Internal state logs keep theirs (their owner compacts them): the segments they
-        still need stay until it moves their start (``advance_start``)."""
+        still need stay until it moves their start (``advance_start``). ``below_hwm``
+        (age retention): never past a device's high-water mark; its index entries from the
+        mark on stay, and so do their segments (see :meth:`apply_retention`). Recovery
+        passes False: the segments before ``pos`` are gone already."""
         for dev in self._devices.values():
             if dev.idx_pos and dev.idx_pos[0] < pos and not dev.key.startswith(INTERNAL_PREFIX):
                 j = bisect.bisect_left(dev.idx_pos, pos)
+                if below_hwm and (dev.idx_off[j] if j < len(dev.idx_pos)
+                                  else dev.durable_end) > dev.high_watermark:
+                    self.stats.retention_held_by_hwm += 1
+                    self.advance_start(dev.key, dev.high_watermark)
+                    continue
                 if j < len(dev.idx_pos):
                     self._set_start(dev, dev.idx_off[j], j)
                 else:

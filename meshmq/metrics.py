@@ -257,6 +257,9 @@ _LOG_COUNTERS = (
      "Segment files deleted by retention."),
     ("retention_bytes_deleted", "meshmq_log_retention_deleted_bytes_total",
      "Bytes of segment files deleted by retention."),
+    ("retention_held_by_hwm", "meshmq_log_retention_held_by_hwm_total",
+     "Retention passes that kept a device log's start at its high-water mark: records not "
+     "yet committed (a follower behind) are never deleted; their segments wait for it."),
     ("recovery_truncations", "meshmq_log_recovery_truncations_total",
      "Torn or corrupt tails cut off by recovery at start (each logged as a WARNING)."),
     ("recovery_truncated_bytes", "meshmq_log_recovery_truncated_bytes_total",

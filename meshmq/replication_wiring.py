@@ -139,6 +139,11 @@ def replication_metrics(manager: Any, fetchers: Any, store: Any) -> Iterable[Met
     truncations = CounterMetricFamily("meshmq_replica_truncations", "Diverged tails truncated "
                                       "on this router's follower logs.",
                                       value=fetchers.stats["truncations"])
+    resets = CounterMetricFamily("meshmq_replica_log_start_resets", "Follower logs restarted "
+                                 "empty at their leader's log start because they ended below "
+                                 "it (retention or record deletion on the leader; see the "
+                                 "WARNING naming the device).",
+                                 value=fetchers.stats["log_start_resets"])
     failures = CounterMetricFamily("meshmq_replica_fetch_failures", "Follower fetches that "
                                    "failed or were refused (fetched again).",
                                    value=fetchers.stats["fetch_failures"])
@@ -166,5 +171,5 @@ def replication_metrics(manager: Any, fetchers: Any, store: Any) -> Iterable[Met
                                     "fsync to the high-water mark passing it (what acks=all "
                                     "adds to an ack).", buckets=buckets,
                                     sum_value=manager.latency_sum)
-    return [lag, following, under, isr, nbytes, truncations, failures, refused, lost, waiting,
-            latency]
+    return [lag, following, under, isr, nbytes, truncations, resets, failures, refused, lost,
+            waiting, latency]
