@@ -491,9 +491,10 @@ class MeshLink:
 
     def _on_entries(self, entries: list[frames.Entry]) -> None:
         fresh, resent = self.inbound.fresh_of(entries)
-        for entry in resent:
-            if entry.kind == _APPEND:
-                self._answer_again(entry.seq)
+        if resent:  # processed before: an APPEND among them is answered with its outcome
+            for entry in resent:
+                if entry.kind == frames.APPEND:
+                    self._answer_again(entry.seq)
         retained = 0
         for entry in fresh:
             if entry.kind == _RETAIN or entry.kind == _RETAIN_SYNC:
