@@ -79,6 +79,7 @@ class GuardTransport(ListTransport):
         self.bytes_out = 0
         self.target = 0
         self.reached: asyncio.Future | None = None
+        self.failed = ""  # why the watchdog gave up (then every wait fails at once)
 
     def write(self, data: Any) -> None:
         self.out.append(bytes(data))
@@ -89,11 +90,20 @@ class GuardTransport(ListTransport):
 
     def wait_for(self, total: int) -> asyncio.Future:
         fut = asyncio.get_running_loop().create_future()
-        if self.bytes_out >= total:
+        if self.failed:
+            fut.set_exception(SystemExit(self.failed))
+        elif self.bytes_out >= total:
             fut.set_result(None)
         else:
             self.target, self.reached = total, fut
         return fut
+
+    def give_up(self, why: str) -> None:
+        """The watchdog: a waiter that would wait for ever (messages lost) fails instead."""
+        self.failed = why
+        if self.reached is not None:
+            self.reached.set_exception(SystemExit(why))
+            self.reached = None
 
     def close(self) -> None:
         if not self.closed:
@@ -252,15 +262,23 @@ async def _drive_crossing(a: Node, b: Node, rounds: int) -> tuple[CallCounter, i
         sub_t.out.clear()
         pub_t.out.clear()
 
-    for _ in range(max(5, rounds // 5)):
-        await one_round()
-    await _until(lambda: not link.inflight, "crossing: warm-up entries never acknowledged")
-    before = b.stats.messages_out
-    with CallCounter() as counter:
-        for _ in range(rounds):
+    # one timer for the whole run, not a timeout per round (that would be counted): a message
+    # lost on the way (none may be, on a healthy link) fails the guard instead of hanging it
+    watchdog = asyncio.get_running_loop().call_later(300, lambda: sub_t.give_up(
+        f"crossing: messages not delivered across the link within 300 s (delivered "
+        f"{b.stats.messages_out}, link {link.stats})"))
+    try:
+        for _ in range(max(5, rounds // 5)):
             await one_round()
-        while link.inflight:  # the last round's ACK, counted like every other round's
-            await asyncio.sleep(0)
+        await _until(lambda: not link.inflight, "crossing: warm-up entries never acknowledged")
+        before = b.stats.messages_out
+        with CallCounter() as counter:
+            for _ in range(rounds):
+                await one_round()
+            while link.inflight:  # the last round's ACK, counted like every other round's
+                await asyncio.sleep(0)
+    finally:
+        watchdog.cancel()
     delivered = b.stats.messages_out - before
     expected = rounds * BATCH
     if delivered != expected or link.stats["msgs_out"] < expected:
