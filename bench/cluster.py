@@ -630,6 +630,32 @@ def _extra(w: str, r: dict | None) -> str:
     return "; ".join(bits)
 
 
+def _us_per_msg(doc: dict, w: str) -> float | None:
+    """Broker CPU per delivered message of ``w``'s median run (None: not run, or no rate)."""
+    r = _median_run(doc, w)
+    if not r or not r.get("value") or "broker_cpu" not in r:
+        return None
+    return r.get("us_per_msg") or r["broker_cpu"] * 1e6 / r["value"]
+
+
+def crossing_costs(doc: dict) -> list[tuple[float, str]]:
+    """What a message crossing a link costs in broker CPU on top of a local delivery (issue
+    25's target: at most 4 us), from the median runs: ``scale`` (the extra CPU per message of
+    2 routers over 1, divided by the share of messages that crossed) and ``mesh`` (3 nodes,
+    every message crossing once, over the single node's QoS 0)."""
+    out = []
+    r1, r2 = _us_per_msg(doc, "scale_r1"), _us_per_msg(doc, "scale_r2")
+    share = (_median_run(doc, "scale_r2") or {}).get("crossed_link_share")
+    if r1 is not None and r2 is not None and share:
+        out.append(((r2 - r1) / share, f"scale: ({r2:.1f} - {r1:.1f} us/msg) / "
+                                       f"{share * 100:.0f}% crossed"))
+    single, mesh = _us_per_msg(doc, "single_qos0"), _us_per_msg(doc, "mesh_qos0")
+    if single is not None and mesh is not None:
+        out.append((mesh - single, f"mesh: {mesh:.1f} (mesh_qos0) - {single:.1f} "
+                                   "(single_qos0) us/msg, every message crossing once"))
+    return out
+
+
 def tables(doc: dict) -> list[tuple[list[str], list[list[str]]]]:
     main = []
     for w, (label, unit, _) in WORKLOADS.items():
@@ -645,6 +671,7 @@ def tables(doc: dict) -> list[tuple[list[str], list[list[str]]]]:
            or r["result"] == "N/A"]
     cpu = [[w, _cpu_cell(_median_run(doc, w), w), _extra(w, _median_run(doc, w))]
            for w in WORKLOADS if GROUP_OF[w] in doc["groups"]]
+    cpu += [["crossing", f"{us:.1f} us/crossing", how] for us, how in crossing_costs(doc)]
     return [(["workload", "what", "median", "per round", "load avg (1 min) per round"], main),
             (["ratio", "median", "per round", "target", "result"], rat),
             (["workload (median run)", "CPU, % of one core (us/msg: broker CPU per message)",

@@ -23,6 +23,13 @@ Workloads (each a fixed script):
 - ``qos0``: 1 publisher -> 1 subscriber, QoS 0, a topic that is not logged.
 - ``qos1``: 1 publisher -> 1 subscriber, QoS 1 on a device topic: logged, fsynced, acked.
 - ``fanout``: 1 publisher -> 50 subscribers of one QoS 0 topic (the cost is per *delivery*).
+- ``crossing``: a mesh crossing (issue 25): two routers of one cluster node (``routers = 2``,
+  static placement) started in this process on one event loop, linked by their real mesh link
+  (loopback TCP, the real handshake, frames and window); 1 QoS 0 publisher on router 0 -> 1
+  subscriber on router 1, so every message is parsed and routed on router 0, crosses the link
+  as a DELIVER entry (encode, window, ACK) and is decoded, routed and written on router 1.
+  Both routers' work is counted (one thread); ``crossing`` minus ``qos0`` is what a crossing
+  adds on top of a local delivery, printed as such.
 
 The budget (``bench/cost_budget.json``) holds the accepted cost of each; ``--check`` fails
 (exit 1) naming each workload whose count rose more than ``TOLERANCE`` above it; a change that
@@ -56,7 +63,70 @@ BUDGET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cost_budget.j
 TOLERANCE = 0.10  # a rise above 10 % fails: well above the run-to-run spread (see _spread)
 BATCH = 100
 FANOUT = 50
-WORKLOADS = ("qos0", "qos1", "fanout")
+WORKLOADS = ("qos0", "qos1", "fanout", "crossing")
+TOPIC_QOS0 = "bench/cost/telemetry"  # bench/# is not logged (brokers.meshmq_config)
+
+
+class GuardTransport(ListTransport):
+    """A ``ListTransport`` that closes like a socket (the router's drain waits for
+    ``connection_lost``: without it every node's stop waited the drain's full 5 s) and can
+    tell a waiter once ``bytes_out`` bytes were written (the crossing's sentinel: no polling
+    loop, whose iterations would vary with the machine's load, runs while counting)."""
+
+    def __init__(self, protocol: Any) -> None:
+        super().__init__()
+        self.protocol = protocol
+        self.bytes_out = 0
+        self.target = 0
+        self.reached: asyncio.Future | None = None
+        self.failed = ""  # why the watchdog gave up (then every wait fails at once)
+
+    def write(self, data: Any) -> None:
+        self.out.append(bytes(data))
+        self.bytes_out += len(data)
+        if self.reached is not None and self.bytes_out >= self.target:
+            self.reached.set_result(None)
+            self.reached = None
+
+    def wait_for(self, total: int) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        if self.failed:
+            fut.set_exception(SystemExit(self.failed))
+        elif self.bytes_out >= total:
+            fut.set_result(None)
+        else:
+            self.target, self.reached = total, fut
+        return fut
+
+    def give_up(self, why: str) -> None:
+        """The watchdog: a waiter that would wait for ever (messages lost) fails instead."""
+        self.failed = why
+        if self.reached is not None:
+            self.reached.set_exception(SystemExit(why))
+            self.reached = None
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            asyncio.get_running_loop().call_soon(self.protocol.connection_lost, None)
+
+    abort = close
+
+
+def _client(node: Node) -> tuple[Connection, GuardTransport]:
+    conn = Connection(node.router, node.stats.listener("tcp"), node.stats)
+    t = GuardTransport(conn)
+    conn.connection_made(t)
+    return conn, t
+
+
+async def _until(ready: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Set-up waits (never while counting): generous, for a loaded CI box."""
+    for _ in range(int(timeout / 0.005)):
+        if ready():
+            return
+        await asyncio.sleep(0.005)
+    raise SystemExit(f"{what} after {timeout:.0f} s")
 
 
 class CallCounter:
@@ -94,16 +164,11 @@ class CallCounter:
 
 async def _drive(node: Node, workload: str, rounds: int) -> tuple[CallCounter, int]:
     """Run ``rounds`` measured rounds (after warm-up rounds); returns (counts, messages)."""
-    listener = node.stats.listener("tcp")
-
-    def connection() -> tuple[Connection, ListTransport]:
-        conn = Connection(node.router, listener, node.stats)
-        t = ListTransport()
-        conn.connection_made(t)
-        return conn, t
+    def connection() -> tuple[Connection, GuardTransport]:
+        return _client(node)
 
     qos = 1 if workload == "qos1" else 0
-    topic = "devices/cost-0001/telemetry" if workload == "qos1" else "bench/cost/telemetry"
+    topic = "devices/cost-0001/telemetry" if workload == "qos1" else TOPIC_QOS0
     nsubs = FANOUT if workload == "fanout" else 1
     subs = []
     for i in range(nsubs):
@@ -163,19 +228,99 @@ async def _drive(node: Node, workload: str, rounds: int) -> tuple[CallCounter, i
     return counter, expected
 
 
+async def _drive_crossing(a: Node, b: Node, rounds: int) -> tuple[CallCounter, int]:
+    """Publisher on router ``a``, subscriber on router ``b``: every message crosses the link.
+    Each round: ``BATCH`` QoS 0 PUBLISH packets in one read at ``a``, then a wait (one future,
+    no polling) until ``b`` wrote them all to its subscriber."""
+    peer = b.mesh.rid
+    await _until(lambda: a.mesh.links[peer].state == "up"
+                 and b.mesh.links[a.mesh.rid].state == "up", "crossing: mesh link not up")
+    sub, sub_t = _client(b)
+    sub.data_received(P.connect("cost-sub-0"))
+    sub.data_received(P.subscribe(1, [(TOPIC_QOS0, 0)]))
+    pub, pub_t = _client(a)
+    pub.data_received(P.connect("cost-pub"))
+    # the SUBACK, the CONNACK, and b's route for the filter known at a (a ROUTES frame)
+    await _until(lambda: bool(pub_t.out) and b"\x90" in b"".join(sub_t.out)
+                 and bool(a.mesh.routes.peers_for(TOPIC_QOS0)),
+                 "crossing: clients not connected or the route not known at the publisher's")
+    sub_t.out.clear()
+    link = a.mesh.links[peer]
+    batch = P.publish(TOPIC_QOS0, b"x" * 64, 0) * BATCH
+    per_message = 0
+
+    async def one_round() -> None:
+        nonlocal per_message
+        start, delivered = sub_t.bytes_out, b.stats.messages_out
+        pub.data_received(batch)
+        if not per_message:  # the first warm-up round learns the size of one delivery
+            await _until(lambda: b.stats.messages_out - delivered >= BATCH,
+                         "crossing: nothing delivered across the link")
+            await asyncio.sleep(0.01)  # its last write (the router flushes once per tick)
+            per_message = (sub_t.bytes_out - start) // BATCH
+        await sub_t.wait_for(start + per_message * BATCH)
+        sub_t.out.clear()
+        pub_t.out.clear()
+
+    # one timer for the whole run, not a timeout per round (that would be counted): a message
+    # lost on the way (none may be, on a healthy link) fails the guard instead of hanging it
+    watchdog = asyncio.get_running_loop().call_later(300, lambda: sub_t.give_up(
+        f"crossing: messages not delivered across the link within 300 s (delivered "
+        f"{b.stats.messages_out}, link {link.stats})"))
+    try:
+        for _ in range(max(5, rounds // 5)):
+            await one_round()
+        await _until(lambda: not link.inflight, "crossing: warm-up entries never acknowledged")
+        before = b.stats.messages_out
+        with CallCounter() as counter:
+            for _ in range(rounds):
+                await one_round()
+            while link.inflight:  # the last round's ACK, counted like every other round's
+                await asyncio.sleep(0)
+    finally:
+        watchdog.cancel()
+    delivered = b.stats.messages_out - before
+    expected = rounds * BATCH
+    if delivered != expected or link.stats["msgs_out"] < expected:
+        raise SystemExit(f"crossing: delivered {delivered} messages, expected {expected} "
+                         f"(link entries sent: {link.stats['msgs_out']})")
+    return counter, expected
+
+
+def _crossing_config(work: str) -> str:
+    """One node, ``routers = 2`` meshing on loopback (the config each router runs is made by
+    ``router_config``, as the supervisor's routers do); static placement: no Raft process."""
+    from bench.cluster import free_port_range  # (not imported by the single-node workloads)
+
+    return meshmq_config(os.path.join(work, "data"), 0, 0) + "\n".join([
+        "", "[cluster]", 'name = "costguard"', "routers = 2", 'secret = "costguard-secret"',
+        'placement = "static"', f"port = {free_port_range(2)}", ""])
+
+
 async def measure(workload: str, rounds: int, data_dir: str | None) -> dict[str, float]:
-    """Calls and instructions per message (per delivery for fan-out), on a fresh node."""
+    """Calls and instructions per message (per delivery for fan-out), on a fresh node (two
+    routers of one for the crossing)."""
+    from meshmq.router_proc import router_config
+
     work = tempfile.mkdtemp(dir=data_dir, prefix=f"costguard-{workload}-")
     try:
         path = os.path.join(work, "meshmq.toml")
         with open(path, "w") as f:
-            f.write(meshmq_config(os.path.join(work, "data"), 0, 0))
-        node = Node(load_config(path, {}))
-        await node.start()
+            f.write(_crossing_config(work) if workload == "crossing"
+                    else meshmq_config(os.path.join(work, "data"), 0, 0))
+        config = load_config(path, {})
+        nodes = ([Node(router_config(config, r), r) for r in range(2)]
+                 if workload == "crossing" else [Node(config)])
         try:
-            counter, messages = await _drive(node, workload, rounds)
+            for node in nodes:
+                await node.start()
+            if workload == "crossing":
+                counter, messages = await _drive_crossing(nodes[0], nodes[1], rounds)
+            else:
+                counter, messages = await _drive(nodes[0], workload, rounds)
         finally:
-            await node.stop()
+            for node in nodes:
+                await node.stop()
         return {"calls": round(counter.calls / messages, 1),
                 "instructions": round(counter.instructions / messages, 1)}
     finally:
@@ -244,6 +389,9 @@ def main(argv: list[str] | None = None, report: Callable[[str], None] = print) -
         report(f"{w}: " + ", ".join(
             f"{v:.1f} {k}" + (f" (budget {b[k]:.1f})" if k in b else "")
             for k, v in sorted(c.items())) + " per message")
+    if "crossing" in costs and "qos0" in costs:  # issue 25: what a crossing adds
+        report("a crossing adds, over a local QoS 0 delivery: " + ", ".join(
+            f"{costs['crossing'][k] - costs['qos0'][k]:.1f} {k}" for k in sorted(costs["qos0"])))
     if args.update:
         write_budget({**budget, **costs})
         report(f"budget written to {BUDGET}")

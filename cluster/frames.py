@@ -76,8 +76,10 @@ at version 3 an APPEND's 4-byte epoch: an APPEND goes to one link, its log's lea
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.protocol.packets import PacketType
 from broker.protocol.properties import decode_properties, encode_properties
@@ -233,9 +235,10 @@ def encode_refuse(why: str) -> bytes:
 
 
 # -- entries ---------------------------------------------------------------------------------
-@dataclass(slots=True)
-class Entry:
-    """One decoded entry; the receiver turns it into a broker Message."""
+class Entry(NamedTuple):
+    """One decoded entry; the receiver turns it into a broker Message. A tuple (it was a
+    slots dataclass): the C decoder (``cluster/_speedups.c``) builds it without running any
+    Python, and its fields read as fast; nothing changes an entry once decoded."""
 
     seq: int
     kind: int
@@ -250,6 +253,25 @@ class Entry:
     expiry: int | None  # seconds left of the v5 message expiry, None = never
     group: tuple[str, str] | None = None  # SHARE: (share name, filter)
     epoch: int = -1  # APPEND at version 3: the leader epoch the sender believes (-1: not said)
+
+
+# The compiled entry codec (cluster/_speedups.c, optional like broker/protocol's): the plain
+# case of decoding an ENTRIES frame and of encoding an entry body without properties; the
+# Python below stays the reference (and raises every FrameError). CLUSTER_PURE_PYTHON=1, or a
+# failed build, runs Python only.
+_speedups = None
+if os.environ.get("CLUSTER_PURE_PYTHON", "").strip() in ("", "0"):
+    try:
+        from cluster import _speedups
+    except ImportError:  # not built (optional extension): pure Python
+        _speedups = None
+if _speedups is not None:
+    _speedups.setup(Entry)
+SPEEDUPS: bool = _speedups is not None
+"""True when the compiled entry codec is in use."""
+# Looked up at call time, so a test can switch them off with monkeypatch.
+c_decode_run = _speedups.decode_run if _speedups else None
+c_entry_body = _speedups.entry_body if _speedups else None
 
 
 def entry_body(kind: int, topic: str, payload: bytes, qos: int, retain: bool,
@@ -314,7 +336,10 @@ def _decode_entries(body: bytes, epochs: bool, all_epochs: bool = False) -> list
     p = 4
     out: list[Entry] = []
     n = len(body)
-    for _ in range(count):
+    # the plain entries in C (cluster/_speedups.c); from the first other one on, Python
+    if c_decode_run is not None and type(body) is bytes:
+        p = c_decode_run(body, p, count, 2 if all_epochs else 1 if epochs else 0, out)
+    for _ in range(count - len(out)):
         seq, kind, flags, tlen = _ENTRY_HEAD.unpack_from(body, p)
         p += _ENTRY_HEAD.size
         epoch = -1

@@ -168,6 +168,26 @@ class InboundSequence:
         self.received = seq
         return True
 
+    def fresh_of(self, entries: list[frames.Entry]) -> tuple[list[frames.Entry],
+                                                            list[frames.Entry]]:
+        """``fresh`` over a frame's entries, in order: (the fresh ones, the resent ones).
+        One call per frame instead of one per entry; a frame of new entries in seq order (what
+        a sender writes, but after a reconnect) comes back as it is, without a copy."""
+        received = self.received
+        for entry in entries:
+            seq = entry.seq
+            if seq <= received:
+                break
+            received = seq
+        else:
+            self.received = received
+            return entries, []
+        fresh: list[frames.Entry] = []
+        resent: list[frames.Entry] = []
+        for entry in entries:
+            (fresh if self.fresh(entry.seq) else resent).append(entry)
+        return fresh, resent
+
     def hold(self, seq: int) -> list:
         slot = [seq, False]
         self._held.append(slot)
@@ -195,6 +215,9 @@ class MeshLink:
         self.address = address
         self.conn: LinkConnection | None = None
         self.state = "down"
+        # set by the mesh while this link waits in its flush of this tick (Mesh.want_flush):
+        # a link never sets it itself, so a host that does not set it is called every time
+        self.flush_wanted = False
         self.since = time.time()
         self.reconnects = 0
         # the mesh protocol version negotiated by the current (or last) connection: every
@@ -258,7 +281,8 @@ class MeshLink:
         self.next_seq += 1
         self.unsent.append(out)
         self.queued_bytes += out.size
-        self.mesh.want_flush(self)
+        if not self.flush_wanted:  # the mesh's flush of this tick is already scheduled
+            self.mesh.want_flush(self)
         return True
 
     def send_routes(self, changes: list[tuple[int, str, str | None]]) -> None:
@@ -288,26 +312,35 @@ class MeshLink:
         if self.requests:
             parts.extend(self.requests)
             self.requests = []
-        window = self.mesh.settings.link_window
         unsent = self.unsent
         inflight = self.inflight
+        room = self.mesh.settings.link_window - len(inflight)
+        if unsent and room > 0:
+            # what the window lets go, moved at once (a popleft and an append per entry were
+            # two calls per crossing message): all of the queue when it fits, as it mostly does
+            if len(unsent) <= room:
+                going: Any = unsent
+                self.unsent = deque()
+            else:
+                going = [unsent.popleft() for _ in range(room)]
+            inflight.extend(going)
+        else:
+            going = ()
         batch: list[bytes] = []
         size = 0
         sent = 0
         retained = 0  # RETAIN/RETAIN_SYNC: state kept everywhere, not publishes (msgs_out)
         epochs = self.version >= _V_EPOCHS
         all_epochs = self.version >= _V_DELIVER_EPOCHS
-        while unsent and len(inflight) < window:
-            out = unsent.popleft()
-            inflight.append(out)
+        for out in going:
             if out.kind == _RETAIN or out.kind == _RETAIN_SYNC:
                 retained += 1
             flags, tlen = out.head
+            # the shared body is not copied into a per-link entry
             if all_epochs or (epochs and out.kind == _APPEND):
-                batch.append(entry_head_epoch(out.seq, out.kind, flags, tlen, out.epoch))
+                batch += (entry_head_epoch(out.seq, out.kind, flags, tlen, out.epoch), out.body)
             else:
-                batch.append(entry_head(out.seq, out.kind, flags, tlen))
-            batch.append(out.body)  # the shared body is not copied into a per-link entry
+                batch += (entry_head(out.seq, out.kind, flags, tlen), out.body)
             size += out.size
             sent += 1
             if size >= _MAX_ENTRIES_FRAME:
@@ -460,14 +493,13 @@ class MeshLink:
             raise frames.FrameError(f"unexpected frame type {ftype} on an established link")
 
     def _on_entries(self, entries: list[frames.Entry]) -> None:
-        fresh = []
-        retained = 0
-        for entry in entries:
-            if not self.inbound.fresh(entry.seq):
+        fresh, resent = self.inbound.fresh_of(entries)
+        if resent:  # processed before: an APPEND among them is answered with its outcome
+            for entry in resent:
                 if entry.kind == frames.APPEND:
                     self._answer_again(entry.seq)
-                continue
-            fresh.append(entry)
+        retained = 0
+        for entry in fresh:
             if entry.kind == _RETAIN or entry.kind == _RETAIN_SYNC:
                 retained += 1
         self.stats["msgs_in"] += len(fresh) - retained

@@ -49,6 +49,7 @@ from commitlog.store import LogWriteError
 log = logging.getLogger("cluster.mesh")
 
 _ROUTE_OP = {True: frames.ROUTE_ADD, False: frames.ROUTE_DEL}
+_DELIVER = frames.DELIVER
 # each router's own $SYS view (broker/systopics.py): never forwarded; $SYS/brokers/<node>/<r>/
 # (every router's status, named) is
 _LOCAL_SYS = "$SYS/broker/"
@@ -193,6 +194,9 @@ class Mesh:
 
     # -- batching ---------------------------------------------------------------------------
     def want_flush(self, link: MeshLink) -> None:
+        # ``flush_wanted`` lets the link skip this call for its 2nd..Nth entry of a tick (it
+        # was two calls per crossing message): set only here, with the link in ``_dirty``
+        link.flush_wanted = True
         self._dirty.add(link)
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self._flush)
@@ -200,6 +204,8 @@ class Mesh:
     def _flush(self) -> None:
         self._flush_handle = None
         dirty, self._dirty = self._dirty, set()
+        for link in dirty:  # all first: a flush that raises must not leave a link marked
+            link.flush_wanted = False  # as wanting a flush that is no longer scheduled
         for link in dirty:
             link.flush()
 
@@ -270,8 +276,15 @@ class Mesh:
         if not peers or msg.topic.startswith(_LOCAL_SYS):
             return
         # a logged message carries its log position: a peer's offset subscription needs it for
-        # the seam between the history it reads and live delivery (devicelogs.ReplayCursor)
-        head, body = self.encode(msg, frames.DELIVER, msg.device)
+        # the seam between the history it reads and live delivery (devicelogs.ReplayCursor).
+        # The plain case (no properties, no expiry) in one C call, as ``encode`` would do it.
+        body_of = frames.c_entry_body
+        encoded = (body_of(msg.topic, msg.payload, msg.qos, msg.retain, msg.origin,
+                           msg.device, msg.offset, None, None)
+                   if body_of is not None and not msg.properties and msg.expiry_at is None
+                   else None)
+        head, body = (encoded if encoded is not None
+                      else self.encode(msg, frames.DELIVER, msg.device))
         # the epoch it is routed at: a receiver that knows a newer one drops it (protocol 4)
         epoch = 0 if msg.device is None else self.placement.epoch_of(msg.device)
         for peer in peers:  # a full link counts and logs what it drops (MeshLink.enqueue)
@@ -279,6 +292,8 @@ class Mesh:
 
     def share(self, msg: Message, groups: list) -> list:
         """Which router's members of each matching group get ``msg`` (cluster/shares.py)."""
+        if not self.routes.has_groups:  # no peer has members: the local groups (one call less
+            return groups  # per routed message, almost every one)
         return self.shares.share(msg, groups)
 
     def hand_on(self, msg: Message, key: tuple[str, str]) -> bool:
@@ -348,6 +363,12 @@ class Mesh:
                 ) -> tuple[tuple[int, int], bytes]:
         if expiry is None and msg.expiry_at is not None:
             expiry = msg.remaining_expiry()
+        if not msg.properties and frames.c_entry_body is not None:
+            # the same bytes in one C call (cluster/_speedups.c); None: a payload not bytes
+            encoded = frames.c_entry_body(msg.topic, msg.payload, msg.qos, msg.retain,
+                                          msg.origin, device, msg.offset, expiry, group)
+            if encoded is not None:
+                return encoded
         flags, tlen, body = frames.entry_body(
             kind, msg.topic, msg.payload, msg.qos, msg.retain, msg.properties, msg.origin,
             device, msg.offset, expiry, group)
@@ -359,6 +380,12 @@ class Mesh:
         now = time.monotonic()
         for e in entries:
             try:
+                if e.kind == _DELIVER and e.device is None and e.expiry is None:
+                    # the plain DELIVER (an unlogged publish, no expiry), inline: ``_apply``
+                    # would do exactly this, one call later
+                    router.route(Message(e.topic, e.payload, e.qos, e.retain, e.properties,
+                                         None, e.origin), False)
+                    continue
                 self._apply(link, router, e, now)
             except Exception as err:  # noqa: BLE001 - one bad entry must not wedge the link:
                 # raising here would close it, and the resend after the reconnect would fail

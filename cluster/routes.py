@@ -20,6 +20,9 @@ class RouteTable:
         self._by_peer: dict[str, set[Route]] = {}
         self._peers_cache: dict[str, tuple[str, ...]] = {}
         self._groups = 0
+        # whether any peer has shared-subscription members: a plain attribute, read for every
+        # routed message (skips the groups' walk); a property was one more call per message
+        self.has_groups = False
 
     def __len__(self) -> int:
         return len(self.trie)
@@ -33,17 +36,13 @@ class RouteTable:
         for flt, group in routes:
             self.add(peer, flt, group)
 
-    @property
-    def has_groups(self) -> bool:
-        """Whether any peer has shared-subscription members (skips a walk per message)."""
-        return self._groups > 0
-
     def add(self, peer: str, flt: str, group: str | None) -> None:
         held = self._by_peer.setdefault(peer, set())
         if (flt, group) in held:
             return
         held.add((flt, group))
         self._groups += group is not None
+        self.has_groups = self._groups > 0
         self.trie.add(flt, peer, True, group)
         self._peers_cache.clear()
 
@@ -53,6 +52,7 @@ class RouteTable:
             return
         held.discard((flt, group))
         self._groups -= group is not None
+        self.has_groups = self._groups > 0
         self.trie.remove(flt, peer, group)
         self._peers_cache.clear()
 
@@ -60,6 +60,7 @@ class RouteTable:
         for flt, group in self._by_peer.pop(peer, ()):
             self._groups -= group is not None
             self.trie.remove(flt, peer, group)
+        self.has_groups = self._groups > 0
         self._peers_cache.clear()
 
     def peers_for(self, topic: str) -> tuple[str, ...]:

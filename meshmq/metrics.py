@@ -340,8 +340,10 @@ class _CommitLogCollector(Collector):
 
 def fast_paths() -> dict[str, bool]:
     """Which optional C extensions this process runs (False: built without a compiler, or
-    switched off with BROKER_PURE_PYTHON / COMMITLOG_PURE_PYTHON)."""
-    return {"codec": codec.SPEEDUPS, "commitlog": record.SPEEDUPS}
+    switched off with BROKER_PURE_PYTHON / COMMITLOG_PURE_PYTHON / CLUSTER_PURE_PYTHON)."""
+    from cluster import frames  # the mesh entry codec (cluster/_speedups.c, issue 25)
+
+    return {"codec": codec.SPEEDUPS, "commitlog": record.SPEEDUPS, "mesh": frames.SPEEDUPS}
 
 
 def _fast_path_gauges() -> list[Metric]:

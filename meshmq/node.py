@@ -179,7 +179,7 @@ class Node:
             log.warning("running the pure-Python %s (its optional C extension is not built or "
                         "is switched off): expect more CPU per message. Reinstall with a C "
                         "compiler and the Python headers (pip install -e .) to build it, and "
-                        "unset BROKER_PURE_PYTHON / COMMITLOG_PURE_PYTHON",
+                        "unset BROKER_PURE_PYTHON / COMMITLOG_PURE_PYTHON / CLUSTER_PURE_PYTHON",
                         " and ".join(slow), extra={"pure_python": slow})
         # Listeners open last: the first client must not wait behind the start-up work above
         # (gc.collect took ~50 ms), and "ready" is logged as they start accepting.

@@ -29,7 +29,9 @@ def test_cluster_bench_quick_produces_numbers(tmp_path: Path) -> None:
     # the baseline sends the stopped n1 nothing; the stall fills its link and drops
     assert by["stall_idle"]["n1_link"]["dropped_total"] == 0, by["stall_idle"]["n1_link"]
     assert by["stall_full"]["n1_link"]["dropped_total"] > 0, by["stall_full"]["n1_link"]
-    assert (out / "cluster-latest.md").read_text().count("|") > 10
+    md = (out / "cluster-latest.md").read_text()
+    assert md.count("|") > 10
+    assert "us/crossing" in md  # issue 25: a crossing's CPU over a local delivery, printed
 
 
 def test_replicated_group_quick_produces_numbers(tmp_path: Path) -> None:
@@ -70,3 +72,22 @@ def test_loop_lag_p99_is_taken_from_the_window_not_the_total() -> None:
     after = {0.001: 10000.0, 0.05: 10100.0, float("inf"): 10100.0}
     assert lag_p99(before, after) == 50.0
     assert lag_p99(after, after) is None
+
+
+def test_crossing_cost_is_the_extra_cpu_per_crossed_message() -> None:
+    """Issue 25: the bench prints what a crossing costs over a local delivery, from the median
+    runs: 2 routers' extra us/msg over 1 router's, per crossed message; mesh minus single."""
+    from bench.cluster import crossing_costs
+
+    def run(w: str, value: float, cpu: float, **extra: float) -> dict:
+        return {"workload": w, "round": 1,
+                "result": {"status": "ok", "value": value, "broker_cpu": cpu, **extra}}
+
+    doc = {"runs": [run("scale_r1", 100_000, 0.8),  # 8 us/msg
+                    run("scale_r2", 100_000, 1.1, crossed_link_share=0.5),  # 11 us/msg
+                    run("single_qos0", 100_000, 0.8),  # 8 us/msg
+                    run("mesh_qos0", 50_000, 0.6)]}  # 12 us/msg
+    (scale, how), (mesh, _) = crossing_costs(doc)
+    assert round(scale, 6) == 6.0 and "50% crossed" in how  # (11 - 8) / 0.5
+    assert round(mesh, 6) == 4.0
+    assert crossing_costs({"runs": []}) == []

@@ -25,6 +25,19 @@ def test_hot_paths_within_their_cost_budget() -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+def test_a_crossing_on_the_pure_python_entry_codec_delivers_every_message() -> None:
+    # the crossing workload with cluster/_speedups.c switched off: the Python entry codec
+    # (the fallback of a build without a compiler) carries every message across the real
+    # link; the guard exits non-zero when one is missing (no budget check: counts differ)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CLUSTER_PURE_PYTHON="1")
+    out = subprocess.run([sys.executable, "-m", "bench.costguard", "--workload", "crossing",
+                          "--rounds", "5"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    print(out.stdout, out.stderr)
+    assert out.returncode == 0 and "crossing:" in out.stdout, out.stdout + out.stderr
+
+
 def test_over_budget_names_the_workload_and_count() -> None:
     budget = {"qos0": {"calls": 20.0, "instructions": 500.0}}
     assert over_budget({"qos0": {"calls": 21.9, "instructions": 549.0}}, budget) == []

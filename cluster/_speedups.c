@@ -1,0 +1,397 @@
+/* Optional compiled fast path of the mesh link's entry codec (cluster/frames.py).
+
+   A message that crosses a link is encoded into an entry body by the router that routed it and
+   decoded from an ENTRIES frame by the router that delivers it. In Python each side took a
+   dozen calls per entry (struct packs and unpacks, str encode/decode, a slice per field, the
+   Entry object): about 2.2 us of the ~11 us a crossing cost (issue 25). This file does the
+   plain case of both in C, as broker/protocol/_speedups.c does for the MQTT parse loop:
+
+   - decode_run() is the plain case of frames._decode_entries' loop: entries without MQTT 5
+     properties. It stops, without consuming it, at the first entry that is anything else:
+     properties (decoded by broker/protocol/properties.py), a field running past the frame,
+     text that is not UTF-8. frames._decode_entries then decodes the rest in Python, which
+     stays the reference and raises every FrameError. So this code never raises a protocol
+     error itself and only ever produces what the Python loop would have produced
+     (tests/cluster/test_frames_speedups.py checks that, entry by entry, on generated
+     frames, malformed ones included).
+   - entry_body() is frames.entry_body for a message without properties (the caller checks):
+     the same bytes, one call.
+
+   CLUSTER_PURE_PYTHON=1, or a failed build, runs the Python code only. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define F_RETAIN 0x04
+#define F_PROPS 0x08
+#define F_ORIGIN 0x10
+#define F_DEVICE 0x20
+#define F_EXPIRY 0x40
+#define F_GROUP 0x80
+#define KIND_APPEND 1
+
+static PyTypeObject *EntryType = NULL;
+
+/* setup(Entry): the entry class decode_run builds (a NamedTuple of 13 fields). */
+static PyObject *py_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1 || !PyType_Check(args[0])
+            || !PyType_IsSubtype((PyTypeObject *)args[0], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "setup(Entry): a tuple subclass");
+        return NULL;
+    }
+    Py_XSETREF(EntryType, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_RETURN_NONE;
+}
+
+static inline unsigned long long be64(const unsigned char *p)
+{
+    unsigned long long v = 0;
+    for (int i = 0; i < 8; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static inline unsigned long be32(const unsigned char *p)
+{
+    return ((unsigned long)p[0] << 24) | ((unsigned long)p[1] << 16)
+        | ((unsigned long)p[2] << 8) | p[3];
+}
+
+/* A u16-prefixed UTF-8 string at *p (bounds-checked against n). Returns a new reference, or
+   NULL with no exception set when it does not fit or is not UTF-8 (Python then decodes the
+   entry and raises), or NULL with an exception set on a real error (memory). ``last`` caches
+   the previous string read at this field: one router's entries repeat the same origin and
+   device names. */
+typedef struct { const unsigned char *b; Py_ssize_t n; PyObject *s; } Cached;
+
+static PyObject *read_text(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p,
+                           Py_ssize_t len, Cached *last)
+{
+    Py_ssize_t at = *p;
+    if (len < 0) {
+        if (at + 2 > n)
+            return NULL;
+        len = ((Py_ssize_t)d[at] << 8) | d[at + 1];
+        at += 2;
+    }
+    if (at + len > n)
+        return NULL;
+    const unsigned char *b = d + at;
+    PyObject *s;
+    if (last->s != NULL && last->n == len && memcmp(last->b, b, len) == 0) {
+        s = Py_NewRef(last->s);
+    } else {
+        s = PyUnicode_DecodeUTF8((const char *)b, len, NULL);
+        if (s == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                PyErr_Clear();
+            return NULL;
+        }
+        Py_XSETREF(last->s, Py_NewRef(s));
+        last->b = b;
+        last->n = len;
+    }
+    *p = at + len;
+    return s;
+}
+
+/* decode_run(body: bytes, pos: int, count: int, epochs: int, out: list) -> int
+
+   Appends up to ``count`` plain entries starting at ``pos`` to ``out`` as Entry tuples and
+   returns the position of the first byte it did not consume. ``epochs``: 0 no epoch in any
+   head (version 2), 1 in an APPEND's head (version 3), 2 in every head (version 4). */
+static PyObject *py_decode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyBytes_Check(args[0]) || !PyList_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "decode_run(bytes, pos, count, epochs, list)");
+        return NULL;
+    }
+    if (EntryType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "decode_run: setup() was not called");
+        return NULL;
+    }
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    long epochs = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (pos < 0)
+        pos = n;
+    PyObject *out = args[4];
+    Cached topics = {NULL, 0, NULL}, origins = {NULL, 0, NULL}, devices = {NULL, 0, NULL};
+    PyObject *fields[13];
+    int failed = 0;
+
+    for (Py_ssize_t k = 0; k < count; k++) {
+        Py_ssize_t p = pos;
+        if (p + 12 > n)
+            break;
+        unsigned long long seq = be64(d + p);
+        unsigned kind = d[p + 8], flags = d[p + 9];
+        Py_ssize_t tlen = ((Py_ssize_t)d[p + 10] << 8) | d[p + 11];
+        p += 12;
+        long long epoch = -1;
+        if (epochs == 2 || (epochs == 1 && kind == KIND_APPEND)) {
+            if (p + 4 > n)
+                break;
+            epoch = (long long)be32(d + p);
+            p += 4;
+        }
+        if (flags & F_PROPS)
+            break;  /* MQTT 5 properties: the Python decoder */
+        memset(fields, 0, sizeof(fields));
+        fields[2] = read_text(d, n, &p, tlen, &topics);
+        if (fields[2] == NULL)
+            goto stop;
+        if (p + 4 > n)
+            goto stop;
+        Py_ssize_t plen = (Py_ssize_t)be32(d + p);
+        p += 4;
+        if (p + plen > n)
+            goto stop;
+        fields[3] = PyBytes_FromStringAndSize((const char *)d + p, plen);
+        if (fields[3] == NULL)
+            goto stop;
+        p += plen;
+        if (flags & F_ORIGIN) {
+            fields[7] = read_text(d, n, &p, -1, &origins);
+            if (fields[7] == NULL)
+                goto stop;
+        }
+        long long offset = -1;
+        if (flags & F_DEVICE) {
+            fields[8] = read_text(d, n, &p, -1, &devices);
+            if (fields[8] == NULL || p + 8 > n)
+                goto stop;
+            offset = (long long)be64(d + p);
+            p += 8;
+        }
+        if (flags & F_EXPIRY) {
+            if (p + 4 > n)
+                goto stop;
+            fields[10] = PyLong_FromUnsignedLong(be32(d + p));
+            if (fields[10] == NULL)
+                goto stop;
+            p += 4;
+        }
+        if (flags & F_GROUP) {
+            Cached none1 = {NULL, 0, NULL}, none2 = {NULL, 0, NULL};
+            PyObject *name = read_text(d, n, &p, -1, &none1);
+            Py_XDECREF(none1.s);
+            if (name == NULL)
+                goto stop;
+            PyObject *flt = read_text(d, n, &p, -1, &none2);
+            Py_XDECREF(none2.s);
+            if (flt == NULL) {
+                Py_DECREF(name);
+                goto stop;
+            }
+            fields[11] = PyTuple_Pack(2, name, flt);
+            Py_DECREF(name);
+            Py_DECREF(flt);
+            if (fields[11] == NULL)
+                goto stop;
+        }
+        fields[0] = PyLong_FromUnsignedLongLong(seq);
+        fields[1] = PyLong_FromLong(kind);
+        fields[4] = PyLong_FromLong(flags & 0x03);
+        fields[5] = Py_NewRef((flags & F_RETAIN) ? Py_True : Py_False);
+        fields[6] = Py_NewRef(Py_None);
+        if (fields[7] == NULL)
+            fields[7] = Py_NewRef(Py_None);
+        if (fields[8] == NULL)
+            fields[8] = Py_NewRef(Py_None);
+        fields[9] = PyLong_FromLongLong(offset);
+        if (fields[10] == NULL)
+            fields[10] = Py_NewRef(Py_None);
+        if (fields[11] == NULL)
+            fields[11] = Py_NewRef(Py_None);
+        fields[12] = PyLong_FromLongLong(epoch);
+        if (!fields[0] || !fields[1] || !fields[4] || !fields[9] || !fields[12])
+            goto stop;
+        /* a NamedTuple instance without its Python __new__: a tuple of the subclass */
+        PyObject *entry = EntryType->tp_alloc(EntryType, 13);
+        if (entry == NULL)
+            goto stop;
+        for (int i = 0; i < 13; i++)
+            PyTuple_SET_ITEM(entry, i, fields[i]);  /* steals each */
+        int appended = PyList_Append(out, entry);
+        Py_DECREF(entry);
+        if (appended < 0) {
+            failed = 1;
+            break;
+        }
+        pos = p;
+        continue;
+    stop:
+        for (int i = 0; i < 13; i++)
+            Py_XDECREF(fields[i]);
+        if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            failed = 1;
+        else
+            PyErr_Clear();
+        break;
+    }
+    Py_XDECREF(topics.s);
+    Py_XDECREF(origins.s);
+    Py_XDECREF(devices.s);
+    if (failed)
+        return NULL;
+    return PyLong_FromSsize_t(pos);
+}
+
+/* Appends a u16-prefixed UTF-8 copy of ``s`` at *w (``raw``: its UTF-8 and length). */
+static unsigned char *put_text(unsigned char *w, const char *raw, Py_ssize_t len)
+{
+    w[0] = (unsigned char)(len >> 8);
+    w[1] = (unsigned char)len;
+    memcpy(w + 2, raw, len);
+    return w + 2 + len;
+}
+
+static int utf8_of(PyObject *s, const char **raw, Py_ssize_t *len, Py_ssize_t max)
+{
+    if (!PyUnicode_Check(s)) {
+        PyErr_SetString(PyExc_TypeError, "entry_body: expected str");
+        return -1;
+    }
+    *raw = PyUnicode_AsUTF8AndSize(s, len);
+    if (*raw == NULL)
+        return -1;
+    if (*len > max) {  /* struct.pack(">H") raises struct.error in Python: do the same */
+        PyErr_SetString(PyExc_OverflowError, "entry_body: string longer than 65535 bytes");
+        return -1;
+    }
+    return 0;
+}
+
+/* entry_body(topic, payload, qos, retain, origin, device, offset, expiry, group)
+       -> ((flags, topic length), body), or None when the payload is not bytes
+
+   frames.entry_body for a message without properties (the caller checks), the same bytes. */
+static PyObject *py_entry_body(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "entry_body(topic, payload, qos, retain, origin, "
+                        "device, offset, expiry, group)");
+        return NULL;
+    }
+    if (!PyUnicode_Check(args[0]) || !PyBytes_Check(args[1]))
+        Py_RETURN_NONE;  /* a bytearray or memoryview payload: frames.entry_body does it */
+    const char *topic, *origin = NULL, *device = NULL, *gname = NULL, *gflt = NULL;
+    Py_ssize_t tlen, olen = 0, dlen = 0, glen1 = 0, glen2 = 0;
+    Py_ssize_t plen = PyBytes_GET_SIZE(args[1]);
+    long qos = PyLong_AsLong(args[2]);
+    int retain = PyObject_IsTrue(args[3]);
+    if ((qos == -1 && PyErr_Occurred()) || retain < 0)
+        return NULL;
+    /* the topic length travels in the 16-bit head field */
+    if (utf8_of(args[0], &topic, &tlen, 65535) < 0)
+        return NULL;
+    if (plen > 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_OverflowError, "entry_body: payload over 4 GiB");
+        return NULL;
+    }
+    unsigned flags = (unsigned)qos | (retain ? F_RETAIN : 0);
+    Py_ssize_t size = tlen + 4 + plen;
+    if (args[4] != Py_None) {
+        if (utf8_of(args[4], &origin, &olen, 65535) < 0)
+            return NULL;
+        flags |= F_ORIGIN;
+        size += 2 + olen;
+    }
+    long long offset = 0;
+    if (args[5] != Py_None) {
+        if (utf8_of(args[5], &device, &dlen, 65535) < 0)
+            return NULL;
+        offset = PyLong_AsLongLong(args[6]);
+        if (offset == -1 && PyErr_Occurred())
+            return NULL;
+        flags |= F_DEVICE;
+        size += 2 + dlen + 8;
+    }
+    unsigned long expiry = 0;
+    if (args[7] != Py_None) {
+        expiry = PyLong_AsUnsignedLong(args[7]);
+        if (expiry == (unsigned long)-1 && PyErr_Occurred())
+            return NULL;
+        if (expiry > 0xFFFFFFFFUL) {
+            PyErr_SetString(PyExc_OverflowError, "entry_body: expiry over 32 bits");
+            return NULL;
+        }
+        flags |= F_EXPIRY;
+        size += 4;
+    }
+    if (args[8] != Py_None) {
+        if (!PyTuple_Check(args[8]) || PyTuple_GET_SIZE(args[8]) != 2) {
+            PyErr_SetString(PyExc_TypeError, "entry_body: group is a (name, filter) tuple");
+            return NULL;
+        }
+        if (utf8_of(PyTuple_GET_ITEM(args[8], 0), &gname, &glen1, 65535) < 0
+                || utf8_of(PyTuple_GET_ITEM(args[8], 1), &gflt, &glen2, 65535) < 0)
+            return NULL;
+        flags |= F_GROUP;
+        size += 4 + glen1 + glen2;
+    }
+    PyObject *body = PyBytes_FromStringAndSize(NULL, size);
+    if (body == NULL)
+        return NULL;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(body);
+    memcpy(w, topic, tlen);
+    w += tlen;
+    w[0] = (unsigned char)(plen >> 24);
+    w[1] = (unsigned char)(plen >> 16);
+    w[2] = (unsigned char)(plen >> 8);
+    w[3] = (unsigned char)plen;
+    memcpy(w + 4, PyBytes_AS_STRING(args[1]), plen);
+    w += 4 + plen;
+    if (origin != NULL)
+        w = put_text(w, origin, olen);
+    if (device != NULL) {
+        w = put_text(w, device, dlen);
+        unsigned long long u = (unsigned long long)offset;
+        for (int i = 7; i >= 0; i--) {
+            w[i] = (unsigned char)u;
+            u >>= 8;
+        }
+        w += 8;
+    }
+    if (flags & F_EXPIRY) {
+        w[0] = (unsigned char)(expiry >> 24);
+        w[1] = (unsigned char)(expiry >> 16);
+        w[2] = (unsigned char)(expiry >> 8);
+        w[3] = (unsigned char)expiry;
+        w += 4;
+    }
+    if (gname != NULL) {
+        w = put_text(w, gname, glen1);
+        w = put_text(w, gflt, glen2);
+    }
+    PyObject *res = Py_BuildValue("((In)N)", flags, tlen, body);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"setup", (PyCFunction)(void (*)(void))py_setup, METH_FASTCALL,
+     "setup(Entry): the entry class to build."},
+    {"decode_run", (PyCFunction)(void (*)(void))py_decode_run, METH_FASTCALL,
+     "The plain-entry loop of frames._decode_entries (see the C source)."},
+    {"entry_body", (PyCFunction)(void (*)(void))py_entry_body, METH_FASTCALL,
+     "frames.entry_body for a message without properties (see the C source)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "cluster._speedups",
+    "Compiled fast path of the mesh entry codec (optional; see cluster/frames.py).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}
