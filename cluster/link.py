@@ -46,6 +46,7 @@ from cluster.fencing import Fenced
 from cluster.frames import entry_head, entry_head_epoch
 from cluster.handshake import Established
 from cluster.idempotence import ResendCheck
+from cluster.inbound import InboundSequence
 from cluster.outcomes import AppendTimeout, Outcomes
 from cluster.routes import RouteTable
 from cluster.settings import ClusterSettings
@@ -138,73 +139,6 @@ class Out:
         # APPEND: (device, message, expiry), to send it to the log's next leader instead
         # when the leadership moves while it waits (cluster/appendmove.py)
         self.retry = retry
-
-
-class InboundSequence:
-    """What this router processed of one peer incarnation's entries (sans-I/O).
-
-    ``fresh`` drops an entry at or below what was processed (a resend after a reconnect);
-    ``ack_point`` is the cumulative ACK: every entry up to it is processed, and for an APPEND
-    that means durable, so an APPEND appended but not yet fsynced holds the ACK back (``hold``
-    / ``release``). After a reconnect the peer resends everything above the ACK point, which
-    may include APPENDs already appended and waiting for their fsync: ``fresh`` is what keeps
-    them from being stored twice.
-    """
-
-    def __init__(self) -> None:
-        self.incarnation = b""
-        self.received = 0
-        self._held: deque[list] = deque()  # [seq, released] in seq order
-
-    def reset(self, incarnation: bytes) -> None:
-        """A new incarnation of the peer: its seqs start again from 1."""
-        self.incarnation = incarnation
-        self.received = 0
-        self._held.clear()
-
-    def fresh(self, seq: int) -> bool:
-        if seq <= self.received:
-            return False
-        self.received = seq
-        return True
-
-    def fresh_of(self, entries: list[frames.Entry]) -> tuple[list[frames.Entry],
-                                                            list[frames.Entry]]:
-        """``fresh`` over a frame's entries, in order: (the fresh ones, the resent ones).
-        One call per frame instead of one per entry; a frame of new entries in seq order (what
-        a sender writes, but after a reconnect) comes back as it is, without a copy."""
-        received = self.received
-        for entry in entries:
-            seq = entry.seq
-            if seq <= received:
-                break
-            received = seq
-        else:
-            self.received = received
-            return entries, []
-        fresh: list[frames.Entry] = []
-        resent: list[frames.Entry] = []
-        for entry in entries:
-            (fresh if self.fresh(entry.seq) else resent).append(entry)
-        return fresh, resent
-
-    def hold(self, seq: int) -> list:
-        slot = [seq, False]
-        self._held.append(slot)
-        return slot
-
-    def release(self, slot: list) -> None:
-        slot[1] = True
-
-    def ack_point(self) -> int:
-        held = self._held
-        while held and held[0][1]:
-            held.popleft()
-        return held[0][0] - 1 if held else self.received
-
-    def resume_point(self, incarnation: bytes) -> int:
-        """For the handshake: what we processed of this incarnation (0 for another one)."""
-        return self.ack_point() if incarnation == self.incarnation else 0
 
 
 class MeshLink:
@@ -610,7 +544,7 @@ class MeshLink:
                  and (out.seq > sent_upto or resendable(out.retry))]
         if not taken:
             return []
-        unsent = set()
+        never_sent = set()
         moved: list[tuple[Done, Any, bool]] = []
         for out in taken:
             del self.awaiting[out.seq]
@@ -618,10 +552,10 @@ class MeshLink:
             out.done = out.retry = None  # its RESULT or ACK now frees it, nothing more
             out.epoch = epoch
             if out.seq > sent_upto:
-                unsent.add(out.seq)
-        if unsent:
-            self.unsent = deque(o for o in self.unsent if o.seq not in unsent)
-            self.queued_bytes -= sum(out.size for out in taken if out.seq in unsent)
+                never_sent.add(out.seq)
+        if never_sent:
+            self.unsent = deque(o for o in self.unsent if o.seq not in never_sent)
+            self.queued_bytes -= sum(out.size for out in taken if out.seq in never_sent)
         self.stats["appends_moved"] += len(moved)
         return moved
 

@@ -31,6 +31,8 @@ from broker.forwarding import FetchResult, OwnerNotStored
 from broker.lograte import RateLimitedLog
 from broker.message import Message
 from cluster import frames
+from cluster.adminrelay import AdminRelay
+from cluster.claims import SessionClaims
 from cluster.connection import LinkConnection
 from cluster.deliverfence import DeliverFence
 from cluster.fencing import Fenced, append_refusal
@@ -53,13 +55,11 @@ _DELIVER = frames.DELIVER
 # each router's own $SYS view (broker/systopics.py): never forwarded; $SYS/brokers/<node>/<r>/
 # (every router's status, named) is
 _LOCAL_SYS = "$SYS/broker/"
-_CLAIM_TIMEOUT = 2.0  # seconds a CONNECT waits for the other routers to release its session
 _READ_TIMEOUT = 10.0  # seconds a FETCH waits for the owner before it fails
 # A RESOLVE holds its client's SUBACK and next packets (reading paused): shorter, so a client
 # with a short keepalive is not dropped meanwhile.
 _RESOLVE_TIMEOUT = 5.0
 _MAX_QUEUED_ANSWERS = 64  # FETCH answers waiting on a link that is not writing
-_RELAY_MAX_RESPONSE = frames.MAX_FRAME - (1 << 20)  # room for the frame's head and headers
 
 
 class Mesh:
@@ -88,7 +88,7 @@ class Mesh:
         # shared groups across routers; it encodes entries the way every other entry is
         self.shares = ShareDispatch(self.routes, self.links, self.encode)
         # claims, admin relays and log reads waiting for a peer's answer (cluster/requests.py)
-        self.requests = Requests(self.loop, self._answer)
+        self.requests = Requests(self.loop, self.answer)
         # set by the node wiring: runs an admin request against this router's own admin API
         self.admin_executor: Any = None
         # set by the node wiring under Raft placement: places a device log on its first
@@ -115,6 +115,8 @@ class Mesh:
         # a deposed leader's DELIVERs dropped, sessions read back (cluster/deliverfence.py)
         self.deliver_fence = DeliverFence(self.placement.known_epoch, router.positions.logs_moved,
                                           self.loop.call_soon)
+        self.admin_relay = AdminRelay(self)  # admin requests run at a log's owner
+        self.claims = SessionClaims(self)  # a client's session released by other routers
 
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
@@ -261,9 +263,9 @@ class Mesh:
     def on_request_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
         """A request or an answer from a peer (the link hands them up: MeshLink.on_frame)."""
         if ftype == frames.CLAIM or ftype == frames.CLAIMED:
-            self.on_claim_frame(link, ftype, body)
+            self.claims.on_frame(link, ftype, body)
         elif ftype == frames.ADMIN_REQUEST or ftype == frames.ADMIN_RESPONSE:
-            self.on_admin_frame(link, ftype, body)
+            self.admin_relay.on_frame(link, ftype, body)
         else:
             self.on_fetch_frame(link, ftype, body)
 
@@ -472,95 +474,14 @@ class Mesh:
     # -- sessions across routers -------------------------------------------------------------
     def claim(self, client_id: str, clean: bool, done: Any, to: str | None = None,
               timeout: float | None = None) -> None:
-        """A client connected here: every other router that holds its session closes the old
-        connection [MQTT-3.1.4-3] and hands the session over (or ends it, for a clean start).
-        ``done(state or None)`` once every reachable router answered, or after
-        ``_CLAIM_TIMEOUT`` (a router that does not answer keeps what it has: the client gets
-        a new session, as with a partition in EMQX). ``to``: ask only that router (the session
-        registry named the previous holder, broker/registry.py), within ``timeout``."""
-        links = [link for link in self.links.values()
-                 if link.state == "up" and (to is None or link.peer == to)]
-        if not links:
-            self.loop.call_soon(done, None)
-            return
-        # unanswered in time, or a link down meanwhile: done with what the others handed over
-        req = self.requests.open(links, _CLAIM_TIMEOUT if timeout is None else timeout,
-                                 lambda _why, _late: done(req.value), "claim unanswered")
-        req.done = done
-        for link in links:
-            link.conn.write(frames.encode_claim(req.id, client_id, clean))
+        """A client connected here: ``SessionClaims.claim`` (cluster/claims.py)."""
+        self.claims.claim(client_id, clean, done, to, timeout)
 
-    def on_claim_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
-        if ftype == frames.CLAIM:
-            req, client_id, clean = frames.decode_claim(body)
-            state = self.router.sessions_remote.release_session(client_id, clean, link.peer)
-            if link.conn is not None:
-                link.conn.write(frames.encode_claimed(req, state))
-            return
-        req_id, state = frames.decode_claimed(body)
-        req = self.requests.answer(link, req_id)
-        if req is None:
-            return  # answered after the timeout: the session it carried is lost (logged there)
-        if state is not None and req.value is None:
-            req.value = state
-        if not req.waiting:  # every router answered
-            self._answer(req.done, req.value)
-
-    # -- admin requests relayed to a device log's owner ---------------------------------------
+    # -- admin requests relayed to a device log's owner (cluster/adminrelay.py) ----------------
     async def relay(self, owner: str, method: str, path: str, headers: list[tuple[str, str]],
                     body: bytes, timeout: float) -> tuple[int, str, list[tuple[str, str]], bytes]:
-        """Run an admin request at ``owner`` (its fetch API has the log); (status, content
-        type, headers, body). 503 when the link is down, 504 when no answer came in time."""
-        link = self.links.get(owner)
-        if link is None or link.state != "up" or link.conn is None:
-            return 503, "text/plain", [], f"the owner router {owner} is unreachable".encode()
-        fut = self.loop.create_future()
-
-        def fail(why: str, timed_out: bool) -> None:
-            if not fut.done():  # 504: no answer in time; 503: the link went down meanwhile
-                fut.set_result((504 if timed_out else 503, "text/plain", [], why.encode()))
-
-        req = self.requests.open((link,), timeout, fail,
-                                 f"no answer from the owner router {owner}")
-        req.done = fut
-        link.conn.write(frames.encode_admin(frames.ADMIN_REQUEST, req.id, method, path,
-                                            headers, body))
-        try:
-            return await fut
-        finally:
-            self.requests.drop(req)
-
-    def on_admin_frame(self, link: MeshLink, ftype: int, body: bytes) -> None:
-        req, first, second, headers, payload = frames.decode_admin(body)
-        if ftype == frames.ADMIN_RESPONSE:
-            pending = self.requests.answer(link, req)
-            if pending is not None and not pending.done.done():
-                pending.done.set_result((int(first), second, headers, payload))
-            return
-        if self.admin_executor is None:
-            link.conn.write(frames.encode_admin(frames.ADMIN_RESPONSE, req, "503", "text/plain",
-                                                [], b"no admin API on the owner"))
-            return
-        self.loop.create_task(self._execute(link, req, first, second, headers, payload))
-
-    async def _execute(self, link: MeshLink, req: int, method: str, path: str,
-                       headers: list[tuple[str, str]], body: bytes) -> None:
-        try:
-            status, ctype, out_headers, out = await self.admin_executor(method, path, headers,
-                                                                        body)
-        except Exception as err:  # noqa: BLE001 - the asker gets a 502, this router goes on
-            log.warning("relayed admin request failed: %s", err, extra={"path": path})
-            status, ctype, out_headers, out = 502, "text/plain", [], str(err).encode()
-        if len(out) > _RELAY_MAX_RESPONSE:
-            # a frame over MAX_FRAME would be read as a broken peer and drop the link (for
-            # every flow on it): the asker gets a clear error instead
-            status, ctype, out_headers = 502, "text/plain", []
-            out = (f"the answer ({len(out)} bytes) is larger than a mesh frame may carry "
-                   f"({_RELAY_MAX_RESPONSE} bytes): ask for less (max_bytes), or ask the "
-                   f"owner router {self.rid} directly").encode()
-        if link.conn is not None:
-            link.conn.write(frames.encode_admin(frames.ADMIN_RESPONSE, req, str(status), ctype,
-                                                out_headers, out))
+        """Run an admin request at ``owner``: ``AdminRelay.relay``."""
+        return await self.admin_relay.relay(owner, method, path, headers, body, timeout)
 
     # -- reading device logs other routers own (offset replay at any router) -------------------
     def resolve(self, owner: str, device: str, spec: str, reset: str, done: Any) -> None:
@@ -571,7 +492,7 @@ class Mesh:
         if owner == UNPLACED and self.store is not None:
             # Raft placement, no log yet: it starts empty wherever its first publish places it
             # (the route above reaches that router first), so it resolves as an empty log
-            self.loop.call_soon(self._answer, done,
+            self.loop.call_soon(self.answer, done,
                                 *resolve_offset(self.store, device, spec, reset))
             return
         req = self._read(owner, done, lambda why: done(None, why), _RESOLVE_TIMEOUT)
@@ -642,11 +563,11 @@ class Mesh:
             req, offset, why = frames.decode_resolved(body)
             done = self._read_answered(link, req)
             if done is not None:
-                self._answer(done, offset, why)
+                self.answer(done, offset, why)
         else:
             self._on_records(link, body)
 
-    def _answer(self, done: Any, *args: Any) -> None:
+    def answer(self, done: Any, *args: Any) -> None:
         """Run a read's callback: it delivers to clients right away, and whatever one of them
         raises must not escape into the link's frame loop (that would close the link, for
         every flow on it, as in on_entries)."""
@@ -669,7 +590,7 @@ class Mesh:
         r = frames.decode_records(body, link.version)
         done = self._read_answered(link, r.request)
         if done is not None:
-            self._answer(done, r if isinstance(done, RawRecords) else fetch_result(r))
+            self.answer(done, r if isinstance(done, RawRecords) else fetch_result(r))
 
     # -- operations -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -26,10 +26,11 @@ def crossing_mutations(mutation: Any) -> tuple[Any, ...]:
           "byte by byte in Python (a per-character check, ~20 calls more per crossing: the "
           "guard's crossing workload over its budget)",
           "cluster/link.py",
-          "        out = Out(self.next_seq, kind, qos, head, body, done, epoch)\n",
+          "        out = Out(self.next_seq, kind, qos, head, body, done, epoch, retry)\n",
           "        if any(c == 0 for c in body[:head[1]]):\n"
           "            return False\n"
-          "        out = Out(self.next_seq, kind, qos, head, body, done, epoch)\n", (GUARD,)),
+          "        out = Out(self.next_seq, kind, qos, head, body, done, epoch, retry)\n",
+          (GUARD,)),
         m("crossing-c-epoch-mode", "cluster/frames.py: the compiled decoder told version 3's "
           "epoch rule on a version-4 link (a DELIVER's epoch read as its topic)",
           "cluster/frames.py",
@@ -43,9 +44,9 @@ def crossing_mutations(mutation: Any) -> tuple[Any, ...]:
           "    for _ in range(count - len(out)):\n",
           "    for _ in range(count - len(out) - 1 if c_decode_run is None else 0):\n",
           (f"{SPEED}::test_compiled_decoding_gives_the_python_entries", PURE)),
-        m("crossing-fresh-of-resend", "cluster/link.py fresh_of: an entry at the last processed "
-          "seq (a resend after a reconnect) taken as fresh on the one-call path",
-          "cluster/link.py",
+        m("crossing-fresh-of-resend", "cluster/inbound.py fresh_of: an entry at the last "
+          "processed seq (a resend after a reconnect) taken as fresh on the one-call path",
+          "cluster/inbound.py",
           "            if seq <= received:\n                break\n",
           "            if seq < received:\n                break\n", (FRESH,)),
         m("crossing-flush-wanted-stuck", "cluster/mesh.py _flush: a flushed link stays marked "

@@ -46,8 +46,9 @@ def raftplace_mutations(mutation: Any) -> tuple[Any, ...]:
           "log this router has not heard placed yet is fenced at once (the first publishes of "
           "a raced device refused, though the compare-and-set placed it here)",
           "cluster/mesh.py",
-          "            if self.placer is not None and not self.placement.placed(e.device):\n",
-          "            if False:\n", (LATE, RACE)),
+          "            if placer is not None and (e.epoch > self.placement.epoch_of(e.device)\n",
+          "            if False and (e.epoch > self.placement.epoch_of(e.device)\n",
+          (LATE, RACE)),
         m("raftplace-winner-ignored", "cluster/raftplace.py _release: held publishes are "
           "appended here even when another router placed the log first (two logs, offsets "
           "restarted)", "cluster/raftplace.py", "            if owner is None:\n"
