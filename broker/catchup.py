@@ -248,7 +248,7 @@ class LogCatchUp:
                 self._behind(session, msg.device, msg.offset)
             else:
                 kept.append(d)
-        if len(kept) != len(queue):
+        if len(kept) != len(queue):  # (a queue that held something is the session's own)
             queue.clear()
             queue.extend(kept)
 

@@ -151,7 +151,7 @@ class DeliveryRoom:
         self.deliver(session, msg, granted, retain, sub_ids, position=position)
 
     def _enqueue(self, session: Session, delivery: Delivery) -> None:
-        queue = session.queue
+        queue = session.own_queue()  # (made here on first use: broker/session.py NO_QUEUE)
         mqtt = self.mqtt
         size = delivery_bytes(delivery)
         over_bytes = self.limits.queue_bytes_full(session, size)

@@ -85,6 +85,29 @@ class DeliveryQueue(deque):
         return True
 
 
+class _NoQueue(DeliveryQueue):
+    """The one empty queue every session shares until it queues its first delivery.
+
+    A deque allocates its first 64-slot block when it is made: 768 bytes per session with the
+    subclass, most of it for sessions that never queue anything (an idle client, a subscriber
+    that keeps up). Reads (``len``, truth, iteration, ``nbytes``, ``popleft`` on empty) behave
+    as an empty queue's, at C speed on the hot path's ``if session.queue`` checks; adding goes
+    through ``Session.own_queue()``, and adding to the shared one directly raises instead of
+    leaking a delivery into every session (issue 25).
+    """
+
+    __slots__ = ()
+
+    def append(self, d: Delivery) -> None:
+        raise RuntimeError("a delivery added to the shared empty queue: "
+                           "use Session.own_queue() to add")
+
+    appendleft = append
+
+
+NO_QUEUE: DeliveryQueue = _NoQueue()
+
+
 class Subscription:
     __slots__ = ("filter", "qos", "no_local", "retain_as_published", "retain_handling", "sub_id",
                  "group", "replay", "since_us")
@@ -128,7 +151,8 @@ class Session:
         # key: the filter as subscribed (including "$share/g/" prefix) -> Subscription
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight: dict[int, Delivery] = {}  # packet id -> delivery, oldest first
-        self.queue: DeliveryQueue = DeliveryQueue()
+        # the shared empty queue until the first delivery is queued (own_queue)
+        self.queue: DeliveryQueue = NO_QUEUE
         self.next_pid = 1
         # PUBLISH QoS 2 received and PUBREL not yet: packet id -> PUBREC sent (False while the
         # message waits for the commit log, so a resend then is not acknowledged early)
@@ -171,6 +195,14 @@ class Session:
         if will is not None and due is not None and due <= now:
             return will
         return None
+
+    def own_queue(self) -> DeliveryQueue:
+        """This session's queue, to add to: made on first use (``queue`` is the shared empty
+        ``NO_QUEUE`` until then, to read only)."""
+        q = self.queue
+        if q is NO_QUEUE:
+            q = self.queue = DeliveryQueue()
+        return q
 
     def allocate_pid(self) -> int:
         """Next free packet id; the window (≤ 65535) guarantees one exists."""

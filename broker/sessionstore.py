@@ -500,7 +500,7 @@ class SessionPersistence(SessionHooks):
         for qos, retain, ids, position, ref in data["queue"]:
             d = self._delivery(ref, qos, retain, ids, position, age)
             if d is not None:
-                s.queue.append(d)
+                s.own_queue().append(d)
         if s.inflight:
             s.next_pid = max(s.inflight) % 65535 + 1
         router.sessions[cid] = s
