@@ -126,6 +126,6 @@ class SharedDelivery:
             if not stays:
                 self.router.stats.dropped(DropReason.QUEUE_FULL)
             elif pid is not None:  # resent (DUP) when the member comes back, as before
-                session.inflight[pid] = d
+                session.own_inflight()[pid] = d
             else:
                 session.own_queue().append(d)
