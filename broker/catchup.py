@@ -140,10 +140,11 @@ class LogCatchUp:
         conn = session.conn
         if conn is None or conn.closing:
             return
-        lag = session.lag
-        inflight = session.inflight
+        lag = session.lag  # (lag_behind: the session's own map already)
+        # its own, not the shared empty one (broker/session.py NO_ENTRIES): the deliveries
+        # below go into this dict, and a local bound to the shared one would stay empty
+        inflight = session.own_inflight()
         window = session.window
-        queue = session.queue
         source = self.source
         budget = _STEP
         while budget > 0:
@@ -151,7 +152,9 @@ class LogCatchUp:
             for c in list(lag.values()):
                 if c.live:
                     continue
-                if queue or len(inflight) >= window or conn.congested:
+                # (session.queue read each time: the first delivery queued makes the session
+                # its own queue, broker/session.py NO_QUEUE)
+                if session.queue or len(inflight) >= window or conn.congested:
                     return  # resumed by acks (_window_freed) or the socket draining (writable)
                 chunk = min(self.chunk, max(16, window - len(inflight)))
                 records = source.take(session, c, chunk, self)
@@ -166,7 +169,7 @@ class LogCatchUp:
                         self.stats.dropped(DropReason.CORRUPT, rec.offset - c.next)
                     c.next = rec.offset + 1
                     self._deliver_record(session, rec, remote)
-                    if queue or len(inflight) >= window or conn.congested:
+                    if session.queue or len(inflight) >= window or conn.congested:
                         break
             if not session.lag_behind:
                 self._all_caught_up(session)
@@ -227,7 +230,7 @@ class LogCatchUp:
     def _behind(self, session: Session, device: str, offset: int) -> None:
         c = session.lag.get(device)
         if c is None:
-            session.lag[device] = LogCursor(device, offset, self.source.owner_of)
+            session.own_lag()[device] = LogCursor(device, offset, self.source.owner_of)
             session.lag_behind += 1
         elif c.live:  # caught up earlier; behind again from here
             c.live = False
@@ -248,7 +251,7 @@ class LogCatchUp:
                 self._behind(session, msg.device, msg.offset)
             else:
                 kept.append(d)
-        if len(kept) != len(queue):
+        if len(kept) != len(queue):  # (a queue that held something is the session's own)
             queue.clear()
             queue.extend(kept)
 

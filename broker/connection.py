@@ -49,14 +49,30 @@ class ConnectionOwner(Protocol):
 
 
 class Connection(asyncio.Protocol):
-    # An in-process client the node itself opened (the MQTT bridge's own session on this
-    # broker, meshmq/bridge.py): its CONNECT skips the password check, as Mosquitto's bridge's
-    # local side does. A listener never sets it; the ACL still applies (client $bridge/<name>).
-    trusted = False
+    # Slots, not a __dict__: a broker holds one of these per client, most of them idle, and
+    # with ~35 attributes the instance dict (a split-keys dict past its 30-key limit) cost
+    # 1,584 bytes per connection against ~330 for the slots (issue 25: RSS per idle
+    # connection; Mosquitto's ``struct mosquitto`` is one flat allocation for the same reason).
+    # An attribute set from outside must be declared here (an AttributeError otherwise).
+    __slots__ = (
+        "router", "listener", "stats", "proto", "write_limit", "transport", "peer", "_peer_host",
+        "partial_since", "session", "client_id", "username", "level", "keepalive",
+        "accepted_at", "last_rx", "will", "will_delay", "pending", "out_aliases",
+        "inbound_unacked", "unsettled", "bytes_in", "bytes_out", "close_reason", "ack_offsets",
+        "closing", "clean_disconnect", "trusted", "claimed", "_first", "_out", "_out_bytes",
+        "_queued", "_write_paused",
+    )
 
     def __init__(self, router: ConnectionOwner, listener: ListenerStats,
                  stats: BrokerStats) -> None:
         settings = router.settings.mqtt
+        # An in-process client the node itself opened (the MQTT bridge's own session on this
+        # broker, meshmq/bridge.py): its CONNECT skips the password check, as Mosquitto's
+        # bridge's local side does. A listener never sets it; the ACL still applies (client
+        # $bridge/<name>).
+        self.trusted = False
+        # The CONNECT is being claimed cluster-wide (broker/registry.py, broker/forwarding.py)
+        self.claimed = False
         self.router = router
         self.listener = listener
         self.stats = stats
@@ -65,7 +81,7 @@ class Connection(asyncio.Protocol):
         self.write_limit = settings.write_buffer_limit
         self.transport: asyncio.BaseTransport | Any = None
         self.peer = "?"
-        self.peer_host = "?"  # the address alone: failed-login lockout is per address
+        self._peer_host: str | None = None  # see peer_host
         # when the unfinished packet the parser holds was started (mqtt.packet_timeout), or None
         self.partial_since: float | None = None
         # broker.session.Session once CONNECT succeeded; the session module sits above this
@@ -95,7 +111,9 @@ class Connection(asyncio.Protocol):
         self.closing = False
         self.clean_disconnect = False  # DISCONNECT 0x00 received: the will is discarded
         self._first = True
-        self._out: list[bytes] = []
+        # what the router wrote since the last flush: None while nothing (most connections,
+        # most of the time: an empty list per idle connection is 56 bytes, issue 25)
+        self._out: list[bytes] | None = None
         self._out_bytes = 0
         self._queued = False  # in the router's list of connections to flush
         self._write_paused = False
@@ -106,7 +124,6 @@ class Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.peer = f"{peer[0]}:{peer[1]}"
-            self.peer_host = str(peer[0])
         set_limits = getattr(transport, "set_write_buffer_limits", None)
         if set_limits is not None:
             set_limits(high=self.write_limit)
@@ -173,9 +190,23 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.listener.connections_current -= 1
-        self._out.clear()
+        self._out = None
         self.closing = True
         self.router.connection_lost(self)
+
+    @property
+    def peer_host(self) -> str:
+        """The address alone, for what is per address (the failed-login lockout): ``peer``
+        without its port, computed when asked (only a CONNECT with a password asks) instead of
+        a second string held per connection; unless set (the bridge names its own)."""
+        host = self._peer_host
+        if host is None:
+            host = self.peer.rpartition(":")[0] or self.peer  # IPv6 too: "::1:1883" -> "::1"
+        return host
+
+    @peer_host.setter
+    def peer_host(self, host: str) -> None:
+        self._peer_host = host
 
     @property
     def write_paused(self) -> bool:
@@ -191,7 +222,11 @@ class Connection(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         """Queue bytes for the router's next flush (one ``transport.write`` for all of them)."""
-        self._out.append(data)
+        out = self._out
+        if out is None:
+            self._out = [data]
+        else:
+            out.append(data)
         self._out_bytes += len(data)
         if not self._queued and not self.closing:
             self._queued = True
@@ -206,10 +241,10 @@ class Connection(asyncio.Protocol):
         """Write everything queued, in one ``transport.write`` (called by the router)."""
         self._queued = False
         out = self._out
-        if not out or self.closing:
+        if out is None or self.closing:
             return
         data = out[0] if len(out) == 1 else b"".join(out)
-        self._out = []
+        self._out = None
         self._out_bytes = 0
         self.listener.bytes_out += len(data)
         self.bytes_out += len(data)

@@ -21,7 +21,7 @@ from broker.connection import Connection
 from broker.message import Delivery, Message, aliased_parts
 from broker.protocol.packets import PacketType, PubRel
 from broker.protocol.reasons import Reason
-from broker.session import Session, delivery_bytes
+from broker.session import NO_ENTRIES, Session, delivery_bytes
 from broker.settings import QueueFullPolicy
 from broker.stats import DropReason
 from broker.trie import SharedGroup
@@ -114,6 +114,8 @@ class DeliveryRoom:
             return
         if group is None and msg.device is not None and not position:
             positions = session.positions  # where a restart or move resumes (broker/positions)
+            if positions is NO_ENTRIES:  # its first logged delivery (broker/session.py)
+                positions = session.own_positions()
             at = positions.get(msg.device)
             if at is None:
                 if len(positions) >= self.positions.max_devices:
@@ -151,7 +153,7 @@ class DeliveryRoom:
         self.deliver(session, msg, granted, retain, sub_ids, position=position)
 
     def _enqueue(self, session: Session, delivery: Delivery) -> None:
-        queue = session.queue
+        queue = session.own_queue()  # (made here on first use: broker/session.py NO_QUEUE)
         mqtt = self.mqtt
         size = delivery_bytes(delivery)
         over_bytes = self.limits.queue_bytes_full(session, size)
@@ -176,7 +178,10 @@ class DeliveryRoom:
     def _send_inflight(self, session: Session, conn: Connection, delivery: Delivery) -> None:
         delivery.pid = session.allocate_pid()
         delivery.state = Delivery.SENT
-        session.inflight[delivery.pid] = delivery
+        inflight = session.inflight
+        if inflight is NO_ENTRIES:  # its first delivery in flight (broker/session.py)
+            inflight = session.own_inflight()
+        inflight[delivery.pid] = delivery
         if not self._write_publish(session, conn, delivery):
             # too large for this client: "treated as if sent" [MQTT-3.1.2-25], never retried
             del session.inflight[delivery.pid]
@@ -211,7 +216,9 @@ class DeliveryRoom:
         if conn is None:
             return
         queue = session.queue
-        inflight = session.inflight
+        if not queue:
+            return
+        inflight = session.own_inflight()  # filled below: not the shared empty map
         window = session.window
         now = time.monotonic()
         while queue and len(inflight) < window and not conn.congested:

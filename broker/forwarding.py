@@ -130,7 +130,7 @@ class RemotePublishes:
         if conn is not None:
             conn.unsettled += 1
             if msg.qos == 2:
-                conn.session.incoming_qos2[packet_id] = False
+                conn.session.own_incoming_qos2()[packet_id] = False
         router.forwarder.append_at(
             owner, key, msg, expiry,
             lambda exc, offset: self._stored_at_owner(conn, packet_id, msg, exc, offset))
@@ -179,7 +179,7 @@ class RemotePublishes:
         if live is not None and live.closing:
             live = None
         if exc is None:
-            session.incoming_qos2[packet_id] = True
+            session.own_incoming_qos2()[packet_id] = True
             if live is not None:
                 props = ({Prop.USER_PROPERTY: msg.log_position()}
                          if msg is not None and live.ack_offsets else None)

@@ -217,6 +217,7 @@ class ConnectRoom:
             conn.will_delay = (pkt.will.properties or {}).get(Prop.WILL_DELAY_INTERVAL, 0)
         conn.session = session
         session.conn = conn
+        conn.proto.forget_connect()  # what is kept of it is above; the packet is not
         self._connected += 1
         if self._connected > self.stats.clients_connected_max:
             self.stats.clients_connected_max = self._connected

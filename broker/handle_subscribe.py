@@ -109,7 +109,7 @@ class SubscribeRoom:
             if old is not None:
                 sub.since_us = old.since_us  # a resubscribe keeps what the session is owed
             session.has_no_local = session.has_no_local or opts.no_local
-            session.subscriptions[key_flt] = sub
+            session.own_subscriptions()[key_flt] = sub
             self.trie.add(real, session.client_id, sub, group)
             codes.append(granted)
             if sub.replay is not None:

@@ -87,7 +87,7 @@ class IngestRoom:
             return
         conn.unsettled += 1
         if pkt.qos == 2:
-            conn.session.incoming_qos2[pkt.packet_id] = False
+            conn.session.own_incoming_qos2()[pkt.packet_id] = False
         if logs.held > HELD_LIMIT and conn.unsettled >= PAUSE_MIN_UNSETTLED \
                 and conn not in self._paused_publishers:
             conn.transport.pause_reading()
@@ -169,7 +169,7 @@ class IngestRoom:
         msg.offset = offset
         conn.unsettled += 1
         if pkt.qos == 2:
-            conn.session.incoming_qos2[pkt.packet_id] = False
+            conn.session.own_incoming_qos2()[pkt.packet_id] = False
         log.info("resent publish already stored: acknowledged with its offset, not stored "
                  "again (counted in meshmq_publish_dedupe_total{result=\"hit\"})",
                  extra={"client_id": conn.client_id, "device": key, "offset": offset,
@@ -255,7 +255,7 @@ class IngestRoom:
                 self._send_ack(conn, _PUBACK, packet_id)
         elif qos == 2:
             if reason < 0x80:
-                conn.session.incoming_qos2[packet_id] = True
+                conn.session.own_incoming_qos2()[packet_id] = True
             else:
                 conn.inbound_unacked -= conn.level == 5
             if reason or props:  # once the session owning the packet id is stored

@@ -170,7 +170,7 @@ class Replays:
                 cid = session.client_id
                 if session.subscriptions.get(key_flt) is sub:
                     if old is not None:
-                        session.subscriptions[key_flt] = old
+                        session.own_subscriptions()[key_flt] = old
                         router.trie.add(old.filter, cid, old, old.group)
                     else:
                         del session.subscriptions[key_flt]

@@ -110,7 +110,7 @@ class RetainedPacer:
         if conn is None or conn.closing:
             return  # resumes when the session is back (handle_connect pumps it)
         router = self.router
-        inflight = session.inflight
+        inflight = session.own_inflight()  # filled below: not the shared empty map
         now = time.monotonic()
         while work:
             batch = work[0]

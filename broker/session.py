@@ -85,6 +85,51 @@ class DeliveryQueue(deque):
         return True
 
 
+class _NoQueue(DeliveryQueue):
+    """The one empty queue every session shares until it queues its first delivery.
+
+    A deque allocates its first 64-slot block when it is made: 768 bytes per session with the
+    subclass, most of it for sessions that never queue anything (an idle client, a subscriber
+    that keeps up). Reads (``len``, truth, iteration, ``nbytes``, ``popleft`` on empty) behave
+    as an empty queue's, at C speed on the hot path's ``if session.queue`` checks; adding goes
+    through ``Session.own_queue()``, and adding to the shared one directly raises instead of
+    leaking a delivery into every session (issue 25).
+    """
+
+    __slots__ = ()
+
+    def append(self, d: Delivery) -> None:
+        raise RuntimeError("a delivery added to the shared empty queue: "
+                           "use Session.own_queue() to add")
+
+    appendleft = append
+
+
+NO_QUEUE: DeliveryQueue = _NoQueue()
+
+
+class _NoEntries(dict):  # type: ignore[type-arg]
+    """The one empty dict every session shares for each of its maps (subscriptions, inflight,
+    incoming QoS 2 ids, lag cursors, log positions) until it writes its first entry there.
+
+    An empty dict is 64 bytes, five per session, and an idle client writes none of them
+    (issue 25). Reads are a dict's own (C speed: ``len``, ``in``, ``get``, iteration);
+    writing goes through the session's ``own_*()`` methods, and writing to the shared one
+    directly raises instead of putting an entry into every session at once.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("written to the shared empty map: use the Session's own_*() "
+                           "method to add")
+
+    __setitem__ = setdefault = update = __ior__ = _refuse
+
+
+NO_ENTRIES: dict[Any, Any] = _NoEntries()
+
+
 class Subscription:
     __slots__ = ("filter", "qos", "no_local", "retain_as_published", "retain_handling", "sub_id",
                  "group", "replay", "since_us")
@@ -125,14 +170,17 @@ class Session:
         self.conn: Connection | None = None
         self.level = level
         self.expiry_interval = 0  # seconds after disconnect; NEVER = keep forever
+        # The maps below start as the shared NO_ENTRIES and become the session's own on the
+        # first write (own_subscriptions() ...): an idle client holds none of them.
         # key: the filter as subscribed (including "$share/g/" prefix) -> Subscription
-        self.subscriptions: dict[str, Subscription] = {}
-        self.inflight: dict[int, Delivery] = {}  # packet id -> delivery, oldest first
-        self.queue: DeliveryQueue = DeliveryQueue()
+        self.subscriptions: dict[str, Subscription] = NO_ENTRIES
+        self.inflight: dict[int, Delivery] = NO_ENTRIES  # packet id -> delivery, oldest first
+        # the shared empty queue until the first delivery is queued (own_queue)
+        self.queue: DeliveryQueue = NO_QUEUE
         self.next_pid = 1
         # PUBLISH QoS 2 received and PUBREL not yet: packet id -> PUBREC sent (False while the
         # message waits for the commit log, so a resend then is not acknowledged early)
-        self.incoming_qos2: dict[int, bool] = {}
+        self.incoming_qos2: dict[int, bool] = NO_ENTRIES
         self.window = 65535  # min(max_inflight, client's Receive Maximum)
         self.max_packet_size = 0  # client's Maximum Packet Size; 0 = protocol limit
         self.alias_max = 0  # client's Topic Alias Maximum (outbound aliases we may use)
@@ -142,13 +190,13 @@ class Session:
         self.username: str | None = None  # for per-message read ACL checks
         # device -> LogCursor while this session is fed from the logs (broker/catchup.py);
         # lag_behind counts the cursors not yet caught up.
-        self.lag: dict[str, LogCursor] = {}
+        self.lag: dict[str, LogCursor] = NO_ENTRIES
         self.lag_behind = 0
         self.has_no_local = False  # holds a No Local subscription: its publishes keep an origin
         # device -> the offset after the last logged QoS>0 message handed to this session (in
         # its window, queue or acked): where a restart, a move or a link that came back
         # resumes reading that device's log (broker/positions.py)
-        self.positions: dict[str, int] = {}
+        self.positions: dict[str, int] = NO_ENTRIES
         # Which incarnation of this client id's session this is, kept in its publishes'
         # records (broker/pubdedupe.py): random for a clean start, 0 ("not known here") for a
         # session resumed or restored; and its records' publisher prefix, computed once
@@ -171,6 +219,45 @@ class Session:
         if will is not None and due is not None and due <= now:
             return will
         return None
+
+    def own_queue(self) -> DeliveryQueue:
+        """This session's queue, to add to: made on first use (``queue`` is the shared empty
+        ``NO_QUEUE`` until then, to read only)."""
+        q = self.queue
+        if q is NO_QUEUE:
+            q = self.queue = DeliveryQueue()
+        return q
+
+    # The session's own maps, to write to: each made on its first write (NO_ENTRIES until then)
+    def own_subscriptions(self) -> dict[str, Subscription]:
+        d = self.subscriptions
+        if d is NO_ENTRIES:
+            d = self.subscriptions = {}
+        return d
+
+    def own_inflight(self) -> dict[int, Delivery]:
+        d = self.inflight
+        if d is NO_ENTRIES:
+            d = self.inflight = {}
+        return d
+
+    def own_incoming_qos2(self) -> dict[int, bool]:
+        d = self.incoming_qos2
+        if d is NO_ENTRIES:
+            d = self.incoming_qos2 = {}
+        return d
+
+    def own_lag(self) -> dict[str, LogCursor]:
+        d = self.lag
+        if d is NO_ENTRIES:
+            d = self.lag = {}
+        return d
+
+    def own_positions(self) -> dict[str, int]:
+        d = self.positions
+        if d is NO_ENTRIES:
+            d = self.positions = {}
+        return d
 
     def allocate_pid(self) -> int:
         """Next free packet id; the window (≤ 65535) guarantees one exists."""

@@ -488,19 +488,20 @@ class SessionPersistence(SessionHooks):
                 sub.replay = (router.logs.cursor(replay[0], replay[1])
                               if router.logs is not None else ReplayCursor(*replay))
                 replaying = True
-            s.subscriptions[key] = sub
+            s.own_subscriptions()[key] = sub
             s.has_no_local = s.has_no_local or bool(nl)
-        s.incoming_qos2 = dict.fromkeys(data["qos2"], True)
+        if data["qos2"]:  # (none: the shared empty map, broker/session.py NO_ENTRIES)
+            s.incoming_qos2 = dict.fromkeys(data["qos2"], True)
         age = now - written
         for pid, qos, state, retain, ids, position, ref in data["inflight"]:
             d = self._delivery(ref, qos, retain, ids, position, age)
             if d is not None:
                 d.pid, d.state = pid, state
-                s.inflight[pid] = d
+                s.own_inflight()[pid] = d
         for qos, retain, ids, position, ref in data["queue"]:
             d = self._delivery(ref, qos, retain, ids, position, age)
             if d is not None:
-                s.queue.append(d)
+                s.own_queue().append(d)
         if s.inflight:
             s.next_pid = max(s.inflight) % 65535 + 1
         router.sessions[cid] = s
@@ -545,7 +546,7 @@ class SessionPersistence(SessionHooks):
         for device, offset in behind.items():
             if device in replay_only:
                 continue
-            s.positions[device] = offset  # read from here again if its owner comes back
+            s.own_positions()[device] = offset  # read from here again if its owner comes back
             if remote is not None and remote(device) is not None:
                 catchup.restore(s, device, offset)  # read from its owner; nothing new: live
             elif offset < store.high_watermark(device):

@@ -113,8 +113,9 @@ class SharedDelivery:
             else:
                 kept.append(d)
         if len(kept) != len(session.queue):
-            session.queue.clear()
-            session.queue.extend(kept)
+            queue = session.own_queue()
+            queue.clear()
+            queue.extend(kept)
         forwarder = self.router.forwarder
         stays = only_group is None and self.router.sessions.get(session.client_id) is session
         for pid, d in moved:
@@ -125,6 +126,6 @@ class SharedDelivery:
             if not stays:
                 self.router.stats.dropped(DropReason.QUEUE_FULL)
             elif pid is not None:  # resent (DUP) when the member comes back, as before
-                session.inflight[pid] = d
+                session.own_inflight()[pid] = d
             else:
-                session.queue.append(d)
+                session.own_queue().append(d)

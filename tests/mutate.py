@@ -319,7 +319,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "inflight-not-restored",
         "broker/sessionstore.py _restore_one: the QoS 1/2 window is not restored",
         "broker/sessionstore.py",
-        "                s.inflight[pid] = d\n",
+        "                s.own_inflight()[pid] = d\n",
         "                pass\n",
         ("tests/broker/test_persistence.py::test_inflight_redelivered_with_dup_and_qos2_receive_state",),
     ),

@@ -376,6 +376,9 @@ def _bad_first_byte(b0: int) -> ProtocolError:
     return malformed(f"invalid fixed header flags 0x{b0 & 15:X} for packet type {b0 >> 4}")
 
 
+_NOTHING = b""
+
+
 class PacketParser:
     """Incremental decoder: bytes in, complete packets out.
 
@@ -403,7 +406,9 @@ class PacketParser:
         self.max_packet_size = max_packet_size
         self.max_connect_size = max_packet_size
         self.protocol_level = protocol_level
-        self._buf = bytearray()
+        # the unfinished packet's bytes: a bytearray while there are some, the shared b""
+        # otherwise (an empty bytearray is still a 56-byte object per idle connection)
+        self._buf: bytearray | bytes = _NOTHING
         self._need = 0  # total bytes needed before the buffered packet can be decoded
 
     @property
@@ -415,7 +420,7 @@ class PacketParser:
         """Add received bytes; return every packet they complete, in order."""
         buf = self._buf
         if buf:
-            buf += data
+            buf += data  # (non-empty: always a bytearray)
             if len(buf) < self._need:  # still inside a large packet's body: no copy, no work
                 return []
             data = bytes(buf)
@@ -531,17 +536,17 @@ class PacketParser:
         except UnicodeDecodeError:
             err = malformed("ill-formed UTF-8 in topic name")  # [MQTT-1.5.3-1]
             err.packets = out
-            self._buf = bytearray()
+            self._buf = _NOTHING
             raise err from None
         except ProtocolError as err:
             err.packets = out
-            self._buf = bytearray()
+            self._buf = _NOTHING
             raise
         if pos < n:
             self._buf = bytearray(data[pos:]) if pos else bytearray(data)
             self._need = need
         elif buf:
-            self._buf = bytearray()
+            self._buf = _NOTHING
         return out
 
 

@@ -59,13 +59,15 @@ class ServerProtocol:
         if max_connect_size is not None:
             # the first packet (the CONNECT) is refused with 0x95 above this size
             self._parser.max_connect_size = min(max_connect_size, max_packet_size)
-        self._aliases: dict[int, str] = {}
+        # inbound topic aliases, made by the first alias a client defines (most never do:
+        # an empty dict is 64 bytes per connection, issue 25)
+        self._aliases: dict[int, str] | None = None
         self.state = AWAIT_CONNECT
         #: the Topic Alias Maximum this server announces in CONNACK (3.2.2.3.8)
         self.topic_alias_maximum = topic_alias_maximum
         #: the client's Maximum Packet Size from CONNECT (3.1.2.11.4), None if unlimited
         self.client_maximum_packet_size: int | None = None
-        #: the CONNECT packet, once received
+        #: the CONNECT packet, once received (until ``forget_connect``)
         self.connect: Connect | None = None
 
     @property
@@ -136,6 +138,12 @@ class ServerProtocol:
         if pkt.properties is not None:
             self.client_maximum_packet_size = pkt.properties.get(Prop.MAXIMUM_PACKET_SIZE)
 
+    def forget_connect(self) -> None:
+        """Drop the CONNECT packet (``connect``): the broker calls it once it has taken what it
+        keeps (client id, will, properties), so an idle connection does not hold its CONNECT,
+        password and all, for its whole life (issue 25: ~160 bytes per idle connection)."""
+        self.connect = None
+
     def _inbound_publish_props(self, pkt: Publish) -> None:
         props = pkt.properties
         assert props is not None
@@ -146,10 +154,13 @@ class ServerProtocol:
             return
         if alias > self.topic_alias_maximum:  # [MQTT-3.3.2-9]; 3.3.2.3.4 -> 0x94
             raise ProtocolError(0x94, f"topic alias {alias} above maximum")
+        aliases = self._aliases
         if pkt.topic:
-            self._aliases[alias] = pkt.topic  # [MQTT-3.3.2-12]: (re)define the mapping
+            if aliases is None:
+                aliases = self._aliases = {}
+            aliases[alias] = pkt.topic  # [MQTT-3.3.2-12]: (re)define the mapping
         else:
-            topic = self._aliases.get(alias)
+            topic = aliases.get(alias) if aliases is not None else None
             if topic is None:  # 3.3.4: alias with no mapping is a Protocol Error
                 raise protocol_error(f"unknown topic alias {alias}")
             pkt.topic = topic

@@ -5,7 +5,7 @@ import time
 
 import pytest
 from helpers import raw as R
-from helpers.broker import wait_for
+from helpers.broker import metric_sum, wait_for
 from helpers.clients import V5, V311, unique
 
 pytestmark = pytest.mark.timeout(90)
@@ -53,6 +53,43 @@ def test_max_inflight_window(lim_broker, raw, clients, version):
             sub.expect_none(0.3)
     assert got == [str(i).encode() for i in range(10)]
     assert len({m.packet_id for m in outstanding}) == len(outstanding)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_backlog_from_the_log_is_read_as_the_window_frees(start_broker, raw, version):
+    """A persistent session that went offline before anything was ever sent to it (its maps
+    and queue still the shared empty ones, broker/session.py) gets a 20-message logged backlog
+    on its return through the window (max_inflight 3: 3 outstanding, each PUBACK releasing
+    one more), in order, none dropped: the rest waits in the log, not in the 5-message queue
+    (issue 25: the catch-up loop once read the window and queue through stale references to
+    the shared empty ones, read the whole backlog into the queue and dropped past its bound)."""
+    b = start_broker(mqtt={"max_inflight": 3, "max_queued_messages": 5})
+    n = 20
+    topic = f"devices/{unique('winlog')}/t"  # logged by the default rule
+    cid = unique("winlog")
+    expiry = {"properties": {R.SESSION_EXPIRY_INTERVAL: 300}} if version == 5 else {}
+    sub = raw(b, version=version)
+    sub.connect(cid, clean=False, **expiry)
+    sub.subscribe(topic, 1)
+    sub.disconnect()
+    wait_for(lambda: metric_sum(b.metrics(), "meshmq_sessions_offline") == 1, timeout=30,
+             message="the subscriber's session to go offline")
+    pub = raw(b, version=version)
+    pub.connect(unique("winlog-pub"))
+    for i in range(n):  # each PUBACK: stored in the log
+        pub.publish(topic, str(i), 1, packet_id=i + 1)
+    sub = raw(b, version=version)
+    assert sub.connect(cid, clean=False, **expiry).session_present
+    outstanding = [sub.expect(R.PUBLISH) for _ in range(3)]
+    sub.expect_none(1.0)
+    got = [m.payload for m in outstanding]
+    while len(got) < n:
+        sub.ack(outstanding.pop(0))
+        nxt = sub.expect(R.PUBLISH)
+        outstanding.append(nxt)
+        got.append(nxt.payload)
+    assert got == [str(i).encode() for i in range(n)]
+    assert metric_sum(b.metrics(), "meshmq_messages_dropped_total") == 0
 
 
 def test_qos0_not_limited_by_window(lim_broker, raw, clients):
