@@ -1,0 +1,200 @@
+"""Review 7: this session's failover changes attacked with faults, by a reviewer who did not
+build them (cluster/appendmove.py, broker/gatehold.py; issue 24's promise: a PUBACK means
+committed on every in-sync replica, nothing acknowledged is lost while a majority survives,
+per-device order holds, an unknown outcome is never a success).
+
+One 3-node Raft cluster (RF 3) for the whole file; every mesh link is dialled through a TCP
+proxy the tests control (the lower router id dials: n0 -> n1, n0 -> n2, n1 -> n2).
+
+1. **A moved APPEND whose first copy the old leader stored and a follower fetched.** The
+   publisher's router P dials the leader V; only what V sends back to P is lost (one-way
+   cut). V stores h0..h9, the third node W fetches them, P's fetches go unanswered so P
+   leaves the ISR, the high-water mark passes them with ISR {V, W} and V's RESULTs are lost:
+   they are committed and P does not know. V is then killed: W is elected and P moves the
+   ten sent APPENDs to W with ``maybe_stored``. The publisher dedupe must answer each with
+   its first copy's offset (reason 0), never store it a second time. Then V comes back with
+   its disk (the proxy healed): its link may resend the moved APPENDs, which must be fenced,
+   and its replica must end identical to the new leader's, each message once, in order.
+2. **A lease gap longer than ``cluster.lease_hold``.** Two nodes' metadata processes frozen
+   (SIGSTOP): the third node's voter has no majority, its lease runs out, its QoS 1 publishes
+   are held for ``lease_hold`` and then refused (v5: DISCONNECT 0x9C; 3.1.1: closed), never
+   acknowledged and never stored, even though the node still leads the device's log. Once
+   the metadata processes go on, publishes are acknowledged again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from helpers import raw as R
+from helpers.broker import wait_for
+from helpers.clients import unique
+from helpers.cluster import Cluster
+from helpers.tcpproxy import TcpProxy
+
+from commitlog.fetch import decode_fetch_response
+
+pytestmark = pytest.mark.timeout(300)
+ACK_OFFSETS = {R.USER_PROPERTY: [("ack-offsets", "true")]}
+PAIRS = ((0, 1), (0, 2), (1, 2))  # (dialler, dialled): the lower router id dials
+
+
+class Mesh:
+    """The cluster and the proxy in front of each dialled node, per (dialler, dialled)."""
+
+    def __init__(self, cluster: Cluster, proxies: dict[tuple[int, int], TcpProxy]) -> None:
+        self.cluster = cluster
+        self.proxies = proxies
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    # append_timeout far above the test's patience: an answer must be an outcome, never the
+    # timeout's refusal; a follower whose fetches go unanswered leaves the ISR after 1 s
+    cluster = Cluster(tmp_path_factory.mktemp("review7"), n=3, raft=True,
+                      overrides={"cluster": {"append_timeout": 60.0,
+                                             "replica_lag_time_max": 1.0}})
+    proxies = {}
+    for i, j in PAIRS:
+        proxies[(i, j)] = TcpProxy(cluster.mesh_ports[j])
+        cluster.dial_via(i, j, proxies[(i, j)].port)
+    try:
+        cluster.start()
+        yield Mesh(cluster, proxies)
+    finally:
+        cluster.stop()
+        for proxy in proxies.values():
+            proxy.close()
+
+
+def _raft_leader(cluster: Cluster) -> int:
+    found: list[int] = []
+
+    def agreed() -> bool:
+        seen = {cluster.status(i)["metadata"].get("leader") for i in range(3)
+                if cluster.nodes[i].alive}
+        if len(seen) != 1 or None in seen:
+            return False
+        addr = seen.pop()
+        found[:] = [j for j, p in enumerate(cluster.raft_ports) if addr.endswith(f":{p}")]
+        return bool(found)
+
+    wait_for(agreed, 60, message="the voters agree on a Raft leader")
+    return found[0]
+
+
+def _node_pids(cluster: Cluster, i: int) -> list[int]:
+    """The supervisor first (no restarts), then the routers and the metadata process."""
+    status = cluster.status(i)
+    pids = [cluster.nodes[i].pid]
+    pids += [r["pid"] for r in status["routers"] if r.get("pid")]
+    pids.append(status["metadata"]["pid"])
+    return pids
+
+
+def _replay(cluster: Cluster, i: int, device: str) -> list[tuple[int, bytes]]:
+    """The committed records of ``device`` as node i serves them (empty when it cannot)."""
+    url = (f"http://127.0.0.1:{cluster.nodes[i].admin_port}/api/v1/logs/{device}/records"
+           "?offset=0&max_records=1000")
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback
+            return [(rec.offset, rec.payload) for rec in decode_fetch_response(r.read())]
+    except (urllib.error.HTTPError, OSError):
+        return []
+
+
+def _owner(cluster: Cluster, i: int, device: str) -> dict[str, Any]:
+    return cluster.status(i, device).get("owner") or {}
+
+
+def _acks(client: R.RawClient, n: int, timeout: float) -> dict[int, R.Packet]:
+    got: dict[int, R.Packet] = {}
+    while len(got) < n:
+        try:
+            ack = client.expect(R.PUBACK, timeout=timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{len(got)} of {n} PUBACKs ({sorted(got)}), then {exc}") \
+                from None
+        got[ack.packet_id] = ack
+    return got
+
+
+# -- 1. a moved APPEND whose first copy is committed ------------------------------------------
+def test_a_moved_append_already_committed_is_answered_by_its_first_copy_never_stored_twice(
+        mesh: Mesh, raw) -> None:
+    cluster = mesh.cluster
+    raft = _raft_leader(cluster)
+    # V leads the device and is not the Raft leader (its death needs no election, so no
+    # lease gap); P < V dials V through a proxy whose back direction we can lose
+    victim = max(i for i in range(3) if i != raft)
+    at = min(i for i in range(3) if i != victim)
+    third = 3 - victim - at
+    proxy = mesh.proxies[(at, victim)]
+    device = unique("r7mv")
+    topic = f"devices/{device}/t"
+    first = raw(cluster.nodes[victim], version=5)
+    first.connect(unique("placer"))
+    first.send(R.publish(topic, b"first", qos=1, packet_id=1, version=5))
+    assert first.expect(R.PUBACK, timeout=30).reason_code == 0  # placed at V (affinity)
+    first.close()
+    wait_for(lambda: _owner(cluster, at, device).get("router") == f"n{victim}/0"
+             and len(_owner(cluster, victim, device).get("isr") or []) == 3, 60,
+             message=f"n{at} knows n{victim}/0 leads {device}, 3 replicas in sync")
+    pub = raw(cluster.nodes[at], version=5)
+    pub.connect(unique("pub"), properties=ACK_OFFSETS)
+    pub.send(R.publish(topic, b"before", qos=1, packet_id=1, version=5))
+    assert pub.expect(R.PUBACK, timeout=30).reason_code == 0  # forwarded to the leader
+
+    proxy.blackhole(back_only=True)  # V hears P; nothing V says reaches P
+    for k in range(10):
+        pub.send(R.publish(topic, b"h%d" % k, qos=1, packet_id=10 + k, version=5))
+    want = [b"first", b"before"] + [b"h%d" % k for k in range(10)]
+    # committed: the third node serves them (below the high-water mark), P left the ISR
+    wait_for(lambda: [p for _, p in _replay(cluster, third, device)] == want, 60,
+             message=f"n{third} serves h0..h9 (committed at n{victim}, RESULTs lost)")
+    pub.expect_none(0.5)  # no outcome reached the publisher: they are sent, unknown
+    pids = _node_pids(cluster, victim)
+    for p in pids:
+        os.kill(p, signal.SIGKILL)
+    cluster.nodes[victim].kill()
+    acks = _acks(pub, 10, timeout=60)
+    refused = {pid: a.reason_code for pid, a in acks.items() if a.reason_code != 0}
+    assert not refused, f"committed publishes refused after the move: {refused}"
+    offsets = [int(dict(acks[10 + k].properties[R.USER_PROPERTY])["offset"]) for k in range(10)]
+    assert offsets == list(range(2, 12)), \
+        f"acknowledged at {offsets}, not at their first copies' offsets 2..11"
+    wait_for(lambda: _owner(cluster, at, device).get("router") not in (None, f"n{victim}/0"),
+             30, message="a new leader known at P")
+    leader = int(_owner(cluster, at, device)["router"][1])
+    pub.send(R.publish(topic, b"after", qos=1, packet_id=30, version=5))
+    assert pub.expect(R.PUBACK, timeout=60).reason_code == 0
+    want.append(b"after")
+    wait_for(lambda: [p for _, p in _replay(cluster, leader, device)] == want, 30,
+             message=f"n{leader} serves every message once, in order")
+    rows = _replay(cluster, leader, device)
+    assert [o for o, _ in rows] == list(range(len(want))), rows
+    moved = cluster.nodes[at].metric("meshmq_link_appends_moved_total")
+    hits = cluster.nodes[leader].metric("meshmq_publish_dedupe_total", result="hit")
+    print(f"\n[review7] 10 committed APPENDs with lost RESULTs: {moved:.0f} moved to "
+          f"n{leader}, {hits:.0f} dedupe hits there, acknowledged at {offsets}")
+    assert moved >= 10 and hits >= 10, "the test did not take the move-and-dedupe path"
+
+    # the old leader comes back with its disk; its link may resend the moved APPENDs
+    proxy.heal()
+    cluster.nodes[victim].start()
+    wait_for(lambda: len(_owner(cluster, at, device).get("isr") or []) == 3, 90,
+             message=f"n{victim} back in the ISR")
+    pub.send(R.publish(topic, b"last", qos=1, packet_id=31, version=5))
+    assert pub.expect(R.PUBACK, timeout=60).reason_code == 0
+    want.append(b"last")
+    for i in range(3):
+        wait_for(lambda i=i: [p for _, p in _replay(cluster, i, device)] == want, 60,
+                 message=f"n{i}'s replica holds every message once, in order: "
+                         f"{[p for _, p in _replay(cluster, i, device)]}")
+    pub.close()

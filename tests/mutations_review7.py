@@ -1,0 +1,25 @@
+"""Planted bugs for review 7's fault attacks on this session's failover changes (publishes
+moved to a new leader: cluster/appendmove.py; publishes held for the write gate:
+broker/gatehold.py), run by ``tests/mutate.py review7-``. Each names the real-process test of
+``tests/cluster/test_review7_faults.py`` that catches it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+T = "tests/cluster/test_review7_faults.py"
+MOVED = f"{T}::test_a_moved_append_already_committed_is_answered_by_its_first_copy_never_" \
+        "stored_twice"
+
+
+def review7_mutations(mutation: Any) -> tuple[Any, ...]:
+    """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
+    m = mutation
+    return (
+        m("review7-moved-not-maybe-stored", "cluster/appendmove.py: a sent APPEND moves to the "
+          "new leader without maybe_stored, so one the old leader committed (a follower "
+          "fetched it, its RESULT was lost) is stored a second time", "cluster/appendmove.py",
+          "                msg.maybe_stored = True  # the new leader looks for its earlier copy "
+          "first\n", "                pass\n", (MOVED,)),
+    )
