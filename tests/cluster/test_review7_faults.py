@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ from commitlog.fetch import decode_fetch_response
 
 pytestmark = pytest.mark.timeout(300)
 ACK_OFFSETS = {R.USER_PROPERTY: [("ack-offsets", "true")]}
+LEASE_HOLD = 4.0  # long enough for test 2's steps under load, short for test 3's wait
 PAIRS = ((0, 1), (0, 2), (1, 2))  # (dialler, dialled): the lower router id dials
 
 
@@ -56,10 +58,12 @@ class Mesh:
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     # append_timeout far above the test's patience: an answer must be an outcome, never the
-    # timeout's refusal; a follower whose fetches go unanswered leaves the ISR after 1 s
+    # timeout's refusal; a follower whose fetches go unanswered leaves the ISR after 1 s;
+    # lease_hold 4 s (default 2): test 2 holds publishes and thaws within it on a loaded box
     cluster = Cluster(tmp_path_factory.mktemp("review7"), n=3, raft=True,
                       overrides={"cluster": {"append_timeout": 60.0,
-                                             "replica_lag_time_max": 1.0}})
+                                             "replica_lag_time_max": 1.0,
+                                             "lease_hold": LEASE_HOLD}})
     proxies = {}
     for i, j in PAIRS:
         proxies[(i, j)] = TcpProxy(cluster.mesh_ports[j])
@@ -198,3 +202,136 @@ def test_a_moved_append_already_committed_is_answered_by_its_first_copy_never_st
                  message=f"n{i}'s replica holds every message once, in order: "
                          f"{[p for _, p in _replay(cluster, i, device)]}")
     pub.close()
+
+
+# -- 2. and 3. the write gate shut: held, then released or refused ------------------------------
+def _place_at(cluster: Cluster, raw, m: int, device: str) -> None:
+    """Place ``device``'s log at node m (affinity: its first publish there), 3 in sync."""
+    c = raw(cluster.nodes[m], version=5)
+    c.connect(unique("placer"))
+    c.send(R.publish(f"devices/{device}/t", b"first", qos=1, packet_id=1, version=5))
+    assert c.expect(R.PUBACK, timeout=30).reason_code == 0
+    c.close()
+    wait_for(lambda: _owner(cluster, m, device).get("router") == f"n{m}/0"
+             and len(_owner(cluster, m, device).get("isr") or []) == 3, 60,
+             message=f"n{m}/0 leads {device}, 3 replicas in sync")
+
+
+class Frozen:
+    """The metadata processes of every node but m stopped (SIGSTOP): m's Raft voter has no
+    majority, so m's leader lease runs out (its routers and the others' stay up: the mesh,
+    fetches and the log leader on m go on). ``thaw`` sends SIGCONT; always called."""
+
+    def __init__(self, cluster: Cluster, m: int) -> None:
+        self.cluster = cluster
+        self.m = m
+        self.pids = [cluster.status(i)["metadata"]["pid"] for i in range(3) if i != m]
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
+
+    def wait_lease_out(self) -> None:
+        node = self.cluster.nodes[self.m]
+        wait_for(lambda: node.metric("meshmq_leader_lease_valid") == 0, 30,
+                 message=f"n{self.m}'s leader lease ran out")
+
+    def thaw(self) -> None:
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.pids = []
+
+
+@pytest.mark.xfail(strict=True, reason="review7: a QoS 0 publish is not gated, so it is stored "
+                   "before the same client's earlier QoS 1 publishes held for the write gate "
+                   "(log read first, b0, a1, a2)")
+def test_a_qos0_publish_after_a_held_qos1_one_is_stored_after_it(mesh: Mesh, raw) -> None:
+    """gatehold's promise: a publish after held ones waits behind them, so a device's
+    messages keep one order in its log. Publishes of one client on one device topic: QoS 1
+    "a1" (held: the lease is out), QoS 0 "b0", QoS 1 "a2"; the lease comes back within
+    lease_hold; the log must read first, a1, b0, a2."""
+    cluster = mesh.cluster
+    m = _raft_leader(cluster)  # any node; the Raft leader's voter then has no followers
+    device = unique("r7ord")
+    topic = f"devices/{device}/t"
+    _place_at(cluster, raw, m, device)
+    pub = raw(cluster.nodes[m], version=5)
+    pub.connect(unique("ordpub"))
+    node = cluster.nodes[m]
+    held0 = node.metric("meshmq_publishes_held_total", outcome="held")
+    frozen = Frozen(cluster, m)
+    try:
+        frozen.wait_lease_out()
+        pub.send(R.publish(topic, b"a1", qos=1, packet_id=11, version=5))
+        pub.send(R.publish(topic, b"b0", qos=0, version=5))
+        pub.send(R.publish(topic, b"a2", qos=1, packet_id=12, version=5))
+        wait_for(lambda: node.metric("meshmq_publishes_held_total", outcome="held")
+                 >= held0 + 1, 30, message="a1 held for the write gate")
+    finally:
+        frozen.thaw()
+    acks = _acks(pub, 2, timeout=60)
+    assert all(a.reason_code == 0 for a in acks.values()), acks
+    pub.send(R.publish(topic, b"end", qos=1, packet_id=13, version=5))
+    assert pub.expect(R.PUBACK, timeout=60).reason_code == 0
+    want = [b"first", b"a1", b"b0", b"a2", b"end"]
+    wait_for(lambda: len(_replay(cluster, m, device)) >= len(want), 30,
+             message="every publish readable")
+    got = [p for _, p in _replay(cluster, m, device)]
+    assert got == want, f"the device's log is not in publish order: {got}"
+    pub.close()
+
+
+def test_a_lease_gap_longer_than_lease_hold_refuses_held_publishes_and_stores_none(
+        mesh: Mesh, raw) -> None:
+    """Past lease_hold the held publishes are refused (v5: DISCONNECT 0x9C; 3.1.1: closed),
+    never acknowledged and never stored, though this node still leads the log; once the
+    majority is back, publishes are acknowledged again and the log holds none of them."""
+    cluster = mesh.cluster
+    m = _raft_leader(cluster)
+    device = unique("r7gap")
+    topic = f"devices/{device}/t"
+    _place_at(cluster, raw, m, device)
+    v5 = raw(cluster.nodes[m], version=5)
+    v5.connect(unique("gap5"))
+    v3 = raw(cluster.nodes[m], version=4)
+    v3.connect(unique("gap3"))
+    node = cluster.nodes[m]
+    refused0 = node.metric("meshmq_publishes_held_total", outcome="refused")
+    frozen = Frozen(cluster, m)
+    try:
+        frozen.wait_lease_out()
+        v5.send(R.publish(topic, b"x5", qos=1, packet_id=21, version=5))
+        v5.send(R.publish(topic, b"y5", qos=2, packet_id=22, version=5))
+        v3.send(R.publish(topic, b"x3", qos=1, packet_id=21))
+        held_at = time.monotonic()
+        got = v5.expect(R.DISCONNECT, timeout=LEASE_HOLD + 30, skip=(R.PINGRESP,))
+        waited = time.monotonic() - held_at
+        assert got.reason_code == 0x9C, got
+        v3.wait_closed(timeout=30)
+        # one per connection: the first refusal closes it, the rest of its held ones go with it
+        assert node.metric("meshmq_publishes_held_total", outcome="refused") >= refused0 + 2
+    finally:
+        frozen.thaw()
+    print(f"\n[review7] lease out past lease_hold ({LEASE_HOLD} s): v5 DISCONNECT 0x9C after "
+          f"{waited:.1f} s, 3.1.1 closed")
+    again = raw(cluster.nodes[m], version=5)
+    again.connect(unique("gapafter"))
+
+    def acked() -> bool:  # the lease back: acknowledged (a refusal closes: try again)
+        nonlocal again
+        try:
+            again.send(R.publish(topic, b"after", qos=1, packet_id=31, version=5))
+            return again.expect(R.PUBACK, timeout=10).reason_code == 0
+        except (AssertionError, OSError):
+            again.close()
+            again = raw(cluster.nodes[m], version=5)
+            again.connect(unique("gapafter"))
+            return False
+
+    wait_for(acked, 60, message="publishes acknowledged again once the majority is back")
+    log = [p for _, p in _replay(cluster, m, device)]
+    assert log[0] == b"first" and b"after" in log, log
+    stored = [p for p in log if p in (b"x5", b"y5", b"x3")]
+    assert not stored, f"refused publishes stored: {stored} in {log}"
+    again.close()
