@@ -11,6 +11,7 @@ from typing import Any
 T = "tests/cluster/test_review7_faults.py"
 MOVED = f"{T}::test_a_moved_append_already_committed_is_answered_by_its_first_copy_never_" \
         "stored_twice"
+ORDER = f"{T}::test_a_qos0_publish_after_a_held_qos1_one_is_stored_after_it"
 GAP = f"{T}::test_a_lease_gap_longer_than_lease_hold_refuses_held_publishes_and_stores_none"
 
 
@@ -23,6 +24,11 @@ def review7_mutations(mutation: Any) -> tuple[Any, ...]:
           "fetched it, its RESULT was lost) is stored a second time", "cluster/appendmove.py",
           "                msg.maybe_stored = True  # the new leader looks for its earlier copy "
           "first\n", "                pass\n", (MOVED,)),
+        m("review7-qos0-overtakes-held", "broker/handle_publish.py: a QoS 0 publish is not "
+          "held behind its connection's publishes held for the write gate, so it is appended "
+          "ahead of them (the device log out of publish order)", "broker/handle_publish.py",
+          "if gate is not None and (qos or (self.gate_held.per_conn",
+          "if gate is not None and (qos or (False and self.gate_held.per_conn", (ORDER,)),
         m("review7-hold-expired-closes-silently", "broker/gatehold.py: a publish whose hold "
           "ran out (the lease out longer than cluster.lease_hold) closes the connection without "
           "the v5 DISCONNECT 0x9C and its Server Reference (the client is not told where to go)",

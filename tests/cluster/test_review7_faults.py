@@ -243,9 +243,6 @@ class Frozen:
         self.pids = []
 
 
-@pytest.mark.xfail(strict=True, reason="review7: a QoS 0 publish is not gated, so it is stored "
-                   "before the same client's earlier QoS 1 publishes held for the write gate "
-                   "(log read first, b0, a1, a2)")
 def test_a_qos0_publish_after_a_held_qos1_one_is_stored_after_it(mesh: Mesh, raw) -> None:
     """gatehold's promise: a publish after held ones waits behind them, so a device's
     messages keep one order in its log. Publishes of one client on one device topic: QoS 1
