@@ -11,6 +11,8 @@ from typing import Any
 T = "tests/cluster/test_review7_faults.py"
 MOVED = f"{T}::test_a_moved_append_already_committed_is_answered_by_its_first_copy_never_" \
         "stored_twice"
+HERE = f"{T}::test_a_moved_append_to_this_router_which_fetched_its_first_copy_is_not_" \
+       "stored_twice"
 ORDER = f"{T}::test_a_qos0_publish_after_a_held_qos1_one_is_stored_after_it"
 GAP = f"{T}::test_a_lease_gap_longer_than_lease_hold_refuses_held_publishes_and_stores_none"
 
@@ -24,6 +26,12 @@ def review7_mutations(mutation: Any) -> tuple[Any, ...]:
           "fetched it, its RESULT was lost) is stored a second time", "cluster/appendmove.py",
           "                msg.maybe_stored = True  # the new leader looks for its earlier copy "
           "first\n", "                pass\n", (MOVED,)),
+        m("review7-moved-here-no-lookup", "cluster/appendmove.py: a sent APPEND moved to "
+          "this router (elected leader) is appended without looking for its first copy, "
+          "which this router fetched as a follower: stored twice", "cluster/appendmove.py",
+          "            if new == mesh.rid:\n                self.append_here(",
+          "            if new == mesh.rid:\n                msg.maybe_stored = False\n"
+          "                self.append_here(", (HERE,)),
         m("review7-qos0-overtakes-held", "broker/handle_publish.py: a QoS 0 publish is not "
           "held behind its connection's publishes held for the write gate, so it is appended "
           "ahead of them (the device log out of publish order)", "broker/handle_publish.py",

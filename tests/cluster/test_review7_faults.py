@@ -3,7 +3,7 @@ build them (cluster/appendmove.py, broker/gatehold.py; issue 24's promise: a PUB
 committed on every in-sync replica, nothing acknowledged is lost while a majority survives,
 per-device order holds, an unknown outcome is never a success).
 
-One 3-node Raft cluster (RF 3) for the whole file; every mesh link is dialled through a TCP
+One 3-node Raft cluster (RF 3) for attacks 1-2; every mesh link is dialled through a TCP
 proxy the tests control (the lower router id dials: n0 -> n1, n0 -> n2, n1 -> n2).
 
 1. **A moved APPEND whose first copy the old leader stored and a follower fetched.** The
@@ -19,7 +19,14 @@ proxy the tests control (the lower router id dials: n0 -> n1, n0 -> n2, n1 -> n2
    (SIGSTOP): the third node's voter has no majority, its lease runs out, its QoS 1 publishes
    are held for ``lease_hold`` and then refused (v5: DISCONNECT 0x9C; 3.1.1: closed), never
    acknowledged and never stored, even though the node still leads the device's log. Once
-   the metadata processes go on, publishes are acknowledged again.
+   the metadata processes go on, publishes are acknowledged again. Within ``lease_hold``
+   (the lease back in time): a QoS 0 publish sent after held QoS 1 ones of the same client
+   must land after them in the log (it did not: fixed in broker/gatehold.py).
+3. **A moved APPEND to the publisher's own router, which fetched its first copy.** A second,
+   small cluster (a frozen follower stays in the ISR): P follows V's log and fetched h0..h9,
+   which the frozen W keeps below the high-water mark; V is killed and P elected (the
+   controller prefers the device's client's router), so the mover appends them *here*: the
+   dedupe must find P's own fetched copies, never append them again.
 """
 
 from __future__ import annotations
@@ -204,7 +211,7 @@ def test_a_moved_append_already_committed_is_answered_by_its_first_copy_never_st
     pub.close()
 
 
-# -- 2. and 3. the write gate shut: held, then released or refused ------------------------------
+# -- 2. the write gate shut: held, then released or refused ------------------------------
 def _place_at(cluster: Cluster, raw, m: int, device: str) -> None:
     """Place ``device``'s log at node m (affinity: its first publish there), 3 in sync."""
     c = raw(cluster.nodes[m], version=5)
@@ -332,3 +339,89 @@ def test_a_lease_gap_longer_than_lease_hold_refuses_held_publishes_and_stores_no
     stored = [p for p in log if p in (b"x5", b"y5", b"x3")]
     assert not stored, f"refused publishes stored: {stored} in {log}"
     again.close()
+
+
+# -- 3. a moved APPEND to the publisher's own router, which fetched its first copy ------------
+@pytest.fixture(scope="module")
+def patient(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    # a frozen follower stays in the ISR for the whole test (replica_lag_time_max 30 s), so
+    # the high-water mark cannot pass what the other follower fetched
+    cluster = Cluster(tmp_path_factory.mktemp("review7p"), n=3, raft=True,
+                      overrides={"cluster": {"append_timeout": 60.0,
+                                             "replica_lag_time_max": 30.0}})
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_a_moved_append_to_this_router_which_fetched_its_first_copy_is_not_stored_twice(
+        patient: Cluster, raw) -> None:
+    """P (the publisher's router) follows the log V leads; W's router is frozen, so the
+    high-water mark stays below h0..h9: P fetches them (unacknowledged, outcome unknown).
+    V is killed; the controller prefers the router the device's client is connected to, so P
+    is elected, and P's mover appends the ten sent APPENDs *here* (``append_here``) with
+    maybe_stored. Its own log already holds their first copies, fetched as a follower: the
+    dedupe must answer them at offsets 2..11 (once W is thawed and the mark passes), never
+    append them again."""
+    cluster = patient
+    raft = _raft_leader(cluster)
+    victim = next(i for i in range(3) if i != raft)
+    at = next(i for i in range(3) if i != victim)
+    third = 3 - victim - at
+    device = unique("r7here")  # also the publisher's client id: the controller prefers P
+    topic = f"devices/{device}/t"
+    body = b"x" * 2000  # records this size: P's fetched bytes count them (headers are noise)
+    first = raw(cluster.nodes[victim], version=5)
+    first.connect(unique("placer"))
+    first.send(R.publish(topic, b"first", qos=1, packet_id=1, version=5))
+    assert first.expect(R.PUBACK, timeout=30).reason_code == 0  # placed at V (affinity)
+    first.close()
+    wait_for(lambda: _owner(cluster, at, device).get("router") == f"n{victim}/0"
+             and len(_owner(cluster, victim, device).get("isr") or []) == 3, 60,
+             message=f"n{at} knows n{victim}/0 leads {device}, 3 replicas in sync")
+    node = cluster.nodes[at]
+    pub = raw(node, version=5)
+    pub.connect(device, properties=ACK_OFFSETS)
+    got0 = node.metric("meshmq_replica_bytes_total", direction="in")
+    pub.send(R.publish(topic, b"bf" + body, qos=1, packet_id=20, version=5))
+    assert pub.expect(R.PUBACK, timeout=30).reason_code == 0  # forwarded; P fetched it
+    wait_for(lambda: node.metric("meshmq_replica_bytes_total", direction="in") > got0, 30,
+             message="P fetched the acknowledged record")
+    one = node.metric("meshmq_replica_bytes_total", direction="in") - got0
+    router_w = cluster.status(third)["routers"][0]["pid"]
+    os.kill(router_w, signal.SIGSTOP)  # W stays in the ISR, fetching nothing
+    try:
+        base = node.metric("meshmq_replica_bytes_total", direction="in")
+        for k in range(10):
+            pub.send(R.publish(topic, b"h%d" % k + body, qos=1, packet_id=10 + k, version=5))
+        wait_for(lambda: node.metric("meshmq_replica_bytes_total", direction="in")
+                 >= base + 9.5 * one, 60, message="P fetched h0..h9 (not committed)")
+        pub.expect_none(0.3)  # W holds the mark back: nothing acknowledged yet
+        pids = _node_pids(cluster, victim)
+        for p in pids:
+            os.kill(p, signal.SIGKILL)
+        cluster.nodes[victim].kill()
+        wait_for(lambda: _owner(cluster, at, device).get("router") not in
+                 (None, f"n{victim}/0"), 60, message="a new leader elected")
+        leader = _owner(cluster, at, device)["router"]
+        assert leader == f"n{at}/0", \
+            f"{leader} elected, not the publisher's router n{at}/0: the test's premise failed"
+    finally:
+        os.kill(router_w, signal.SIGCONT)
+    acks = _acks(pub, 10, timeout=60)
+    refused = {pid: a.reason_code for pid, a in acks.items() if a.reason_code != 0}
+    assert not refused, f"publishes refused after the move: {refused}"
+    offsets = [int(dict(acks[10 + k].properties[R.USER_PROPERTY])["offset"]) for k in range(10)]
+    want = [b"first", b"bf" + body] + [b"h%d" % k + body for k in range(10)]
+    wait_for(lambda: len(_replay(cluster, at, device)) >= len(want), 30,
+             message="every publish readable")
+    rows = _replay(cluster, at, device)
+    short = [p[:5] for _, p in rows]
+    hits = node.metric("meshmq_publish_dedupe_total", result="hit")
+    print(f"\n[review7] moved to this router: acknowledged at {offsets}, {hits:.0f} dedupe "
+          f"hits, log {short}")
+    assert [p for _, p in rows] == want, f"the log after the move: {short}"
+    assert offsets == list(range(2, 12)), offsets
+    pub.close()
