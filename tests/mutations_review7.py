@@ -13,6 +13,9 @@ MOVED = f"{T}::test_a_moved_append_already_committed_is_answered_by_its_first_co
         "stored_twice"
 HERE = f"{T}::test_a_moved_append_to_this_router_which_fetched_its_first_copy_is_not_" \
        "stored_twice"
+ROT = f"{T}::test_a_leader_restarted_with_a_rotted_record_does_not_lead_with_the_hole"
+ROT_UNIT = ("tests/cluster/test_controller_unit.py::test_a_restarted_leader_whose_recovery_"
+            "quarantined_a_record_is_not_elected_again")
 ORDER = f"{T}::test_a_qos0_publish_after_a_held_qos1_one_is_stored_after_it"
 GAP = f"{T}::test_a_lease_gap_longer_than_lease_hold_refuses_held_publishes_and_stores_none"
 
@@ -32,6 +35,15 @@ def review7_mutations(mutation: Any) -> tuple[Any, ...]:
           "            if new == mesh.rid:\n                self.append_here(",
           "            if new == mesh.rid:\n                msg.maybe_stored = False\n"
           "                self.append_here(", (HERE,)),
+        m("review7-damaged-leader-reelected", "cluster/controller.py plan: a restarted "
+          "leader whose recovery quarantined a record of the log is elected again (it serves "
+          "the hole; the followers' good copies are never read)", "cluster/controller.py",
+          "            keep.remove(leader)\n", "            pass\n", (ROT_UNIT, ROT)),
+        m("review7-damaged-not-reported", "meshmq/cluster_wiring.py: the router does not tell "
+          "Raft which logs its recovery found damaged (the controller cannot know)",
+          "meshmq/cluster_wiring.py",
+          "    damaged = [k for k in node.store.keys() if node.store.lost_ranges(k, 0, 1 << 62)]",
+          "    damaged = [k for k in node.store.keys() if False]", (ROT,)),
         m("review7-qos0-overtakes-held", "broker/handle_publish.py: a QoS 0 publish is not "
           "held behind its connection's publishes held for the write gate, so it is appended "
           "ahead of them (the device log out of publish order)", "broker/handle_publish.py",

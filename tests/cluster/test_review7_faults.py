@@ -459,10 +459,6 @@ def _flip_record(log_dir: str, device: str, offset: int) -> None:
     raise AssertionError(f"no record {device}@{offset} in {log_dir}")
 
 
-@pytest.mark.xfail(strict=True, reason="review7: the controller re-elects a restarted leader "
-                   "that kept its logs (plan's preference) although its recovery quarantined "
-                   "an acknowledged record; logverify checks followers only, so the leader "
-                   "serves the hole (m15 never read) while both followers hold good copies")
 def test_a_leader_restarted_with_a_rotted_record_does_not_lead_with_the_hole(
         patient: Cluster, raw) -> None:
     """V leads a log of 30 acknowledged records, every one in sync on P and W. V's router
@@ -530,3 +526,8 @@ def test_a_leader_restarted_with_a_rotted_record_does_not_lead_with_the_hole(
           f"(was {before['router']}), {len(got)} records served")
     assert got == want, f"acknowledged records not served by leader {leader}: " \
                         f"{sorted(set(want) - set(got))}"
+    # V repairs the hole from the new leader as a follower and rejoins the ISR
+    wait_for(lambda: len(_owner(cluster, at, device).get("isr") or []) == 3, 60,
+             message=f"n{victim}/0 back in the ISR (its hole refetched)")
+    wait_for(lambda: [p for _, p in _replay(cluster, victim, device)] == want, 30,
+             message=f"n{victim} serves all 30")
