@@ -16,6 +16,7 @@ HERE = f"{T}::test_a_moved_append_to_this_router_which_fetched_its_first_copy_is
 ROT = f"{T}::test_a_leader_restarted_with_a_rotted_record_does_not_lead_with_the_hole"
 ROT_UNIT = ("tests/cluster/test_controller_unit.py::test_a_restarted_leader_whose_recovery_"
             "quarantined_a_record_is_not_elected_again")
+QOS2 = f"{T}::test_qos2_publishes_moved_while_their_client_was_away_get_pubrec_once_stored"
 ORDER = f"{T}::test_a_qos0_publish_after_a_held_qos1_one_is_stored_after_it"
 GAP = f"{T}::test_a_lease_gap_longer_than_lease_hold_refuses_held_publishes_and_stores_none"
 
@@ -44,6 +45,12 @@ def review7_mutations(mutation: Any) -> tuple[Any, ...]:
           "meshmq/cluster_wiring.py",
           "    damaged = [k for k in node.store.keys() if node.store.lost_ranges(k, 0, 1 << 62)]",
           "    damaged = [k for k in node.store.keys() if False]", (ROT,)),
+        m("review7-qos2-outcome-for-closed-conn-dropped", "broker/forwarding.py: a QoS 2 "
+          "outcome arriving after its connection closed (a moved APPEND's) is not settled in "
+          "the session: the id stays pending and the client's resend is never answered",
+          "broker/forwarding.py",
+          "        if msg.qos == 2 and conn.closing and conn.session is not None:\n",
+          "        if False:\n", (QOS2,)),
         m("review7-qos0-overtakes-held", "broker/handle_publish.py: a QoS 0 publish is not "
           "held behind its connection's publishes held for the write gate, so it is appended "
           "ahead of them (the device log out of publish order)", "broker/handle_publish.py",

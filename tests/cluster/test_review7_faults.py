@@ -30,7 +30,11 @@ proxy the tests control (the lower router id dials: n0 -> n1, n0 -> n2, n1 -> n2
 4. **A leader's router restarted by its supervisor with a rotted record** (same small
    cluster, no checkpoints so recovery scans everything): the controller prefers a restarted
    leader that kept its logs, and its recovery quarantined an acknowledged record that both
-   followers hold: it must not lead with the hole (it does: xfail).
+   followers hold: it must not lead with the hole (it did: fixed in cluster/controller.py).
+5. **QoS 2 across the move, the client away meanwhile** (the first cluster): q0..q4 sent
+   into the frozen leader, the connection dropped, the leader killed, the client back on the
+   same router resending with DUP: PUBREC 0 for each once stored at the new leader, PUBCOMP
+   for each PUBREL, each once in the log.
 """
 
 from __future__ import annotations
@@ -214,6 +218,76 @@ def test_a_moved_append_already_committed_is_answered_by_its_first_copy_never_st
                  message=f"n{i}'s replica holds every message once, in order: "
                          f"{[p for _, p in _replay(cluster, i, device)]}")
     pub.close()
+
+
+
+def test_qos2_publishes_moved_while_their_client_was_away_get_pubrec_once_stored(
+        mesh: Mesh, raw) -> None:
+    """QoS 2 across the move: a v5 client (persistent session) sends q0..q4 into the frozen
+    leader V's socket and drops its connection; V is killed; the client reconnects to the
+    same router and resends them with DUP (their packet ids still pending in the session).
+    Each must get PUBREC 0 once the new leader stored it (the moved APPEND's outcome reaches
+    the session's new connection), PUBREL gets PUBCOMP, and the log holds each once, in
+    order."""
+    cluster = mesh.cluster
+    raft = _raft_leader(cluster)
+    victim = next(i for i in range(3) if i != raft)
+    at = next(i for i in range(3) if i != victim)
+    device = unique("r7q2")
+    topic = f"devices/{device}/t"
+    first = raw(cluster.nodes[victim], version=5)
+    first.connect(unique("placer"))
+    first.send(R.publish(topic, b"first", qos=1, packet_id=1, version=5))
+    assert first.expect(R.PUBACK, timeout=30).reason_code == 0
+    first.close()
+    wait_for(lambda: _owner(cluster, at, device).get("router") == f"n{victim}/0"
+             and len(_owner(cluster, victim, device).get("isr") or []) == 3, 60,
+             message=f"n{at} knows n{victim}/0 leads {device}, 3 replicas in sync")
+    cid = unique("q2pub")
+    props = {R.SESSION_EXPIRY_INTERVAL: 3600}
+    pub = raw(cluster.nodes[at], version=5)
+    pub.connect(cid, clean=False, properties=props)
+    moved0 = cluster.nodes[at].metric("meshmq_link_appends_moved_total")
+    pids = _node_pids(cluster, victim)
+    for p in pids:
+        os.kill(p, signal.SIGSTOP)
+    for k in range(5):  # into the frozen leader's socket: outcome unknown
+        pub.send(R.publish(topic, b"q%d" % k, qos=2, packet_id=40 + k, version=5))
+    wait_for(lambda: cluster.link(at, victim)["awaiting_outcome"] >= 5, 30,
+             message="the five APPENDs sent and awaiting their outcome")
+    pub.abort()  # the client goes away with its publishes in flight
+    for p in pids:
+        os.kill(p, signal.SIGKILL)
+    cluster.nodes[victim].kill()
+    back = raw(cluster.nodes[at], version=5)
+    ack = back.connect(cid, clean=False, properties=props)
+    assert ack.session_present, "the session was not kept"
+    for k in range(5):  # [MQTT-4.4.0-1]: unacknowledged PUBLISHes resent, DUP set
+        back.send(R.publish(topic, b"q%d" % k, qos=2, packet_id=40 + k, dup=True, version=5))
+    recs: dict[int, R.Packet] = {}
+    while len(recs) < 5:
+        try:
+            rec = back.expect(R.PUBREC, timeout=30)
+        except AssertionError as exc:
+            raise AssertionError(f"PUBREC for {sorted(recs)} of 40..44, then {exc}") from None
+        recs[rec.packet_id] = rec
+    assert all((r.reason_code or 0) == 0 for r in recs.values()), recs
+    moved = cluster.nodes[at].metric("meshmq_link_appends_moved_total") - moved0
+    assert moved >= 5, f"{moved:.0f} APPENDs moved: the test did not take the move path"
+    for k in range(5):
+        back.send(R.pubrel(40 + k))
+    comps = set()
+    while len(comps) < 5:
+        comps.add(back.expect(R.PUBCOMP, timeout=30, skip=(R.PUBREC,)).packet_id)
+    leader = _owner(cluster, at, device)["router"]
+    want = [b"first"] + [b"q%d" % k for k in range(5)]
+    wait_for(lambda: [p for _, p in _replay(cluster, at, device)] == want, 30,
+             message=f"the log (leader {leader}) holds each once, in order: "
+                     f"{[p for _, p in _replay(cluster, at, device)]}")
+    back.close()
+    cluster.nodes[victim].start()  # for the tests after this one: three nodes again
+    wait_for(lambda: len(_owner(cluster, at, device).get("isr") or []) == 3, 90,
+             message=f"n{victim} back in the ISR")
 
 
 # -- 2. the write gate shut: held, then released or refused ------------------------------
@@ -433,6 +507,9 @@ def test_a_moved_append_to_this_router_which_fetched_its_first_copy_is_not_store
     assert [p for _, p in rows] == want, f"the log after the move: {short}"
     assert offsets == list(range(2, 12)), offsets
     pub.close()
+    cluster.nodes[victim].start()  # for the test after this one: three nodes again
+    wait_for(lambda: len(_owner(cluster, at, device).get("isr") or []) == 3, 90,
+             message=f"n{victim} back in the ISR")
 
 
 # -- 4. a leader's router restarted by its supervisor, with a rotted record ---------------------
