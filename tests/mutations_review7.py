@@ -17,6 +17,7 @@ ROT = f"{T}::test_a_leader_restarted_with_a_rotted_record_does_not_lead_with_the
 ROT_UNIT = ("tests/cluster/test_controller_unit.py::test_a_restarted_leader_whose_recovery_"
             "quarantined_a_record_is_not_elected_again")
 QOS2 = f"{T}::test_qos2_publishes_moved_while_their_client_was_away_get_pubrec_once_stored"
+SUBORDER = f"{T}::test_a_subscribe_after_a_held_retained_publish_takes_effect_after_it"
 ORDER = f"{T}::test_a_qos0_publish_after_a_held_qos1_one_is_stored_after_it"
 GAP = f"{T}::test_a_lease_gap_longer_than_lease_hold_refuses_held_publishes_and_stores_none"
 
@@ -51,6 +52,12 @@ def review7_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/forwarding.py",
           "        if msg.qos == 2 and conn.closing and conn.session is not None:\n",
           "        if False:\n", (QOS2,)),
+        m("review7-held-not-unsettled", "broker/gatehold.py: a publish held for the write "
+          "gate does not count as unsettled, so a SUBSCRIBE sent after it takes effect first",
+          "broker/gatehold.py",
+          "        conn.unsettled += 1  # what the client sends after it waits behind it "
+          "(router)\n",
+          "        conn.unsettled += 0\n", (SUBORDER,)),
         m("review7-qos0-overtakes-held", "broker/handle_publish.py: a QoS 0 publish is not "
           "held behind its connection's publishes held for the write gate, so it is appended "
           "ahead of them (the device log out of publish order)", "broker/handle_publish.py",
