@@ -335,37 +335,52 @@ def test_a_qos0_publish_after_a_held_qos1_one_is_stored_after_it(mesh: Mesh, raw
     """gatehold's promise: a publish after held ones waits behind them, so a device's
     messages keep one order in its log. Publishes of one client on one device topic: QoS 1
     "a1" (held: the lease is out), QoS 0 "b0", QoS 1 "a2"; the lease comes back within
-    lease_hold; the log must read first, a1, b0, a2."""
+    lease_hold; the log must read first, a1, b0, a2.
+
+    The premise (all three read while a1 is still held) is checked with a PINGREQ after
+    them: its PINGRESP, with no PUBACK before it and no held publish released meanwhile,
+    says so; a lease that came back by itself in that moment (it flickers on a loaded box)
+    voids the attempt, and it is made again on a new device (at most 3)."""
     cluster = mesh.cluster
     m = _raft_leader(cluster)  # any node; the Raft leader's voter then has no followers
-    device = unique("r7ord")
-    topic = f"devices/{device}/t"
-    _place_at(cluster, raw, m, device)
-    pub = raw(cluster.nodes[m], version=5)
-    pub.connect(unique("ordpub"))
     node = cluster.nodes[m]
-    held0 = node.metric("meshmq_publishes_held_total", outcome="held")
-    frozen = Frozen(cluster, m)
-    try:
-        frozen.wait_lease_out()
-        pub.send(R.publish(topic, b"a1", qos=1, packet_id=11, version=5))
-        pub.send(R.publish(topic, b"b0", qos=0, version=5))
-        pub.send(R.publish(topic, b"a2", qos=1, packet_id=12, version=5))
-        wait_for(lambda: node.metric("meshmq_publishes_held_total", outcome="held")
-                 >= held0 + 1, 30, message="a1 held for the write gate")
-    finally:
-        frozen.thaw()
-    acks = _acks(pub, 2, timeout=60)
-    assert all(a.reason_code == 0 for a in acks.values()), acks
-    pub.send(R.publish(topic, b"end", qos=1, packet_id=13, version=5))
-    assert pub.expect(R.PUBACK, timeout=60).reason_code == 0
+    for attempt in range(3):
+        device = unique("r7ord")
+        topic = f"devices/{device}/t"
+        _place_at(cluster, raw, m, device)
+        pub = raw(cluster.nodes[m], version=5)
+        pub.connect(unique("ordpub"))
+        held0 = node.metric("meshmq_publishes_held_total", outcome="held")
+        released0 = node.metric("meshmq_publishes_held_total", outcome="released")
+        frozen = Frozen(cluster, m)
+        try:
+            frozen.wait_lease_out()
+            pub.send(R.publish(topic, b"a1", qos=1, packet_id=11, version=5))
+            pub.send(R.publish(topic, b"b0", qos=0, version=5))
+            pub.send(R.publish(topic, b"a2", qos=1, packet_id=12, version=5))
+            pub.send(R.pingreq())
+            first_answer = pub.recv(30)
+            premise = first_answer.type == R.PINGRESP and node.metric(
+                "meshmq_publishes_held_total", outcome="released") == released0 \
+                and node.metric("meshmq_publishes_held_total", outcome="held") >= held0 + 1
+        finally:
+            frozen.thaw()
+        acks = _acks(pub, 1 if first_answer.type == R.PUBACK else 2, timeout=60)
+        assert all(a.reason_code == 0 for a in acks.values()), acks
+        pub.send(R.publish(topic, b"end", qos=1, packet_id=13, version=5))
+        assert pub.expect(R.PUBACK, timeout=60, skip=(R.PINGRESP,)).reason_code == 0
+        pub.close()
+        if premise:
+            break
+        print(f"\n[review7] attempt {attempt + 1}: the lease came back before the three "
+              "were read; again")
+    else:
+        raise AssertionError("the lease never stayed out while three publishes were read")
     want = [b"first", b"a1", b"b0", b"a2", b"end"]
     wait_for(lambda: len(_replay(cluster, m, device)) >= len(want), 30,
              message="every publish readable")
     got = [p for _, p in _replay(cluster, m, device)]
     assert got == want, f"the device's log is not in publish order: {got}"
-    pub.close()
-
 
 
 def test_a_subscribe_after_a_held_retained_publish_takes_effect_after_it(mesh: Mesh,
