@@ -42,7 +42,9 @@ class PublishRoom:
                 held.opened()
             return False
         if not held.hold(conn, refusal, lambda: self._store_publish(logs, key, msg, conn,
-                                                                    pkt, expiry)):
+                                                                    pkt, expiry), bool(msg.qos)):
+            if not msg.qos:
+                return False  # QoS 0 is never refused by the gate: stored now
             refuse(conn, refusal)
         return True
 
@@ -118,8 +120,12 @@ class PublishRoom:
                     if pkt.dup or (props and message_id(props) is not None):
                         msg.maybe_stored = True
                 gate = self.write_gate
-                if qos and gate is not None and self._gated(gate, logs, key, msg, conn, pkt,
-                                                            interval if expiry_at else None):
+                # QoS 0 only behind this connection's held publishes (broker/gatehold.py):
+                # ``per_conn`` is empty but for the moment an election takes
+                if gate is not None and (qos or (self.gate_held.per_conn
+                                                 and self.gate_held.holds(conn))) \
+                        and self._gated(gate, logs, key, msg, conn, pkt,
+                                        interval if expiry_at else None):
                     return
                 # _store_publish, inline: the logged publish's hot path (cost guard)
                 owner = self.forwarder.owner_of(key) if self.forwarder is not None else None

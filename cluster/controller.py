@@ -33,7 +33,8 @@ node with a current registration, at a new epoch; the new ISR is the old one wit
 routers and without a restarted leader whose disk came back empty (Kafka removes fenced brokers
 from ISRs). Preference: the restarted leader itself when it came back *with its logs*
 (``kept_logs``: it found device logs on its disk at start, so a kill -9 or a clean restart, not
-a lost disk), then the router the device's client is connected to (session registry, when the
+a lost disk, and its recovery quarantined no record of this log: ``damaged``), then the router
+the device's client is connected to (session registry, when the
 device id is a client id), then the log's replica order (deterministic: every controller picks
 the same one). No unclean election: with no eligible ISR member the log stays leaderless and is
 reported offline (``offline``; ERROR once per log).
@@ -155,6 +156,15 @@ def plan(logs: Mapping[str, dict], routers: Mapping[str, dict], alive: frozenset
         lost = restarted and not (reg or {}).get("kept_logs")  # came back with an empty disk
         keep = [r for r in isr if _node(r) in alive and r in routers and r not in stale
                 and not (r == leader and lost)]
+        if restarted and leader in keep and len(keep) > 1 \
+                and device in ((reg or {}).get("damaged") or ()):
+            # its recovery quarantined a record of this log (rot, a torn write): re-elected,
+            # it would serve the hole although the others hold good copies (review 7). Out of
+            # the ISR; as a follower it repairs the hole from the new leader
+            # (cluster/logverify.py, the fetcher's repair) and rejoins. Kafka takes a log dir
+            # with a corrupt record offline and elects elsewhere. The last replica standing
+            # still leads with the hole: offline would lose every other record too.
+            keep.remove(leader)
         if not keep:
             offline.append(device)
             floor = int(rec.get("floor") or 0)

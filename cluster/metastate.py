@@ -134,12 +134,16 @@ class MetadataState:
         replaces the old one, which fences every log record naming the old one (the
         controller then elects again). ``info``: {"kept_logs": bool} (whether the router
         started with device logs on its disk), for the sole-ISR-member rule in the
-        controller."""
+        controller, and optionally "damaged": [device] (logs whose recovery quarantined a
+        corrupt record at this start: the controller elects another ISR member for them)."""
         if not isinstance(router, str) or "/" not in router or not incarnation:
             raise ValueError("expected a router id <node>/<index> and an incarnation")
         old = self.routers.get(router)
         rec = {"incarnation": str(incarnation), "node": router.rpartition("/")[0],
                "kept_logs": bool((info or {}).get("kept_logs", False))}
+        damaged = (info or {}).get("damaged")
+        if isinstance(damaged, list) and damaged:  # absent unless some log was (older routers)
+            rec["damaged"] = [str(d) for d in damaged]
         if old is not None and all(old.get(k) == v for k, v in rec.items()):
             return False, old, None
         # ``since``: the command that registered this process. An ISR membership older than it

@@ -8,7 +8,9 @@ elected to lead them (``leader_incarnation``), and a router leads a log only whe
 own (``fenced``): so a router restarted after kill -9, or with its disk lost, never resumes
 leading with what it has; the controller (cluster/controller.py) sees the new incarnation and
 elects again. ``kept_logs`` (device logs on disk at start) tells the controller whether this
-router may be re-elected as a log's last in-sync replica (see its docstring).
+router may be re-elected as a log's last in-sync replica (see its docstring); ``damaged`` (the
+logs whose recovery quarantined a corrupt record at this start) that it must not be re-elected
+for those while another in-sync replica is alive (review 7).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def fenced(rec: dict, router: str, incarnation: str | None) -> bool:
 
 
 async def register(socket_path: str, router: str, incarnation: str, kept_logs: bool,
-                   timeout: float) -> dict[str, Any] | None:
+                   timeout: float, damaged: list[str] | None = None) -> dict[str, Any] | None:
     """Propose the registration until Raft commits it (the record) or ``timeout`` passes
     (None: logged; the router runs, but the controller does not elect it until a later
     registration lands, see ``Registrar``). An unknown outcome is retried: the command is a
@@ -52,7 +54,7 @@ async def register(socket_path: str, router: str, incarnation: str, kept_logs: b
                     client = MetadataClient(socket_path)
                     await asyncio.wait_for(client.connect(), left)
                 _applied, rec = await asyncio.wait_for(client.propose(
-                    ["register_router", router, incarnation, {"kept_logs": kept_logs}]), left)
+                    ["register_router", router, incarnation, _info(kept_logs, damaged)]), left)
                 if isinstance(rec, dict) and rec.get("incarnation") == incarnation:
                     log.info("router registered in Raft", extra={
                         "router": router, "incarnation": incarnation, "kept_logs": kept_logs})
@@ -99,23 +101,35 @@ async def wait_unfenced(records: Mapping[str, dict], router: str, incarnation: s
     return left
 
 
+def _info(kept_logs: bool, damaged: list[str] | None) -> dict[str, Any]:
+    """The registration's ``info``: ``damaged`` (the device logs whose recovery at this start
+    quarantined a corrupt record) only when there are any, so a registration without is the
+    same command an older router sends."""
+    info: dict[str, Any] = {"kept_logs": kept_logs}
+    if damaged:
+        info["damaged"] = sorted(damaged)
+    return info
+
+
 class Registrar:
     """Registers at start and keeps trying in the background when the first try timed out
     (a node started without a Raft majority)."""
 
-    def __init__(self, socket_path: str, router: str, incarnation: str, kept_logs: bool) -> None:
+    def __init__(self, socket_path: str, router: str, incarnation: str, kept_logs: bool,
+                 damaged: list[str] | None = None) -> None:
         self.args = (socket_path, router, incarnation, kept_logs)
+        self.damaged = damaged
         self.registered = False
         self._task: asyncio.Task | None = None
 
     async def start(self, timeout: float) -> None:
-        self.registered = await register(*self.args, timeout) is not None
+        self.registered = await register(*self.args, timeout, self.damaged) is not None
         if not self.registered:
             self._task = asyncio.get_running_loop().create_task(self._retry())
 
     async def _retry(self) -> None:
         while not self.registered:
-            self.registered = await register(*self.args, 30.0) is not None
+            self.registered = await register(*self.args, 30.0, self.damaged) is not None
 
     async def close(self) -> None:
         if self._task is not None:

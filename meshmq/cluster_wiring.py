@@ -159,7 +159,16 @@ async def _attach_raft(node: Any, mesh: Any) -> Any:
     except TimeoutError:
         log.error("no placement snapshot from this node's metadata process in %.0f s: device "
                   "logs stay unplaced (not served) until it answers", wait)
-    registrar = Registrar(socket, mesh.rid, feed.incarnation, kept)
+    # logs whose recovery quarantined a record at this start: not re-elected while another
+    # in-sync replica can lead them (cluster/controller.py ``plan``; review 7)
+    damaged = [k for k in node.store.keys() if node.store.lost_ranges(k, 0, 1 << 62)] \
+        if node.store is not None else []
+    if damaged:
+        log.warning("%d device logs lost records to corruption found at start: this router "
+                    "does not lead them again while another in-sync replica can, and "
+                    "fetches the lost records from it", len(damaged),
+                    extra={"router": mesh.rid, "devices": damaged[:20]})
+    registrar = Registrar(socket, mesh.rid, feed.incarnation, kept, damaged)
     await registrar.start(wait)
     if node.store is not None:
         await placer.register(node.store.keys(), wait)

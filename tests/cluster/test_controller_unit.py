@@ -66,6 +66,21 @@ def test_a_restarted_leader_is_elected_again_or_replaced() -> None:
     assert cmds == [["elect", "d", 2, "a/0", ["a/0", "b/0"]]] and offline == []
 
 
+def test_a_restarted_leader_whose_recovery_quarantined_a_record_is_not_elected_again() -> None:
+    """Review 7: its recovery found a corrupt record of the log (``damaged``): another ISR
+    member leads and it leaves the ISR (it repairs as a follower); its other logs, and a log
+    it is the last replica of, it leads again."""
+    damaged = dict(ROUTERS, **{"a/0": {"incarnation": "a2", "node": "a", "kept_logs": True,
+                                       "damaged": ["d", "alone"]}})
+    logs = {"d": _log("a/0", ["a/0", "b/0", "c/0"], epoch=2, inc="a1"),
+            "fine": _log("a/0", ["a/0", "b/0"], epoch=1, inc="a1"),
+            "alone": _log("a/0", ["a/0"], epoch=3, inc="a1")}
+    cmds, offline = plan(logs, damaged, frozenset({"a", "b", "c"}))
+    assert sorted(cmds) == [["elect", "alone", 3, "a/0", ["a/0"]],
+                            ["elect", "d", 2, "b/0", ["b/0", "c/0"]],
+                            ["elect", "fine", 1, "a/0", ["a/0", "b/0"]]] and offline == []
+
+
 def test_a_follower_restarted_since_the_isr_was_set_leaves_it_and_is_never_elected() -> None:
     routers = dict(ROUTERS, **{"c/0": {"incarnation": "c2", "node": "c", "kept_logs": True,
                                        "since": 9}})
