@@ -48,30 +48,6 @@ def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         cluster.stop()
 
 
-def _raft_leader(cluster: Cluster) -> int:
-    found: list[int] = []
-
-    def agreed() -> bool:
-        seen = {cluster.status(i)["metadata"].get("leader") for i in range(3)
-                if cluster.nodes[i].alive}
-        if len(seen) != 1 or None in seen:
-            return False
-        addr = seen.pop()
-        found[:] = [j for j, p in enumerate(cluster.raft_ports) if addr.endswith(f":{p}")]
-        return bool(found)
-
-    wait_for(agreed, 60, message="the voters agree on a Raft leader")
-    return found[0]
-
-
-def _node_pids(cluster: Cluster, i: int) -> list[int]:
-    status = cluster.status(i)
-    pids = [cluster.nodes[i].pid]
-    pids += [r["pid"] for r in status["routers"] if r.get("pid")]
-    pids.append(status["metadata"]["pid"])
-    return pids
-
-
 def _replay(admin: int, device: str) -> list[tuple[int, bytes]]:
     url = f"http://127.0.0.1:{admin}/api/v1/logs/{device}/records?offset=0&max_records=1000"
     with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback
@@ -80,7 +56,7 @@ def _replay(admin: int, device: str) -> list[tuple[int, bytes]]:
 
 def test_publishes_waiting_on_a_killed_leader_are_acknowledged_by_the_new_one(
         trio: Cluster, raw) -> None:
-    raft = _raft_leader(trio)
+    raft = trio.raft_leader()
     victim = next(i for i in range(3) if i != raft)
     at = next(i for i in range(3) if i != victim)
     device = unique("mv")
@@ -95,7 +71,7 @@ def test_publishes_waiting_on_a_killed_leader_are_acknowledged_by_the_new_one(
     pub.connect(unique("pub"), properties=ACK_OFFSETS)
     pub.send(R.publish(topic, b"before", qos=1, packet_id=1, version=5))
     assert pub.expect(R.PUBACK, timeout=30).reason_code == 0  # forwarded to the leader
-    pids = _node_pids(trio, victim)
+    pids = trio.node_pids(victim)
     for p in pids:
         os.kill(p, signal.SIGSTOP)
     for k in range(10):  # sent into the frozen leader's socket: outcome unknown

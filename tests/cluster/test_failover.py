@@ -94,25 +94,6 @@ def _registration(cluster: Cluster, i: int, router: str) -> dict | None:
         return None
 
 
-def _raft_leader(cluster: Cluster) -> int:
-    """The index of the node whose voter leads Raft (every live voter agreeing)."""
-    found: list[int] = []
-
-    def agreed() -> bool:
-        seen = set()
-        for i, node in enumerate(cluster.nodes):
-            if node.alive:
-                seen.add(cluster.status(i)["metadata"].get("leader"))
-        if len(seen) != 1 or None in seen:
-            return False
-        addr = seen.pop()
-        found[:] = [j for j, p in enumerate(cluster.raft_ports) if addr.endswith(f":{p}")]
-        return bool(found)
-
-    wait_for(agreed, 60, message="the live voters agree on a Raft leader")
-    return found[0]
-
-
 def _kill_node(cluster: Cluster, i: int) -> float:
     """kill -9 every process of node i (supervisor, routers, metadata process) at once; the
     monotonic time of the kill."""
@@ -215,7 +196,7 @@ def _restart(cluster: Cluster, i: int, wipe: bool) -> None:
 # -- the tests ----------------------------------------------------------------------------------
 def test_kill9_of_a_log_leader_moves_its_logs_and_the_node_returns_empty_leading_nothing(
         trio: Cluster, raw) -> None:
-    raft = _raft_leader(trio)
+    raft = trio.raft_leader()
     victim = next(i for i in range(3) if i != raft)  # the Raft leader survives here
     old = _registration(trio, raft, f"n{victim}/0")
     assert old is not None, "the router registered at start"
@@ -241,11 +222,11 @@ def test_kill9_of_a_log_leader_moves_its_logs_and_the_node_returns_empty_leading
 
 
 def test_the_controller_moves_with_the_raft_leader(trio: Cluster, raw) -> None:
-    victim = _raft_leader(trio)
+    victim = trio.raft_leader()
     device, rec = _failover(raw, trio, victim, "log leader and Raft leader")
     assert rec["leader"] != f"n{victim}/0" and rec["epoch"] >= 1
     assert f"n{victim}/0" not in rec["isr"], rec
-    new = _raft_leader(trio)
+    new = trio.raft_leader()
     assert new != victim
     controller = trio.status(new)["metadata"].get("controller")
     assert controller and controller["elections"] >= 1, controller
@@ -253,7 +234,7 @@ def test_the_controller_moves_with_the_raft_leader(trio: Cluster, raw) -> None:
 
 
 def test_a_restarted_router_never_resumes_leading_with_what_it_has(trio: Cluster, raw) -> None:
-    v = next(i for i in range(3) if i != _raft_leader(trio))
+    v = next(i for i in range(3) if i != trio.raft_leader())
     router = f"n{v}/0"
     inc = _registration(trio, v, router)["incarnation"]
     device = unique("sole")
@@ -322,7 +303,7 @@ def test_a_router_cut_off_from_raft_refuses_publishes_before_the_majority_elects
                                   "node_timeout": 3.0})
     try:
         cluster.start()
-        raft = _raft_leader(cluster)
+        raft = cluster.raft_leader()
         victim = next(i for i in range(3) if i != raft)
         device = unique("cut")
         _place(raw, cluster, victim, device)

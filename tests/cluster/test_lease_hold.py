@@ -47,22 +47,6 @@ def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         cluster.stop()
 
 
-def _raft_leader(cluster: Cluster) -> int:
-    found: list[int] = []
-
-    def agreed() -> bool:
-        seen = {cluster.status(i)["metadata"].get("leader") for i in range(3)
-                if cluster.nodes[i].alive}
-        if len(seen) != 1 or None in seen:
-            return False
-        addr = seen.pop()
-        found[:] = [j for j, p in enumerate(cluster.raft_ports) if addr.endswith(f":{p}")]
-        return bool(found)
-
-    wait_for(agreed, 60, message="the voters agree on a Raft leader")
-    return found[0]
-
-
 def _replay(admin: int, device: str) -> list[bytes]:
     url = f"http://127.0.0.1:{admin}/api/v1/logs/{device}/records?offset=0&max_records=5000"
     with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - loopback
@@ -71,7 +55,7 @@ def _replay(admin: int, device: str) -> list[bytes]:
 
 def test_killing_the_raft_leader_s_node_refuses_and_disconnects_no_publisher(
         trio: Cluster, raw) -> None:
-    raft = _raft_leader(trio)
+    raft = trio.raft_leader()
     at = next(i for i in range(3) if i != raft)
     device = unique("hold")
     topic = f"devices/{device}/t"

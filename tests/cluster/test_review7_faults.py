@@ -95,31 +95,6 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
             proxy.close()
 
 
-def _raft_leader(cluster: Cluster) -> int:
-    found: list[int] = []
-
-    def agreed() -> bool:
-        seen = {cluster.status(i)["metadata"].get("leader") for i in range(3)
-                if cluster.nodes[i].alive}
-        if len(seen) != 1 or None in seen:
-            return False
-        addr = seen.pop()
-        found[:] = [j for j, p in enumerate(cluster.raft_ports) if addr.endswith(f":{p}")]
-        return bool(found)
-
-    wait_for(agreed, 60, message="the voters agree on a Raft leader")
-    return found[0]
-
-
-def _node_pids(cluster: Cluster, i: int) -> list[int]:
-    """The supervisor first (no restarts), then the routers and the metadata process."""
-    status = cluster.status(i)
-    pids = [cluster.nodes[i].pid]
-    pids += [r["pid"] for r in status["routers"] if r.get("pid")]
-    pids.append(status["metadata"]["pid"])
-    return pids
-
-
 def _replay(cluster: Cluster, i: int, device: str) -> list[tuple[int, bytes]]:
     """The committed records of ``device`` as node i serves them (empty when it cannot)."""
     url = (f"http://127.0.0.1:{cluster.nodes[i].admin_port}/api/v1/logs/{device}/records"
@@ -151,7 +126,7 @@ def _acks(client: R.RawClient, n: int, timeout: float) -> dict[int, R.Packet]:
 def test_a_moved_append_already_committed_is_answered_by_its_first_copy_never_stored_twice(
         mesh: Mesh, raw) -> None:
     cluster = mesh.cluster
-    raft = _raft_leader(cluster)
+    raft = cluster.raft_leader()
     # V leads the device and is not the Raft leader (its death needs no election, so no
     # lease gap); P < V dials V through a proxy whose back direction we can lose
     victim = max(i for i in range(3) if i != raft)
@@ -181,7 +156,7 @@ def test_a_moved_append_already_committed_is_answered_by_its_first_copy_never_st
     wait_for(lambda: [p for _, p in _replay(cluster, third, device)] == want, 60,
              message=f"n{third} serves h0..h9 (committed at n{victim}, RESULTs lost)")
     pub.expect_none(0.5)  # no outcome reached the publisher: they are sent, unknown
-    pids = _node_pids(cluster, victim)
+    pids = cluster.node_pids(victim)
     for p in pids:
         os.kill(p, signal.SIGKILL)
     cluster.nodes[victim].kill()
@@ -222,7 +197,6 @@ def test_a_moved_append_already_committed_is_answered_by_its_first_copy_never_st
     pub.close()
 
 
-
 def test_qos2_publishes_moved_while_their_client_was_away_get_pubrec_once_stored(
         mesh: Mesh, raw) -> None:
     """QoS 2 across the move: a v5 client (persistent session) sends q0..q4 into the frozen
@@ -232,7 +206,7 @@ def test_qos2_publishes_moved_while_their_client_was_away_get_pubrec_once_stored
     the session's new connection), PUBREL gets PUBCOMP, and the log holds each once, in
     order."""
     cluster = mesh.cluster
-    raft = _raft_leader(cluster)
+    raft = cluster.raft_leader()
     victim = next(i for i in range(3) if i != raft)
     at = next(i for i in range(3) if i != victim)
     device = unique("r7q2")
@@ -250,7 +224,7 @@ def test_qos2_publishes_moved_while_their_client_was_away_get_pubrec_once_stored
     pub = raw(cluster.nodes[at], version=5)
     pub.connect(cid, clean=False, properties=props)
     moved0 = cluster.nodes[at].metric("meshmq_link_appends_moved_total")
-    pids = _node_pids(cluster, victim)
+    pids = cluster.node_pids(victim)
     for p in pids:
         os.kill(p, signal.SIGSTOP)
     for k in range(5):  # into the frozen leader's socket: outcome unknown
@@ -342,7 +316,7 @@ def test_a_qos0_publish_after_a_held_qos1_one_is_stored_after_it(mesh: Mesh, raw
     says so; a lease that came back by itself in that moment (it flickers on a loaded box)
     voids the attempt, and it is made again on a new device (at most 3)."""
     cluster = mesh.cluster
-    m = _raft_leader(cluster)  # any node; the Raft leader's voter then has no followers
+    m = cluster.raft_leader()  # any node; the Raft leader's voter then has no followers
     node = cluster.nodes[m]
     for attempt in range(3):
         device = unique("r7ord")
@@ -391,7 +365,7 @@ def test_a_subscribe_after_a_held_retained_publish_takes_effect_after_it(mesh: M
     the message as retained (Mosquitto's order; broker/router.py holds a SUBSCRIBE behind
     unsettled publishes)."""
     cluster = mesh.cluster
-    m = _raft_leader(cluster)
+    m = cluster.raft_leader()
     device = unique("r7sub")
     topic = f"devices/{device}/t"
     _place_at(cluster, raw, m, device)
@@ -428,7 +402,7 @@ def test_a_lease_gap_longer_than_lease_hold_refuses_held_publishes_and_stores_no
     never acknowledged and never stored, though this node still leads the log; once the
     majority is back, publishes are acknowledged again and the log holds none of them."""
     cluster = mesh.cluster
-    m = _raft_leader(cluster)
+    m = cluster.raft_leader()
     device = unique("r7gap")
     topic = f"devices/{device}/t"
     _place_at(cluster, raw, m, device)
@@ -505,7 +479,7 @@ def test_a_moved_append_to_this_router_which_fetched_its_first_copy_is_not_store
     dedupe must answer them at offsets 2..11 (once W is thawed and the mark passes), never
     append them again."""
     cluster = patient
-    raft = _raft_leader(cluster)
+    raft = cluster.raft_leader()
     victim = next(i for i in range(3) if i != raft)
     at = next(i for i in range(3) if i != victim)
     third = 3 - victim - at
@@ -538,7 +512,7 @@ def test_a_moved_append_to_this_router_which_fetched_its_first_copy_is_not_store
         wait_for(lambda: node.metric("meshmq_replica_bytes_total", direction="in")
                  >= base + 9.5 * one, 60, message="P fetched h0..h9 (not committed)")
         pub.expect_none(0.3)  # W holds the mark back: nothing acknowledged yet
-        pids = _node_pids(cluster, victim)
+        pids = cluster.node_pids(victim)
         for p in pids:
             os.kill(p, signal.SIGKILL)
         cluster.nodes[victim].kill()
@@ -602,7 +576,7 @@ def test_a_leader_restarted_with_a_rotted_record_does_not_lead_with_the_hole(
     acknowledged message that both followers hold good copies of. Whoever leads must serve
     all 30."""
     cluster = patient
-    raft = _raft_leader(cluster)
+    raft = cluster.raft_leader()
     victim = next(i for i in range(3) if i != raft)
     at = next(i for i in range(3) if i != victim)
     device = unique("r7rot")

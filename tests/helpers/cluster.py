@@ -187,6 +187,23 @@ class Cluster:
         meta = (status.get("metadata") or {}).get("pid")
         return pids + ([meta] if meta else [])
 
+    def raft_leader(self, timeout: float = 60.0) -> int:
+        """The index of the node whose metadata process leads Raft, once every live node's
+        voter names the same leader (``raft=True`` clusters)."""
+        found: list[int] = []
+
+        def agreed() -> bool:
+            seen = {self.status(i)["metadata"].get("leader")
+                    for i, node in enumerate(self.nodes) if node.alive}
+            if len(seen) != 1 or None in seen:
+                return False
+            addr = seen.pop()
+            found[:] = [j for j, p in enumerate(self.raft_ports) if addr.endswith(f":{p}")]
+            return bool(found)
+
+        wait_for(agreed, timeout, message="the live voters agree on a Raft leader")
+        return found[0]
+
     def wait_router_restarted(self, i: int, old_pid: int, r: int = 0,
                               timeout: float = 60.0) -> int:
         """Router r of node i is up again under a new PID (its supervisor restarted it after
