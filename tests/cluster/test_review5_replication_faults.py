@@ -40,6 +40,7 @@ from helpers import raw as R
 from helpers.broker import wait_for
 from helpers.clients import unique
 from helpers.cluster import Cluster
+from helpers.devicelog import flip_record
 
 from tests.chaos.replicas import dump_store
 
@@ -457,29 +458,6 @@ def test_a_follower_back_with_an_empty_disk_is_never_elected_before_it_caught_up
     _check(_dumps(cluster, device), isr, leader, stream.acked)
 
 
-def _flip_record(log_dir: str, device: str, offset: int) -> None:
-    """Flip one payload bit of ``device``'s record at ``offset`` in a stopped router's
-    segment files (its CRC no longer matches)."""
-    from commitlog.record import HEADER, HEADER_SIZE
-
-    for seg in sorted(Path(log_dir).glob("*.log")):
-        data = seg.read_bytes()
-        p = 0
-        while p + HEADER_SIZE <= len(data):
-            length, _c, _m, _f, _a, off, _ts, kl, _tl, _hc = HEADER.unpack_from(data, p)
-            key = data[p + HEADER_SIZE:p + HEADER_SIZE + kl].decode("utf-8", "replace")
-            if key == device and off == offset:
-                pos = p + 4 + length - 2  # inside the payload (its last bytes)
-                with open(seg, "r+b") as f:
-                    f.seek(pos)
-                    b = f.read(1)
-                    f.seek(pos)
-                    f.write(bytes([b[0] ^ 0x04]))
-                return
-            p += 4 + length
-    raise AssertionError(f"no record {device}@{offset} in {log_dir}")
-
-
 @pytest.mark.parametrize("stop", ["kill", "clean"])
 def test_a_follower_with_a_flipped_byte_is_never_elected_with_the_hole(
         tmp_path: Path, raw, stop: str) -> None:
@@ -506,7 +484,7 @@ def test_a_follower_with_a_flipped_byte_is_never_elected_with_the_hole(
             _kill_node(cluster, b)
         else:
             cluster.nodes[b].stop()
-        _flip_record(_store_dir(cluster, b), device, 150)
+        flip_record(_store_dir(cluster, b), device, 150)
         cluster.nodes[b].start()
         cluster.wait_links_up(60)
         # kill: recovery scanned the tail; clean: the follower read its log end to end before

@@ -55,6 +55,7 @@ from helpers import raw as R
 from helpers.broker import wait_for
 from helpers.clients import unique
 from helpers.cluster import Cluster
+from helpers.devicelog import flip_record
 from helpers.tcpproxy import TcpProxy
 
 from commitlog.fetch import decode_fetch_response
@@ -544,28 +545,6 @@ def test_a_moved_append_to_this_router_which_fetched_its_first_copy_is_not_store
 
 
 # -- 4. a leader's router restarted by its supervisor, with a rotted record ---------------------
-def _flip_record(log_dir: str, device: str, offset: int) -> None:
-    """Flip one payload bit of ``device``'s record at ``offset`` in a stopped router's
-    segment files (its CRC no longer matches); review5's helper."""
-    from commitlog.record import HEADER, HEADER_SIZE
-
-    for seg in sorted(Path(log_dir).glob("*.log")):
-        data = seg.read_bytes()
-        p = 0
-        while p + HEADER_SIZE <= len(data):
-            length, _c, _m, _f, _a, off, _ts, kl, _tl, _hc = HEADER.unpack_from(data, p)
-            key = data[p + HEADER_SIZE:p + HEADER_SIZE + kl].decode("utf-8", "replace")
-            if key == device and off == offset:
-                pos = p + 4 + length - 2  # inside the payload (its last bytes)
-                with open(seg, "r+b") as f:
-                    f.seek(pos)
-                    b = f.read(1)
-                    f.seek(pos)
-                    f.write(bytes([b[0] ^ 0x04]))
-                return
-            p += 4 + length
-    raise AssertionError(f"no record {device}@{offset} in {log_dir}")
-
 
 def test_a_leader_restarted_with_a_rotted_record_does_not_lead_with_the_hole(
         patient: Cluster, raw) -> None:
@@ -611,7 +590,7 @@ def test_a_leader_restarted_with_a_rotted_record_does_not_lead_with_the_hole(
             if time.monotonic() > deadline:
                 raise AssertionError("the killed router did not exit")
             time.sleep(0.05)
-        _flip_record(log_dir, device, 15)
+        flip_record(log_dir, device, 15)
     finally:
         os.kill(supervisor, signal.SIGCONT)
     cluster.wait_router_restarted(victim, router)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from commitlog.fetch import decode_fetch_response
-from commitlog.record import Record
+from commitlog.record import HEADER, HEADER_SIZE, Record
 from helpers import raw as R
 from helpers.broker import BrokerProc, toml_value
 
@@ -533,3 +533,24 @@ def retained_log(proc: BrokerProc, device: str, n: int = 120, timeout: float = 2
                 f"(range [{start}, {end}], config {RETENTION_CONFIG})"
             )
         time.sleep(0.1)
+
+
+def flip_record(log_dir: str | Path, device: str, offset: int) -> None:
+    """Flip one payload bit of ``device``'s record at ``offset`` in a stopped router's
+    segment files (its CRC no longer matches)."""
+    for seg in sorted(Path(log_dir).glob("*.log")):
+        data = seg.read_bytes()
+        p = 0
+        while p + HEADER_SIZE <= len(data):
+            length, _c, _m, _f, _a, off, _ts, kl, _tl, _hc = HEADER.unpack_from(data, p)
+            key = data[p + HEADER_SIZE:p + HEADER_SIZE + kl].decode("utf-8", "replace")
+            if key == device and off == offset:
+                pos = p + 4 + length - 2  # inside the payload (its last bytes)
+                with open(seg, "r+b") as f:
+                    f.seek(pos)
+                    b = f.read(1)
+                    f.seek(pos)
+                    f.write(bytes([b[0] ^ 0x04]))
+                return
+            p += 4 + length
+    raise AssertionError(f"no record {device}@{offset} in {log_dir}")
