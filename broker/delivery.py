@@ -110,7 +110,7 @@ class DeliveryRoom:
             if conn.congested:
                 self.stats.dropped(DropReason.SLOW_CONSUMER)
                 return
-            self._write_publish(session, conn, Delivery(msg, 0, retain, sub_ids, None, position))
+            self._write_qos0(session, conn, msg, retain, sub_ids, position)
             return
         if group is None and msg.device is not None and not position:
             positions = session.positions  # where a restart or move resumes (broker/positions)
@@ -209,6 +209,28 @@ class DeliveryRoom:
         self.stats.messages_out += 1
         self.stats.messages_out_qos[d.qos] += 1
         return True
+
+    def _write_qos0(self, session: Session, conn: Connection, msg: Message, retain: bool,
+                    sub_ids: tuple[int, ...] | None, position: bool) -> None:
+        """``_write_publish`` for a live QoS 0 copy: nothing is kept of it (no ``Delivery``,
+        no packet id), and the shape's whole packet is one shared bytes object (issue 25:
+        the QoS 0 path's per-copy object and concatenation)."""
+        aliases = conn.out_aliases
+        if aliases is not None:
+            head, tail = aliased_parts(Delivery(msg, 0, retain, sub_ids, None, position),
+                                       aliases, session.alias_max)
+            data = head + tail
+        else:
+            data = msg.packet0(conn.level == 5, retain, sub_ids, position)
+        limit = session.max_packet_size
+        if limit and len(data) > limit:
+            self.stats.dropped(DropReason.TOO_LARGE)
+            return
+        conn.write(data)
+        stats = self.stats
+        stats.packets_out[_PUBLISH] += 1
+        stats.messages_out += 1
+        stats.messages_out_qos[0] += 1
 
     def _pump(self, session: Session) -> None:
         """Move queued deliveries into the window while the client can take them."""
