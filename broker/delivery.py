@@ -47,8 +47,9 @@ class DeliveryRoom:
                     replay is None or replay.accept_live(msg)):
                 session = sessions[cid]
                 ids = (sub.sub_id,) if sub.sub_id else None
+                # (positional: a keyword call costs more, on every message)
                 self.deliver(session, msg, sub.qos, sub.retain_as_published and msg.retain, ids,
-                             position=replay is not None, live=True)
+                             None, replay is not None, True)
         elif subs:
             merged: dict[str, list] = {}
             for cid, sub in subs:
@@ -69,8 +70,8 @@ class DeliveryRoom:
                     entry[3] = entry[3] or sub.replay is not None
             for cid, (qos, rap, ids, position) in merged.items():
                 sub_ids = tuple(i for i in ids if i) or None
-                self.deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids,
-                             position=position, live=True)
+                self.deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids, None,
+                             position, True)
         groups = match.groups
         if self.forwarder is not None:  # the first router to route a message picks the members
             groups = self.forwarder.share(msg, groups) if forward else ()

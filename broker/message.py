@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 
+from broker.protocol import codec
 from broker.protocol.codec import publish_packet0, publish_parts
 from broker.protocol.properties import Prop
 
@@ -114,7 +115,10 @@ class Message:
         if not v5 and not retain:
             data = self._plain0
             if data is None:
-                data = self._plain0 = publish_packet0(self.topic, self.payload, False, None, 4)
+                encode = codec.c_publish_packet  # (looked up here: tests switch it off)
+                data = self._plain0 = (encode(self.topic, self.payload, 0x30, True)
+                                       if encode is not None else
+                                       publish_packet0(self.topic, self.payload, False, None, 4))
             return data
         remaining = self.remaining_expiry() if v5 else 0
         position = position and v5 and self.device is not None
