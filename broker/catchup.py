@@ -30,6 +30,7 @@ retained messages sent on SUBSCRIBE, and sessions past ``mqtt.max_lagging_device
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -269,6 +270,15 @@ class LogCatchUp:
         self._deliver(session, msg, qos, rap and msg.retain, ids, position)
 
 
+# A lagging session matches every record it reads against its filters, and a device's records
+# carry a handful of topics: the answer per (filter, topic) is cached (C lru_cache: one hash
+# of two strs instead of two splits and a Python loop, ~1 us, per record; issue 25). Bounded
+# in entries, and only topics up to _CACHED_TOPIC_LEN characters are kept, so a client's
+# 64 KiB topics cannot make the cache large.
+_CACHED_TOPIC_LEN = 256
+_cached_matches = functools.lru_cache(maxsize=4096)(topic_matches)
+
+
 def match_record(session: Session, rec: Record, remote: bool = False
                  ) -> tuple[Message, int, bool, tuple[int, ...] | None, bool] | None:
     """The delivery ``Router.route`` would have made to ``session`` for a stored record: (the
@@ -279,6 +289,7 @@ def match_record(session: Session, rec: Record, remote: bool = False
     a subscription's start on ours: the comparison allows ``CLOCK_SKEW_US``, so skew between
     routers can deliver a message a little older than a subscription, never lose a newer one."""
     topic = rec.topic
+    short = len(topic) <= _CACHED_TOPIC_LEN
     ts = rec.timestamp_us + (CLOCK_SKEW_US if remote else 0)
     qos = -1
     rap = False
@@ -292,7 +303,9 @@ def match_record(session: Session, rec: Record, remote: bool = False
         replay = sub.replay
         if replay is not None and not replay.live:
             continue  # that subscription's own replay cursor reads this log
-        if not topic_matches(sub.filter, topic):
+        flt = sub.filter
+        if not (_cached_matches(flt, topic) if short and len(flt) <= _CACHED_TOPIC_LEN
+                else topic_matches(flt, topic)):
             continue
         if sub.no_local:
             if msg is None:

@@ -47,8 +47,9 @@ class DeliveryRoom:
                     replay is None or replay.accept_live(msg)):
                 session = sessions[cid]
                 ids = (sub.sub_id,) if sub.sub_id else None
+                # (positional: a keyword call costs more, on every message)
                 self.deliver(session, msg, sub.qos, sub.retain_as_published and msg.retain, ids,
-                             position=replay is not None, live=True)
+                             None, replay is not None, True)
         elif subs:
             merged: dict[str, list] = {}
             for cid, sub in subs:
@@ -69,8 +70,8 @@ class DeliveryRoom:
                     entry[3] = entry[3] or sub.replay is not None
             for cid, (qos, rap, ids, position) in merged.items():
                 sub_ids = tuple(i for i in ids if i) or None
-                self.deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids,
-                             position=position, live=True)
+                self.deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids, None,
+                             position, True)
         groups = match.groups
         if self.forwarder is not None:  # the first router to route a message picks the members
             groups = self.forwarder.share(msg, groups) if forward else ()
@@ -110,7 +111,7 @@ class DeliveryRoom:
             if conn.congested:
                 self.stats.dropped(DropReason.SLOW_CONSUMER)
                 return
-            self._write_publish(session, conn, Delivery(msg, 0, retain, sub_ids, None, position))
+            self._write_qos0(session, conn, msg, retain, sub_ids, position)
             return
         if group is None and msg.device is not None and not position:
             positions = session.positions  # where a restart or move resumes (broker/positions)
@@ -209,6 +210,28 @@ class DeliveryRoom:
         self.stats.messages_out += 1
         self.stats.messages_out_qos[d.qos] += 1
         return True
+
+    def _write_qos0(self, session: Session, conn: Connection, msg: Message, retain: bool,
+                    sub_ids: tuple[int, ...] | None, position: bool) -> None:
+        """``_write_publish`` for a live QoS 0 copy: nothing is kept of it (no ``Delivery``,
+        no packet id), and the shape's whole packet is one shared bytes object (issue 25:
+        the QoS 0 path's per-copy object and concatenation)."""
+        aliases = conn.out_aliases
+        if aliases is not None:
+            head, tail = aliased_parts(Delivery(msg, 0, retain, sub_ids, None, position),
+                                       aliases, session.alias_max)
+            data = head + tail
+        else:
+            data = msg.packet0(conn.level == 5, retain, sub_ids, position)
+        limit = session.max_packet_size
+        if limit and len(data) > limit:
+            self.stats.dropped(DropReason.TOO_LARGE)
+            return
+        conn.write(data)
+        stats = self.stats
+        stats.packets_out[_PUBLISH] += 1
+        stats.messages_out += 1
+        stats.messages_out_qos[0] += 1
 
     def _pump(self, session: Session) -> None:
         """Move queued deliveries into the window while the client can take them."""

@@ -15,7 +15,6 @@ from typing import Any
 
 from broker.connection import Connection
 from broker.ingest import forwarded_properties
-from broker.limits import too_many_levels
 from broker.message import Message
 from broker.protocol.errors import ProtocolError
 from broker.protocol.packets import Publish, PubRec
@@ -87,7 +86,7 @@ class PublishRoom:
                 self.protocol_error(conn, ProtocolError(Reason.RECEIVE_MAXIMUM_EXCEEDED,
                                                         "receive maximum exceeded"))
                 return
-        if too_many_levels(pkt.topic, mqtt.max_topic_levels):
+        if pkt.topic.count("/") >= mqtt.max_topic_levels:  # limits.too_many_levels, inline
             self._refuse_deep_publish(conn, pkt)
             return
         acl = self._acl
@@ -138,7 +137,8 @@ class PublishRoom:
         if pkt.retain:
             self.retain(msg)
         self.route(msg)
-        self.ack_publish(conn, pkt.qos, pkt.packet_id, 0)
+        if qos:
+            self.ack_publish(conn, qos, pkt.packet_id, 0)
 
     def _refuse_deep_publish(self, conn: Connection, pkt: Publish) -> None:
         """Over max_topic_levels: nothing stored or routed (codes: broker/limits.py)."""

@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 import time
 
-from broker.protocol.codec import publish_parts
+from broker.protocol import codec
+from broker.protocol.codec import publish_packet0, publish_parts
 from broker.protocol.properties import Prop
 
 Parts = tuple[bytes, bytes]
@@ -20,7 +21,7 @@ Parts = tuple[bytes, bytes]
 class Message:
     __slots__ = (
         "topic", "payload", "qos", "retain", "properties", "expiry_at", "origin", "_shapes",
-        "device", "offset", "remote", "publisher", "maybe_stored",
+        "device", "offset", "remote", "publisher", "maybe_stored", "_plain0",
     )
 
     def __init__(
@@ -44,6 +45,7 @@ class Message:
         self.expiry_at = expiry_at  # time.monotonic() deadline, None = never expires
         self.origin = origin  # publisher's client id, for the v5 No Local option
         self._shapes: dict | None = None
+        self._plain0: bytes | None = None  # the v3.x non-retained QoS 0 packet (packet0)
         self.device: str | None = None  # the device log holding it, when logged
         self.offset = -1  # its offset in that log
         # True when that log is another router's (a cluster): its position is known, for
@@ -102,6 +104,34 @@ class Message:
             parts = publish_parts(self.topic, self.payload, qos, retain, False, props, level)
             shapes[key] = parts
         return parts
+
+
+    def packet0(self, v5: bool, retain: bool, sub_ids: tuple[int, ...] | None,
+                position: bool = False) -> bytes:
+        """The whole QoS 0 PUBLISH for one shape, cached like ``parts``: a QoS 0 copy needs no
+        packet id between head and tail, so every subscriber of a shape is written the same
+        bytes object, with no concatenation per copy. The commonest shape (v3.x, not
+        retained) has a slot of its own: no key tuple, no dict."""
+        if not v5 and not retain:
+            data = self._plain0
+            if data is None:
+                encode = codec.c_publish_packet  # (looked up here: tests switch it off)
+                data = self._plain0 = (encode(self.topic, self.payload, 0x30, True)
+                                       if encode is not None else
+                                       publish_packet0(self.topic, self.payload, False, None, 4))
+            return data
+        remaining = self.remaining_expiry() if v5 else 0
+        position = position and v5 and self.device is not None
+        key = (v5, -1, retain, sub_ids, remaining, position)  # -1: whole, beside parts' keys
+        shapes = self._shapes
+        if shapes is None:
+            shapes = self._shapes = {}
+        data = shapes.get(key)
+        if data is None:
+            props = self.v5_properties(sub_ids, remaining, position) if v5 else None
+            data = publish_packet0(self.topic, self.payload, retain, props, 5 if v5 else 4)
+            shapes[key] = data
+        return data
 
 
 class Delivery:

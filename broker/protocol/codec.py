@@ -87,6 +87,8 @@ SPEEDUPS: bool = _speedups is not None
 """True when the compiled parse loop is in use."""
 # Looked up at call time, so a test can switch it off with monkeypatch.
 c_parse_run = _speedups.parse_run if _speedups else None
+#: ``publish_packet(topic, tail, b0, whole)``: the compiled PUBLISH encoder (None: pure Python)
+c_publish_packet = _speedups.publish_packet if _speedups else None
 
 # --------------------------------------------------------------------------------------------------
 # Decoders: (data, body_start, end, level) -> packet. ``data[body_start:end]`` is exactly the
@@ -575,14 +577,18 @@ def publish_parts(
     ``head + pid.to_bytes(2, "big") + tail`` for QoS 1/2 (the remaining length in ``head`` already
     counts those two bytes). Encode once per (QoS, properties) shape, write per subscriber.
     """
-    tb = topic.encode()
-    tl = len(tb)
-    if tl > 65535:
-        raise ValueError("topic longer than 65535 bytes")
     if protocol_level == 5:
         tail = (encode_properties(properties) if properties else b"\x00") + payload
     else:
         tail = payload
+    encode = c_publish_packet
+    if encode is not None:
+        return encode(topic, tail, 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0),
+                      False)
+    tb = topic.encode()
+    tl = len(tb)
+    if tl > 65535:
+        raise ValueError("topic longer than 65535 bytes")
     rl = tl + len(tail) + (4 if qos else 2)
     b0 = 0x30 | (qos << 1)
     if retain:
@@ -594,6 +600,19 @@ def publish_parts(
     if rl > MAX_VARINT:
         raise ValueError("PUBLISH larger than the maximum remaining length")
     return BYTE[b0] + encode_varint(rl) + bytes((tl >> 8, tl & 255)) + tb, tail
+
+
+def publish_packet0(topic: str, payload: bytes, retain: bool,
+                    properties: Properties | None, protocol_level: int) -> bytes:
+    """A whole QoS 0 PUBLISH in one bytes object: what every subscriber of one shape is
+    written (no per-copy ``head + tail``); the compiled encoder when built."""
+    encode = c_publish_packet
+    if encode is not None:
+        if protocol_level == 5:
+            payload = (encode_properties(properties) if properties else b"\x00") + payload
+        return encode(topic, payload, 0x31 if retain else 0x30, True)
+    head, tail = publish_parts(topic, payload, 0, retain, False, properties, protocol_level)
+    return head + tail
 
 
 def encode_publish(pkt: Publish, protocol_level: int) -> bytes:

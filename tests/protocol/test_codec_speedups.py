@@ -136,3 +136,46 @@ def test_pure_python_switch() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout
     assert out.split() == ["False", "None"]
+
+
+def encode_both(topic: str, payload: bytes, qos: int, retain: bool, dup: bool,
+                props: dict | None, level: int) -> tuple[Any, Any]:
+    """(C, Python) results of publish_parts and publish_packet0: values or error types."""
+    def one(c: bool) -> Any:
+        saved = codec.c_publish_packet
+        codec.c_publish_packet = saved if c else None
+        try:
+            out: list[Any] = []
+            for fn, args in ((codec.publish_parts, (topic, payload, qos, retain, dup, props,
+                                                    level)),
+                             (codec.publish_packet0, (topic, payload, retain, props, level))):
+                try:
+                    out.append(fn(*args))
+                except ValueError as err:
+                    out.append((type(err), str(err)))
+            return out
+        finally:
+            codec.c_publish_packet = saved
+    return one(True), one(False)
+
+
+@HYP
+@given(topics, st.one_of(st.binary(max_size=300), st.binary(min_size=16380, max_size=16390)),
+       st.integers(0, 2), st.booleans(), st.booleans(),
+       st.one_of(st.none(), st.just({3: "text/plain"})), st.sampled_from([3, 4, 5]))
+def test_the_compiled_publish_encoder_writes_the_python_bytes(
+        topic: str, payload: bytes, qos: int, retain: bool, dup: bool, props: dict | None,
+        level: int) -> None:
+    """publish_parts / publish_packet0 (issue 25: encoded in C) give the Python encoder's bytes,
+    in every shape (varint lengths of 1-3 bytes, non-ASCII topics, v5 properties)."""
+    c, py = encode_both(topic, payload, qos, retain, dup, props, level)
+    assert c == py
+    assert type(c[0][0]) is bytes and type(c[1]) is bytes
+
+
+def test_the_compiled_publish_encoder_refuses_what_python_refuses() -> None:
+    c, py = encode_both("t" * 65536, b"", 0, False, False, None, 4)
+    assert c == py and c[0][0] is ValueError
+    # a memoryview payload (a log read) is encoded as its bytes
+    c, py = encode_both("a/b", memoryview(b"xyz"), 1, False, False, None, 4)
+    assert c[0] == (bytes([0x32, 10, 0, 3]) + b"a/b", b"xyz") and c[1] == py[1]

@@ -1,0 +1,43 @@
+"""Planted bugs for issue 25's single-node speed work (``tests/mutate.py speed-``): the QoS 0
+copy's own write path (``DeliveryRoom._write_qos0``, ``Message.packet0``) must keep every flag
+and limit the general path keeps; the cost guard must see a slower hot path. (The compiled
+encoder, ``broker/protocol/_speedups.c`` ``publish_packet``, is checked against the Python
+encoder by tests/protocol/test_codec_speedups.py; a C plant needs a rebuild, so it was planted
+by hand: see the commit message.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHAPES = "tests/broker/test_qos0_shapes.py"
+RETAIN = (f"{SHAPES}::test_qos0_copies_carry_the_retain_flag_only_for_what_was_sent_as_retained"
+          "[4]")
+MPS = f"{SHAPES}::test_a_qos0_copy_larger_than_the_clients_maximum_packet_size_is_not_sent"
+GUARD = "tests/bench/test_cost_guard.py::test_hot_paths_within_their_cost_budget"
+
+
+def speed_mutations(mutation: Any) -> tuple[Any, ...]:
+    m = mutation
+    return (
+        m("speed-packet0-plain-for-retained", "broker/message.py packet0: the v3.x plain "
+          "shape's slot also answers for a retained copy (RETAIN=0 on a retained message sent "
+          "on SUBSCRIBE)",
+          "broker/message.py",
+          "        if not v5 and not retain:\n            data = self._plain0\n",
+          "        if not v5:\n            data = self._plain0\n",
+          (RETAIN,)),
+        m("speed-qos0-no-size-limit", "broker/delivery.py _write_qos0: the client's Maximum "
+          "Packet Size not checked for a QoS 0 copy",
+          "broker/delivery.py",
+          "        limit = session.max_packet_size\n        if limit and len(data) > limit:\n",
+          "        limit = session.max_packet_size\n        if False:\n",
+          (MPS,)),
+        m("speed-qos0-back-to-delivery", "broker/delivery.py deliver: a QoS 0 copy built as a "
+          "Delivery and written by _write_publish again (the old per-copy object and "
+          "concatenation: the cost guard's qos0 and fanout budgets are exceeded)",
+          "broker/delivery.py",
+          "            self._write_qos0(session, conn, msg, retain, sub_ids, position)\n",
+          "            self._write_publish(session, conn,\n"
+          "                                Delivery(msg, 0, retain, sub_ids, None, position))\n",
+          (GUARD,)),
+    )
