@@ -4,6 +4,7 @@
   from many publishers to many subscribers on unlogged topics, every connection placed by the
   kernel (``SO_REUSEPORT``) as real clients would be. Aggregate msg/s, the ratio, the share of
   messages that crossed a link, and the CPU of every process (routers, supervisor, generator).
+  ``--routers 1,2,4,8`` runs every N and ``--pairs`` sets the load (bench/scale.py).
 * ``single`` + ``mesh``: a plain single node (no ``[cluster]``) vs 3 nodes on loopback with the
   publisher on node 0 and the subscriber on node 2 (every message crosses a link): QoS 0 1->1,
   QoS 1 on a logged topic whose owner router is node 1 (APPEND n0->n1, fsync on n1, DELIVER
@@ -46,7 +47,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from bench import loadgen as lg
-from bench import report
+from bench import report, scale
 from bench.brokers import REPO, Broker, cpu_seconds, free_port, meshmq_config
 from bench.hosttune import cpu_latency_request
 from bench.loadgen import raise_nofile
@@ -63,7 +64,7 @@ from bench.runner import (
 )
 
 SECRET = "bench-cluster-secret-0123456789abcdef"
-PAIRS = 32  # scale: publisher i -> subscriber i on bench/p<i>, 32 of each
+PAIRS = 32  # scale: publisher i -> subscriber i on bench/p<i>, 32 of each (--pairs)
 GROUPS = ["scale", "single", "mesh", "stall", "replicated"]
 # The generator's QoS 0 window (sent - received, messages) of every QoS 0 run here: --window
 QOS0_WINDOW = {"n": 2000}
@@ -322,12 +323,16 @@ def run_pairs(cl: Cluster, mode: Mode, pairs: int = PAIRS) -> dict:
     topics = [f"bench/p{i:03d}" for i in range(pairs)]
     ph = Phase(cl, mode, "pr")
     try:
-        half = pairs // 2
-        recv_slots = [ph.add("sub", n=len(chunk), filters=chunk, filter=chunk[0], topic=chunk[0],
-                             qos=0, payload_len=64) + lg.RECV
-                      for chunk in (topics[:half], topics[half:])]
-        ph.add("pub0", topics=topics, payload_len=64, window=2 * QOS0_WINDOW["n"], batch=16,
-               recv_slots=recv_slots, fanout=1)
+        # one publisher process per 32 pairs, each with two subscriber processes and its own
+        # window over their counts (bench/scale.py): 32 pairs is the historic 1 + 2 processes
+        for a, b in scale.generator_shape(pairs):
+            group = topics[a:b]
+            half = max(1, len(group) // 2)
+            recv_slots = [ph.add("sub", n=len(chunk), filters=chunk, filter=chunk[0],
+                                 topic=chunk[0], qos=0, payload_len=64) + lg.RECV
+                          for chunk in (group[:half], group[half:]) if chunk]
+            ph.add("pub0", topics=group, payload_len=64, window=2 * QOS0_WINDOW["n"], batch=16,
+                   recv_slots=recv_slots, fanout=1)
         ph.start()
         why = ph.wait_ready(mode.ready_timeout)
         if why:
@@ -546,8 +551,11 @@ def summarize(doc: dict) -> None:
     doc["summary"] = summary
     rows = []
     rounds_seen = sorted({r["round"] for r in doc["runs"]})
+    ran = {r["workload"] for r in doc["runs"]}
     for name, num, den, target, how in TARGETS:
         if GROUP_OF[num] not in doc["groups"]:  # a group not run this time: no row
+            continue
+        if num.startswith("scale_") and not {num, den} <= ran:  # --routers without 2
             continue
         a, b = summary.get(num), summary.get(den)
         rounds = []
@@ -658,8 +666,9 @@ def crossing_costs(doc: dict) -> list[tuple[float, str]]:
 
 def tables(doc: dict) -> list[tuple[list[str], list[list[str]]]]:
     main = []
+    ran = {r["workload"] for r in doc["runs"]}
     for w, (label, unit, _) in WORKLOADS.items():
-        if GROUP_OF[w] not in doc["groups"]:
+        if GROUP_OF[w] not in doc["groups"] or w not in ran:
             continue
         per = [r["result"] for r in doc["runs"] if r["workload"] == w]
         per_s = " / ".join(report.fmt(r.get("value"), unit) if r.get("status") == "ok"
@@ -670,20 +679,24 @@ def tables(doc: dict) -> list[tuple[list[str], list[list[str]]]]:
             r["target"], r["result"]] for r in doc["ratios"] if r["ratio"] is not None
            or r["result"] == "N/A"]
     cpu = [[w, _cpu_cell(_median_run(doc, w), w), _extra(w, _median_run(doc, w))]
-           for w in WORKLOADS if GROUP_OF[w] in doc["groups"]]
+           for w in WORKLOADS if GROUP_OF[w] in doc["groups"] and w in ran]
     cpu += [["crossing", f"{us:.1f} us/crossing", how] for us, how in crossing_costs(doc)]
-    return [(["workload", "what", "median", "per round", "load avg (1 min) per round"], main),
-            (["ratio", "median", "per round", "target", "result"], rat),
-            (["workload (median run)", "CPU, % of one core (us/msg: broker CPU per message)",
-              "details"], cpu)]
+    out = [(["workload", "what", "median", "per round", "load avg (1 min) per round"], main),
+           (["ratio", "median", "per round", "target", "result"], rat),
+           (["workload (median run)", "CPU, % of one core (us/msg: broker CPU per message)",
+             "details"], cpu)]
+    if "scale" in doc["groups"]:
+        out.append(scale.table(doc))
+    return [t for t in out if t[1]]  # no empty table (e.g. no ratio row for --routers 1,3)
 
 
 def render_markdown(doc: dict) -> str:
     m = doc["meta"]
+    cores = m.get("cpus") or 2  # results written before the field: the 2-core CI box
     out = [f"Measured with `python -m bench.cluster` on {m['machine']} ({m['date']}, "
            f"{'quick' if m['quick'] else 'full'} mode, {m['rounds']} round(s), median shown; "
            f"load average {m['loadavg_start']} at the start). Nodes, routers and the load "
-           "generator share the same 2 cores.\n"]
+           f"generator share the same {cores} cores.\n"]
     for head, body in tables(doc):
         out.append(report.md_table(head, body))
         out.append("")
@@ -692,7 +705,7 @@ def render_markdown(doc: dict) -> str:
         out.append(f"**A disturbed run**: other processes on the machine (not the nodes, not the "
                    f"generator) took a median {statistics.median(other) * 100:.0f}% of a core "
                    "during the measurement windows (column \"other\"), so the nodes got only "
-                   "the scheduler's share of the 2 cores: compare the us/msg figures (broker CPU "
+                   "the scheduler's share of the cores: compare the us/msg figures (broker CPU "
                    "per delivered message) more than the rates, and rerun on a quiet machine.\n")
     return "\n".join(out)
 
@@ -743,6 +756,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--stall-queue-bytes", type=int, default=None, metavar="N",
                     help="stall: cluster.link_max_queued_bytes on its nodes (default meshmq's "
                          "64 MiB; smaller fills the stopped peer's link sooner)")
+    ap.add_argument("--routers", default="1,2", metavar="LIST",
+                    help="scale: routers per run, e.g. 1,2,4,8 (default 1,2; 1 is always run: "
+                         "every ratio is to it)")
+    ap.add_argument("--pairs", type=int, default=PAIRS, metavar="N",
+                    help=f"scale: publisher -> subscriber pairs (default {PAIRS}; one publisher "
+                         f"process per {scale.PAIRS_PER_PUBLISHER} pairs)")
     ap.add_argument("--out", default="bench/results", help="output folder (git-ignored)")
     ap.add_argument("--markdown", metavar="RESULTS_JSON",
                     help="only print an earlier run's tables (with --update-readme: write them "
@@ -753,6 +772,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     bad = [g for g in args.groups.split(",") if g not in GROUPS]
     if bad:
         ap.error(f"unknown group(s) {bad}; choose from {GROUPS}")
+    try:
+        args.routers = scale.parse_routers(args.routers)
+    except ValueError as exc:
+        ap.error(f"--routers: {exc}")
+    if not 2 <= args.pairs <= scale.MAX_PAIRS:
+        ap.error(f"--pairs must be 2..{scale.MAX_PAIRS}")
     return args
 
 
@@ -771,6 +796,7 @@ def run(args: argparse.Namespace) -> int:
     STALL_SETTLE["s"] = args.stall_settle
     if args.stall_queue_bytes:
         STALL_OVERRIDES["link_max_queued_bytes"] = args.stall_queue_bytes
+    scale.register(args.routers, args.pairs, WORKLOADS, GROUP_OF)
     raise_nofile()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -784,6 +810,7 @@ def run(args: argparse.Namespace) -> int:
                     "stall_overrides": dict(STALL_OVERRIDES),
                     "stall_settle_s": STALL_SETTLE["s"],
                     "qos0_window": QOS0_WINDOW["n"],
+                    "scale_routers": args.routers, "scale_pairs": args.pairs,
                     **info,
                     "machine": f"{info['cpu'] or 'unknown CPU'}, {os.cpu_count()} cores"},
            "groups": groups, "runs": []}
@@ -808,12 +835,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         for rnd in range(mode.rounds):
             if "scale" in groups:
-                order = (1, 2) if rnd % 2 == 0 else (2, 1)  # A/B then B/A: drift cancels
-                for routers in order:
+                for routers in scale.order(args.routers, rnd):  # A/B then B/A: drift cancels
                     t0 = time.monotonic()
-                    w = f"scale_r{routers}"
-                    record(rnd, _with_cluster(1, routers, lambda cl, w=w: {w: run_pairs(cl, mode)},
-                                              [w]), t0)
+                    w = scale.workload(routers)
+                    record(rnd, _with_cluster(
+                        1, routers, lambda cl, w=w: {w: run_pairs(cl, mode, args.pairs)}, [w]),
+                        t0)
             if "single" in groups:
                 t0 = time.monotonic()
                 record(rnd, run_single(mode), t0)
@@ -854,7 +881,10 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.markdown:  # with --update-readme: that run's tables into README.md
-        md = render_markdown(json.loads(Path(args.markdown).read_text()))
+        doc = json.loads(Path(args.markdown).read_text())
+        scale.register(doc["meta"].get("scale_routers") or [1, 2],
+                       doc["meta"].get("scale_pairs") or PAIRS, WORKLOADS, GROUP_OF)
+        md = render_markdown(doc)
         if args.update_readme:
             update_readme(md)
         else:

@@ -91,3 +91,44 @@ def test_crossing_cost_is_the_extra_cpu_per_crossed_message() -> None:
     assert round(scale, 6) == 6.0 and "50% crossed" in how  # (11 - 8) / 0.5
     assert round(mesh, 6) == 4.0
     assert crossing_costs({"runs": []}) == []
+
+
+def test_scale_group_runs_every_router_count(tmp_path: Path) -> None:
+    """``--routers 1,3 --pairs 4``: a row per router count, each run with the asked pairs, and
+    the scale table (ratio to routers = 1, us/msg, crossed share) printed for both."""
+    out = tmp_path / "res"
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.cluster", "--quick", "--groups", "scale",
+         "--routers", "1,3", "--pairs", "4", "--warmup", "0.1", "--duration", "0.3",
+         "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads((out / "cluster-latest.json").read_text())
+    by = {run["workload"]: run["result"] for run in doc["runs"]}
+    assert set(by) == {"scale_r1", "scale_r3"}, set(by)
+    for w in ("scale_r1", "scale_r3"):
+        assert by[w]["status"] == "ok" and by[w]["value"] > 0, (w, by[w])
+        assert by[w]["pairs"] == 4, (w, by[w])
+    assert set(by["scale_r3"]["broker_procs_cpu"]) == {"n0", "n0/0", "n0/1", "n0/2"}
+    assert [row["name"] for row in doc["ratios"]] == []  # no r2: no "2 routers / 1" row
+    from bench.scale import rows
+
+    got = {row["routers"]: row for row in rows(doc)}
+    assert sorted(got) == [1, 3]
+    assert got[1]["ratio"] == 1.0 and got[3]["ratio"] and got[3]["ratio"] > 0, got
+    assert got[3]["crossed_link_share"] is not None and got[3]["us_per_msg"], got[3]
+    table = [ln.split() for ln in r.stdout.splitlines() if ln.startswith(("1 ", "3 "))]
+    assert [t[0] for t in table] == ["1", "3"], r.stdout[-3000:]
+    assert "1 node, routers = 3: 4 pub -> 4 sub" in (out / "cluster-latest.md").read_text()
+
+
+def test_scale_generator_grows_with_the_pairs() -> None:
+    """One publisher process per 32 pairs (two subscriber processes each): 32 pairs keep the
+    historic shape, 128 pairs on a 16-core box get four publishers."""
+    from bench.scale import generator_shape, order, parse_routers
+
+    assert generator_shape(32) == [(0, 32)]
+    assert generator_shape(128) == [(0, 32), (32, 64), (64, 96), (96, 128)]
+    assert generator_shape(40) == [(0, 20), (20, 40)]
+    assert parse_routers("2,4") == [1, 2, 4]  # every ratio is to routers = 1
+    assert order([1, 2, 4], 1) == [4, 2, 1]
