@@ -310,6 +310,24 @@ def drain_links(cl: Cluster, timeout: float = 10.0) -> bool:
     return False
 
 
+def wait_routes(cl: Cluster, filters: int, timeout: float = 15.0) -> bool:
+    """Until every router knows every other router's subscriptions (each link's ``routes_in``
+    summed: ``filters`` x (routers - 1)). A QoS 0 publish that reaches a router before the
+    route does is not delivered (at most once), and the generator's window counts it as in
+    flight for ever: with 8 routers a fixed 0.5 s was once too short, and the run stalled
+    ("nothing delivered during the measurement window"). Gives up at ``timeout`` (the run
+    then shows what it shows)."""
+    routers = len(cl.nodes) * cl.routers
+    want = filters * (routers - 1)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with contextlib.suppress(OSError):
+            if sum(lk.get("routes_in", 0) for lk in cl.links().values()) >= want:
+                return True
+        time.sleep(0.05)
+    return False
+
+
 def _msgs_out(links: dict[str, dict]) -> int:
     return sum(lk.get("msgs_out", 0) for lk in links.values())
 
@@ -337,14 +355,16 @@ def run_pairs(cl: Cluster, mode: Mode, pairs: int = PAIRS) -> dict:
         why = ph.wait_ready(mode.ready_timeout)
         if why:
             return {"status": "failed", "error": why}
-        time.sleep(0.2 if mode.duration < 2 else 0.5)  # the routes reach the other router
+        time.sleep(0.2 if mode.duration < 2 else 0.5)
+        routes_ready = wait_routes(cl, pairs)
         links0, recv0 = _msgs_out(cl.links()), ph.total(lg.RECV, ("sub",))
         res = _measure_rate(ph, lambda: ph.total(lg.RECV, ("sub",)), mode.warmup, mode.duration)
         links1, recv1 = _msgs_out(cl.links()), ph.total(lg.RECV, ("sub",))
         if isinstance(res, str):
             return {"status": "stalled" if res.startswith("stalled") else "failed", "error": res}
         share = (links1 - links0) / max(1, recv1 - recv0)
-        return {**res, "crossed_link_share": round(share, 3), "pairs": pairs}
+        return {**res, "crossed_link_share": round(share, 3), "pairs": pairs,
+                "routes_ready": routes_ready}
     finally:
         ph.stop()
 

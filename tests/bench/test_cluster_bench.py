@@ -109,6 +109,8 @@ def test_scale_group_runs_every_router_count(tmp_path: Path) -> None:
     for w in ("scale_r1", "scale_r3"):
         assert by[w]["status"] == "ok" and by[w]["value"] > 0, (w, by[w])
         assert by[w]["pairs"] == 4, (w, by[w])
+        # measured only once every router knew every subscription (bench.cluster.wait_routes)
+        assert by[w]["routes_ready"] is True, (w, by[w])
     assert set(by["scale_r3"]["broker_procs_cpu"]) == {"n0", "n0/0", "n0/1", "n0/2"}
     assert [row["name"] for row in doc["ratios"]] == []  # no r2: no "2 routers / 1" row
     from bench.scale import rows
