@@ -183,6 +183,18 @@ class MeshNode(Broker):
         cfg.write_text(text + self.cluster_toml())
         return [sys.executable, "-m", "meshmq", "serve", "-c", str(cfg)]
 
+    def dropped(self, timeout: float = 5.0) -> dict[str, float]:
+        """meshmq_messages_dropped_total per reason, summed over the node's routers (the
+        supervisor's /metrics carries every router's): for a stalled run's report."""
+        url = f"http://127.0.0.1:{self.admin_port}/metrics"
+        out: dict[str, float] = {}
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback
+            for line in r.read().decode().splitlines():
+                if line.startswith("meshmq_messages_dropped_total{"):
+                    reason = line.split('reason="', 1)[1].split('"', 1)[0]
+                    out[reason] = out.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+        return out
+
     def status(self, timeout: float = 5.0) -> dict:
         url = f"http://127.0.0.1:{self.admin_port}/api/v1/cluster"
         with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - loopback
@@ -328,6 +340,28 @@ def wait_routes(cl: Cluster, filters: int, timeout: float = 15.0) -> bool:
     return False
 
 
+def _dropped(cl: Cluster) -> dict[str, float] | str:
+    try:
+        out: dict[str, float] = {}
+        for node in cl.nodes:
+            for reason, n in node.dropped().items():
+                out[reason] = out.get(reason, 0.0) + n
+        return out
+    except OSError as err:
+        return f"unreadable: {err}"
+
+
+def link_summary(links: dict[str, dict]) -> dict[str, int]:
+    """What every link of the cluster holds and dropped, summed: a stalled run says whether
+    links were down, full or dropping (the generator's QoS 0 window never gets back what a
+    link or a congested subscriber dropped)."""
+    keys = ("queued", "unacked", "dropped_full", "dropped_reconnect", "routes_in")
+    out = {k: sum(lk.get(k, 0) or 0 for lk in links.values()) for k in keys}
+    out["links"] = len(links)
+    out["links_up"] = sum(1 for lk in links.values() if lk.get("state") == "up")
+    return out
+
+
 def _msgs_out(links: dict[str, dict]) -> int:
     return sum(lk.get("msgs_out", 0) for lk in links.values())
 
@@ -361,7 +395,9 @@ def run_pairs(cl: Cluster, mode: Mode, pairs: int = PAIRS) -> dict:
         res = _measure_rate(ph, lambda: ph.total(lg.RECV, ("sub",)), mode.warmup, mode.duration)
         links1, recv1 = _msgs_out(cl.links()), ph.total(lg.RECV, ("sub",))
         if isinstance(res, str):
-            return {"status": "stalled" if res.startswith("stalled") else "failed", "error": res}
+            return {"status": "stalled" if res.startswith("stalled") else "failed",
+                    "error": res, "routes_ready": routes_ready,
+                    "links": link_summary(cl.links()), "dropped": _dropped(cl)}
         share = (links1 - links0) / max(1, recv1 - recv0)
         return {**res, "crossed_link_share": round(share, 3), "pairs": pairs,
                 "routes_ready": routes_ready}
