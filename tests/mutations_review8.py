@@ -1,0 +1,31 @@
+"""Planted bugs for review8's attack on issue 25's single-node speed change
+(``tests/mutate.py review8-``): the shape cache's bound (``broker/message.py``
+``MAX_SHAPES``) and what else the review found."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHAPES = "tests/broker/test_shape_cache.py"
+RESUB = f"{SHAPES}::test_resubscribing_to_a_large_retained_message_does_not_grow_the_broker"
+
+
+def review8_mutations(mutation: Any) -> tuple[Any, ...]:
+    """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
+    m = mutation
+    return (
+        m("review8-shapes-unbounded", "broker/message.py packet0: every QoS 0 shape cached, "
+          "unbounded (a retained message grows a payload copy per Subscription Identifier)",
+          "broker/message.py",
+          "            data = publish_packet0(self.topic, self.payload, retain, props, "
+          "5 if v5 else 4)\n            if len(shapes) < MAX_SHAPES:\n",
+          "            data = publish_packet0(self.topic, self.payload, retain, props, "
+          "5 if v5 else 4)\n            if True:\n",
+          (f"{RESUB}[0]",)),
+        m("review8-parts-unbounded", "broker/message.py parts: every QoS 1/2 shape cached, "
+          "unbounded (the same growth for a retained copy sent at QoS 1)",
+          "broker/message.py",
+          "            if len(shapes) < MAX_SHAPES:\n                shapes[key] = parts\n",
+          "            if True:\n                shapes[key] = parts\n",
+          (f"{RESUB}[1]",)),
+    )
