@@ -111,7 +111,7 @@ class Message:
             props = self.v5_properties(sub_ids, remaining, position) if v5 else None
             level = 5 if v5 else 4
             parts = publish_parts(self.topic, self.payload, qos, retain, False, props, level)
-            if len(shapes) < MAX_SHAPES:
+            if not shapes or len(shapes) < MAX_SHAPES:  # (no len() call for the first)
                 shapes[key] = parts
         return parts
 
@@ -140,7 +140,7 @@ class Message:
         if data is None:
             props = self.v5_properties(sub_ids, remaining, position) if v5 else None
             data = publish_packet0(self.topic, self.payload, retain, props, 5 if v5 else 4)
-            if len(shapes) < MAX_SHAPES:
+            if not shapes or len(shapes) < MAX_SHAPES:
                 shapes[key] = data
         return data
 

@@ -18,14 +18,16 @@ def review8_mutations(mutation: Any) -> tuple[Any, ...]:
           "unbounded (a retained message grows a payload copy per Subscription Identifier)",
           "broker/message.py",
           "            data = publish_packet0(self.topic, self.payload, retain, props, "
-          "5 if v5 else 4)\n            if len(shapes) < MAX_SHAPES:\n",
+          "5 if v5 else 4)\n            if not shapes or len(shapes) < MAX_SHAPES:\n",
           "            data = publish_packet0(self.topic, self.payload, retain, props, "
           "5 if v5 else 4)\n            if True:\n",
           (f"{RESUB}[0]",)),
         m("review8-parts-unbounded", "broker/message.py parts: every QoS 1/2 shape cached, "
           "unbounded (the same growth for a retained copy sent at QoS 1)",
           "broker/message.py",
-          "            if len(shapes) < MAX_SHAPES:\n                shapes[key] = parts\n",
+          "            if not shapes or len(shapes) < MAX_SHAPES:  "
+          "# (no len() call for the first)\n"
+          "                shapes[key] = parts\n",
           "            if True:\n                shapes[key] = parts\n",
           (f"{RESUB}[1]",)),
     )
