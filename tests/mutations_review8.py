@@ -8,6 +8,8 @@ from typing import Any
 
 SHAPES = "tests/broker/test_shape_cache.py"
 RESUB = f"{SHAPES}::test_resubscribing_to_a_large_retained_message_does_not_grow_the_broker"
+IDS = f"{SHAPES}::test_each_qos0_copy_of_one_message_carries_its_own_ids_and_remaining_expiry"
+KEY0 = "        key = (v5, -1, retain, sub_ids, remaining, position)"
 
 
 def review8_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -30,4 +32,12 @@ def review8_mutations(mutation: Any) -> tuple[Any, ...]:
           "                shapes[key] = parts\n",
           "            if True:\n                shapes[key] = parts\n",
           (f"{RESUB}[1]",)),
+        m("review8-packet0-key-no-ids", "broker/message.py packet0: the shape key leaves out "
+          "the subscription ids (every v5 subscriber gets the first one's identifiers)",
+          "broker/message.py", KEY0, "        key = (v5, -1, retain, None, remaining, position)",
+          (IDS,)),
+        m("review8-packet0-key-no-remaining", "broker/message.py packet0: the shape key "
+          "leaves out the remaining expiry (a later retained copy carries a stale interval)",
+          "broker/message.py", KEY0, "        key = (v5, -1, retain, sub_ids, 0, position)",
+          (IDS,)),
     )
