@@ -9,6 +9,8 @@ from typing import Any
 SHAPES = "tests/broker/test_shape_cache.py"
 RESUB = f"{SHAPES}::test_resubscribing_to_a_large_retained_message_does_not_grow_the_broker"
 IDS = f"{SHAPES}::test_each_qos0_copy_of_one_message_carries_its_own_ids_and_remaining_expiry"
+STALE = ("tests/broker/test_stale_speedups.py::"
+         "test_a_stale_codec_extension_runs_the_pure_python_codec_and_says_so")
 KEY0 = "        key = (v5, -1, retain, sub_ids, remaining, position)"
 
 
@@ -40,4 +42,11 @@ def review8_mutations(mutation: Any) -> tuple[Any, ...]:
           "leaves out the remaining expiry (a later retained copy carries a stale interval)",
           "broker/message.py", KEY0, "        key = (v5, -1, retain, sub_ids, 0, position)",
           (IDS,)),
+        m("review8-stale-speedups-used", "broker/protocol/codec.py: a codec extension built "
+          "from an older _speedups.c (no publish_packet) is imported as is (every start dies "
+          "with AttributeError)",
+          "broker/protocol/codec.py",
+          'if _speedups is not None and not hasattr(_speedups, "publish_packet"):\n',
+          "if False:\n",
+          (STALE,)),
     )
