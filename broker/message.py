@@ -17,6 +17,15 @@ from broker.protocol.properties import Prop
 
 Parts = tuple[bytes, bytes]
 
+# How many shapes one message keeps encoded. A shape key holds what subscribers choose (their
+# Subscription Identifiers) and the remaining expiry (a new value each second), so an unbounded
+# cache grew one copy of the payload per distinct key: on a retained message, which lives as
+# long as its topic, one client re-subscribing with new identifiers grew the broker by a
+# payload per SUBSCRIBE, for good. Past the bound a shape is encoded per send, uncached, which
+# is what a per-subscriber shape costs anyway; a fan-out's common shapes come first and stay
+# cached. (Mosquitto and EMQX encode per subscriber and keep nothing.)
+MAX_SHAPES = 8
+
 
 class Message:
     __slots__ = (
@@ -102,7 +111,8 @@ class Message:
             props = self.v5_properties(sub_ids, remaining, position) if v5 else None
             level = 5 if v5 else 4
             parts = publish_parts(self.topic, self.payload, qos, retain, False, props, level)
-            shapes[key] = parts
+            if not shapes or len(shapes) < MAX_SHAPES:  # (no len() call for the first)
+                shapes[key] = parts
         return parts
 
 
@@ -130,7 +140,8 @@ class Message:
         if data is None:
             props = self.v5_properties(sub_ids, remaining, position) if v5 else None
             data = publish_packet0(self.topic, self.payload, retain, props, 5 if v5 else 4)
-            shapes[key] = data
+            if not shapes or len(shapes) < MAX_SHAPES:
+                shapes[key] = data
         return data
 
 

@@ -81,6 +81,12 @@ if os.environ.get("BROKER_PURE_PYTHON", "").strip() in ("", "0"):
         from broker.protocol import _speedups
     except ImportError:  # not built (optional extension): pure Python
         _speedups = None
+if _speedups is not None and not hasattr(_speedups, "publish_packet"):
+    # Built from an older _speedups.c (a checkout updated without ``pip install -e .``, a .so
+    # copied from another tree): set aside whole, like one never built, so the node starts on
+    # the pure-Python codec and its start-up warning says to rebuild, instead of every start
+    # dying here with an AttributeError (issue 25 added publish_packet).
+    _speedups = None
 if _speedups is not None:
     _speedups.setup(Publish, PubAck)
 SPEEDUPS: bool = _speedups is not None
