@@ -22,7 +22,6 @@ import importlib.util
 import os
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +41,7 @@ if "helpers" not in sys.modules:
     sys.modules["helpers"] = _module
     _spec.loader.exec_module(_module)
 
+from helpers.apt import apt_install, can_install  # noqa: E402
 from helpers.broker import ALL_BROKERS, BrokerProc  # noqa: E402
 from helpers.clients import ClientFactory  # noqa: E402
 from helpers.raw import RawClient  # noqa: E402
@@ -124,14 +124,14 @@ def raw() -> Iterator[Callable[..., RawClient]]:
 @pytest.fixture(scope="session")
 def mosquitto_bin() -> dict[str, str]:
     """Paths of mosquitto_pub and mosquitto_sub; installs mosquitto-clients when root."""
-    if shutil.which("mosquitto_pub") is None or shutil.which("mosquitto_sub") is None:
-        if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-            env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-            res = subprocess.run(
-                "apt-get update -qq && apt-get install -y -qq mosquitto-clients",
-                shell=True, capture_output=True, text=True, env=env, timeout=600,
-            )
-            if res.returncode != 0:
+
+    def present() -> bool:
+        return all(shutil.which(tool) is not None for tool in ("mosquitto_pub", "mosquitto_sub"))
+
+    if not present():
+        if can_install():
+            res = apt_install("mosquitto-clients", present, update_first=True)
+            if res is not None and res.returncode != 0:
                 pytest.fail(
                     "mosquitto_pub/mosquitto_sub are missing and installing mosquitto-clients "
                     f"failed (exit {res.returncode}):\n{res.stderr[-2000:]}"
@@ -148,16 +148,12 @@ def mosquitto_bin() -> dict[str, str]:
     return {"pub": pub, "sub": sub}
 
 
-def _apt_install(packages: str, what: str) -> None:
-    """Install Debian packages when root (as CI is), else fail saying what to install."""
-    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        res = subprocess.run(
-            f"apt-get install -y -qq {packages} || "
-            f"(apt-get update -qq && apt-get install -y -qq {packages})",
-            shell=True, capture_output=True, text=True, env=env, timeout=600,
-        )
-        if res.returncode != 0:
+def _apt_install(packages: str, what: str, present: Callable[[], bool]) -> None:
+    """Install Debian packages when root (as CI is), else fail saying what to install; one
+    worker at a time (helpers/apt.py), re-checking ``present()`` once it is its turn."""
+    if can_install():
+        res = apt_install(packages, present)
+        if res is not None and res.returncode != 0:
             pytest.fail(f"{what} is missing and installing {packages} failed "
                         f"(exit {res.returncode}):\n{res.stderr[-2000:]}")
         return
@@ -176,7 +172,8 @@ def fuse_tools() -> None:
 
     problem = fuse_problem()
     if problem is not None and os.path.exists("/dev/fuse") and shutil.which(FUSERMOUNT) is None:
-        _apt_install("fuse3", f"{FUSERMOUNT} (Debian's fuse3)")
+        _apt_install("fuse3", f"{FUSERMOUNT} (Debian's fuse3)",
+                     lambda: shutil.which(FUSERMOUNT) is not None)
         problem = fuse_problem()
     if problem is not None:
         if os.environ.get("CI") == "true":
@@ -189,7 +186,8 @@ def mosquitto_passwd_bin() -> str:
     """Path of mosquitto_passwd (Debian's ``mosquitto`` package, not ``mosquitto-clients``);
     installs it when root, as CI is."""
     if shutil.which("mosquitto_passwd") is None:
-        _apt_install("mosquitto", "mosquitto_passwd (Debian's mosquitto package)")
+        _apt_install("mosquitto", "mosquitto_passwd (Debian's mosquitto package)",
+                     lambda: shutil.which("mosquitto_passwd") is not None)
     path = shutil.which("mosquitto_passwd")
     if path is None:
         pytest.fail("mosquitto installed but mosquitto_passwd is not on PATH")
@@ -260,3 +258,65 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
                     proc.log_tail(80),
                 ))
     return report
+
+
+# --------------------------------------------------------------------------------------------
+# Two worker processes (pytest-xdist, ``-n 2 --dist loadfile`` in pyproject's addopts)
+# --------------------------------------------------------------------------------------------
+
+# Work units that share something outside the test process, so they must never run at the
+# same time on two workers: each prefix is one unit (every test under it on one worker, one
+# after another). tests/spark_connector: one SparkSession (a JVM, 5-30 s to start, 2 cores of
+# local[2]) per worker process; one unit starts it once. tests/bench: the cluster bench holds
+# the host-wide CPU latency request (/dev/cpu_dma_latency) that test_hosttune.py reads.
+_SHARED_UNITS = ("tests/spark_connector/", "tests/bench/")
+
+# Units handed out first, longest first: a long unit handed out last leaves one worker running
+# it alone while the other idles (longest-job-first packing). Measured in a two-worker run with
+# --durations=0 on the 2-core box: tests/spark_connector/ 185 s, test_chaos_run.py 156 s (the
+# next file took 89 s), tests/bench/ 43 s in two long bench runs. Anything not listed follows,
+# the file with the most tests first (xdist's default order).
+_LONG_UNITS = (
+    "tests/chaos/test_chaos_run.py",
+    "tests/spark_connector/",
+    "tests/bench/",
+)
+
+
+def _unit_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    for prefix in _SHARED_UNITS:
+        if path.startswith(prefix):
+            return prefix
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` with the units above: a file's tests (and its module fixtures) stay
+    on one worker, the shared units stay whole, and the long units go first. Other --dist
+    modes are xdist's own."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SuiteScheduling(LoadFileScheduling):
+        ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self.ordered:  # the first call: the queue is complete, nothing handed out
+                self.ordered = True
+
+                def rank(unit: str) -> int:
+                    return next((i for i, p in enumerate(_LONG_UNITS) if unit.startswith(p)),
+                                len(_LONG_UNITS))
+
+                units = sorted(self.workqueue.items(), key=lambda kv: rank(kv[0]))  # stable
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+    return SuiteScheduling(config, log)

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -76,16 +76,24 @@ class Voter:
 
 
 @pytest.fixture
-def voters(tmp_path: Path) -> Iterator[dict[str, Voter]]:
-    addrs = {n: f"127.0.0.1:{free_port()}" for n in NODES}
-    group = {n: Voter(tmp_path, n, addrs) for n in NODES}
-    try:
+def voter_groups(tmp_path: Path) -> Iterator[Callable[[], dict[str, Voter]]]:
+    """Factory of groups of three voters (a fresh group per try), each stopped at the end."""
+    made: list[dict[str, Voter]] = []
+
+    def start() -> dict[str, Voter]:
+        addrs = {n: f"127.0.0.1:{free_port()}" for n in NODES}
+        group = {n: Voter(tmp_path / f"group{len(made)}", n, addrs) for n in NODES}
+        made.append(group)
         for v in group.values():
             v.start()
-        yield group
+        return group
+
+    try:
+        yield start
     finally:
-        for v in group.values():
-            v.stop()
+        for group in made:
+            for v in group.values():
+                v.stop()
 
 
 def _leader(group: dict[str, Voter]) -> str:
@@ -118,7 +126,10 @@ async def _propose_all(sock: str, cmds: list[list]) -> list:
     raise AssertionError("not committed")
 
 
-def test_a_dead_nodes_thousands_of_logs_fail_over_in_one_proposal(voters) -> None:
+def _fail_over(voters: dict[str, Voter]) -> tuple[dict | None, float, str]:
+    """Kill a follower's voter and wait until the Raft leader's controller moved its logs;
+    (the leader's controller stats, seconds taken, victim). Stats None: that voter no longer
+    leads, so its controller (and its counters) stopped: nothing to measure on this group."""
     leader = _leader(voters)
     victim = next(n for n in NODES if n != leader)  # the controller itself survives
     sock = voters[leader].sock
@@ -129,7 +140,9 @@ def test_a_dead_nodes_thousands_of_logs_fail_over_in_one_proposal(voters) -> Non
                for k in range(LOGS)]
     assert all(applied for applied, _ in asyncio.run(_propose_all(sock, creates)))
     before = voters[leader].status()["controller"]
-    assert before is not None and before["proposals"] == 0, before
+    if before is None:
+        return None, 0.0, victim
+    assert before["proposals"] == 0, before
 
     voters[victim].proc.kill()
     voters[victim].proc.wait(5)
@@ -145,9 +158,31 @@ def test_a_dead_nodes_thousands_of_logs_fail_over_in_one_proposal(voters) -> Non
         assert rec["epoch"] == 1 and rec["leader"] in others, (device, rec)
         assert f"{victim}/0" not in rec["isr"] and rec["leader"] in rec["isr"], (device, rec)
         assert rec["leader_incarnation"] == rec["leader"][0] + "-inc1", (device, rec)
-    stats = voters[leader].status()["controller"]
+    # a proposal's answer reaches the controller's counters just after the entry applied
+    deadline = time.monotonic() + 10
+    while True:
+        stats = voters[leader].status()["controller"]
+        if stats is None or stats["elections"] >= LOGS or time.monotonic() > deadline:
+            return stats, took, victim
+        time.sleep(0.02)
+
+
+def test_a_dead_nodes_thousands_of_logs_fail_over_in_one_proposal(voter_groups) -> None:
+    """Premise: the voter that leads Raft when the node dies still leads when the test reads
+    its controller's counters. Applying 2,000 elections costs every voter CPU; on a loaded
+    2-core box (two test workers) a follower once timed out meanwhile and took the lead 60 ms
+    after the failover, which stopped the old controller and its counters (its log line said
+    2,000 logs moved in one proposal). Such a group proves nothing either way: a fresh group
+    tries again, up to three times."""
+    tries: list[str] = []
+    for _ in range(3):
+        stats, took, victim = _fail_over(voter_groups())
+        if stats is not None:
+            break
+        tries.append("the Raft leader changed during the failover")
+    assert stats is not None, f"no group kept its Raft leader through the failover: {tries}"
     print(f"\n[failover] kill -9 of voter {victim}: {LOGS} logs re-led after {took:.2f} s "
-          f"(node_timeout 1.0 s) in {stats['proposals']} proposal(s)")
+          f"(node_timeout 1.0 s) in {stats['proposals']} proposal(s) ({len(tries)} retries)")
     assert stats["elections"] == LOGS, stats
     # one round for the whole node (a stale or failed proposal may add a retry, not thousands)
     assert stats["proposals"] <= 3, f"{LOGS} logs took {stats['proposals']} proposals"

@@ -47,6 +47,13 @@ def _missing(want: set[str], got: list[str]) -> list[str]:
     return sorted(want - set(got), key=lambda p: (p[0], int(p[1:])))
 
 
+def _assert_stored(pub, infos) -> None:
+    """The test's premise: every PUBACK says stored (reason code 0), none a refusal (0x80 at
+    cluster.append_timeout), so a message missing later is a lost one."""
+    refused = [code for code in (pub.puback_code(i) for i in infos) if code != 0]
+    assert not refused, f"{len(refused)} publishes refused, not stored: {refused[:5]}"
+
+
 def _kill_node(cluster: Cluster, i: int) -> None:
     """kill -9 of the whole node: its supervisor stopped first (so it restarts nothing), its
     router killed, then the supervisor."""
@@ -59,8 +66,13 @@ def _kill_node(cluster: Cluster, i: int) -> None:
 
 @pytest.fixture
 def trio_via_proxy(tmp_path) -> Iterator[tuple[Cluster, TcpProxy]]:
-    """Three nodes; node 0 reaches node 2 through a proxy the test can cut."""
-    cluster = Cluster(tmp_path, n=3)
+    """Three nodes; node 0 reaches node 2 through a proxy the test can cut.
+
+    ``cluster.append_timeout`` 60 s: the tests publish while node 0 is down and rely on those
+    publishes being stored once it is back; a kill -9 and restart of a node took more than the
+    default 5 s on a loaded 2-core box (two test workers, other jobs: its supervisor alone took
+    4 s to start), and node 1 then correctly refused the first half as not stored."""
+    cluster = Cluster(tmp_path, n=3, overrides={"cluster": {"append_timeout": 60.0}})
     proxy = TcpProxy(cluster.mesh_ports[2])
     cluster.dial_via(0, 2, proxy.port)
     try:
@@ -103,6 +115,7 @@ def test_a_restarted_owner_s_backlog_reaches_a_peer_whose_link_came_back_later(
     n0.wait_ready()
     wait_for(lambda: all(i.is_published() for i in infos), 60,
              message="every PUBACK of the backlog (stored at the restarted owner)")
+    _assert_stored(pub, infos)
     time.sleep(0.5)  # node 0 routes them meanwhile, knowing no route of node 2
     proxy.heal()
     cluster.wait_links_up(60)
@@ -133,6 +146,7 @@ def test_a_restarted_owner_sends_a_device_new_to_the_peer_once_it_knows_its_rout
     n0.wait_ready()
     wait_for(lambda: all(i.is_published() for i in infos), 60,
              message="every PUBACK of the backlog (stored at the restarted owner)")
+    _assert_stored(pub, infos)
     time.sleep(0.5)
     proxy.heal()
     cluster.wait_links_up(60)

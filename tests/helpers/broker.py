@@ -40,7 +40,33 @@ _EPHEMERAL = _ephemeral_range()
 # one the kernel never hands to a bind(0) or an outgoing connection, so a cluster router that
 # binds its loopback admin server to port 0 cannot take the MQTT or mesh port another router of
 # the test is about to bind (seen: "address already in use" on a mesh port at start-up).
-_PORT_RANGE = (20000, min(_EPHEMERAL[0], 32768)) if _EPHEMERAL[0] > 21000 else (0, 0)
+_ALL_PORTS = (20000, min(_EPHEMERAL[0], 32768)) if _EPHEMERAL[0] > 21000 else (0, 0)
+
+
+def _worker_slice(lo: int, hi: int) -> tuple[int, int]:
+    """This pytest-xdist worker's share of [lo, hi): the suite runs in several worker
+    processes (pyproject's addopts), each picking ports for its own brokers; between a worker's
+    probe bind and its broker's bind, another worker could pick the same free port. Disjoint
+    slices (gw0 the first, gw1 the next, ...) make that impossible, as Kafka's and Cassandra's
+    test harnesses give each fork its own port block. Without xdist: the whole range."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or count < 2 or not hi:
+        return lo, hi
+    index = int(worker[2:]) % count
+    size = (hi - lo) // count
+    return lo + index * size, lo + (index + 1) * size
+
+
+_PORT_RANGE = _worker_slice(*_ALL_PORTS)
+# A generator of our own: hypothesis seeds the global ``random`` deterministically inside its
+# tests, which would make every worker draw the same sequence of ports.
+_RNG = random.Random()
+
+
+def port_range() -> tuple[int, int]:
+    """[lo, hi) this process picks broker ports from ((0, 0): the kernel's bind(0))."""
+    return _PORT_RANGE
 
 
 def free_port() -> int:
@@ -49,7 +75,7 @@ def free_port() -> int:
     (seen once: ws and tcp on one port, config error at start)."""
     while True:
         if _PORT_RANGE[1]:
-            port = random.randrange(*_PORT_RANGE)
+            port = _RNG.randrange(*_PORT_RANGE)
             if port in _HANDED_OUT:
                 continue
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

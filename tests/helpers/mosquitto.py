@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.apt import apt_install, can_install
 from helpers.broker import free_port
 
 ALL_MOSQUITTOS: list[MosquittoProc] = []
@@ -27,10 +28,9 @@ ALL_MOSQUITTOS: list[MosquittoProc] = []
 def find_mosquitto() -> str:
     path = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
                                          if os.path.exists("/usr/sbin/mosquitto") else None)
-    if path is None and hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run("apt-get update -qq && apt-get install -y -qq mosquitto", shell=True,
-                       capture_output=True, env=env, timeout=600)
+    if path is None and can_install():
+        apt_install("mosquitto", lambda: shutil.which("mosquitto") is not None
+                    or os.path.exists("/usr/sbin/mosquitto"), update_first=True)
         path = shutil.which("mosquitto") or ("/usr/sbin/mosquitto"
                                              if os.path.exists("/usr/sbin/mosquitto") else None)
     if path is None:
