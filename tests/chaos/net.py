@@ -78,12 +78,15 @@ class NetnsNet:
     mode = "netns"
 
     def __init__(self, n: int) -> None:
-        tag = f"{os.getpid() % 10000:04d}{random.randrange(100):02d}"
+        # names and subnet apart from the other xdist worker's: the PID in both, and the OS's
+        # randomness (hypothesis seeds the global ``random``, so two workers drew alike)
+        rnd = random.SystemRandom()
+        tag = f"{os.getpid() % 10000:04d}{rnd.randrange(100):02d}"
         self.n = n
         self.bridge = f"mqbr{tag}"
         self.ns = [f"mmqc{tag}n{i}" for i in range(n)]
         self.host_if = [f"mq{tag}h{i}" for i in range(n)]
-        self.subnet = f"10.{random.randrange(100, 250)}.{random.randrange(0, 250)}"
+        self.subnet = f"10.{100 + os.getpid() % 150}.{rnd.randrange(0, 250)}"
         self.cuts: set[tuple[int, int]] = set()
         # port cuts: (node, name) -> (routing table, the rule selectors added)
         self.port_cuts: dict[tuple[int, str], tuple[int, list[list[str]]]] = {}
