@@ -308,7 +308,9 @@ def update_readme(markdown: str, chart: Path) -> None:
         shutil.copyfile(chart, docs / "bench.png")
         section += "\n![meshmq vs Mosquitto vs amqtt](docs/bench.png)\n"
     readme.write_text(f"{head}{README_START}\n{section}{README_END}{tail}")
-    _say("updated README.md (Performance) and docs/bench.png")
+    _say("updated README.md (Performance)" + (" and docs/bench.png" if chart.exists() else
+         ": no chart (matplotlib is not installed: pip install -e '.[bench]'); "
+         "docs/bench.png and its link are left out"))
 
 
 def main(argv: list[str] | None = None) -> int:
