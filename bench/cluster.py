@@ -313,12 +313,19 @@ class Cluster:
 def drain_links(cl: Cluster, timeout: float = 10.0) -> bool:
     """Between runs on one cluster: until no link holds queued or unacknowledged entries, so a
     run does not start with the previous run's backlog still crossing."""
+    return _links_until(cl, lambda links: all(lk["queued"] == 0 and lk["unacked"] == 0
+                                              for lk in links.values()), timeout, 0.1)
+
+
+def _links_until(cl: Cluster, done, timeout: float, step: float) -> bool:
+    """Poll every link's status until ``done(links)`` (False at ``timeout``; a node that does
+    not answer this time is asked again)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         with contextlib.suppress(OSError):
-            if all(lk["queued"] == 0 and lk["unacked"] == 0 for lk in cl.links().values()):
+            if done(cl.links()):
                 return True
-        time.sleep(0.1)
+        time.sleep(step)
     return False
 
 
@@ -329,15 +336,9 @@ def wait_routes(cl: Cluster, filters: int, timeout: float = 15.0) -> bool:
     flight for ever: with 8 routers a fixed 0.5 s was once too short, and the run stalled
     ("nothing delivered during the measurement window"). Gives up at ``timeout`` (the run
     then shows what it shows)."""
-    routers = len(cl.nodes) * cl.routers
-    want = filters * (routers - 1)
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        with contextlib.suppress(OSError):
-            if sum(lk.get("routes_in", 0) for lk in cl.links().values()) >= want:
-                return True
-        time.sleep(0.05)
-    return False
+    want = filters * (len(cl.nodes) * cl.routers - 1)
+    return _links_until(cl, lambda links: sum(lk.get("routes_in", 0)
+                                              for lk in links.values()) >= want, timeout, 0.05)
 
 
 def _dropped(cl: Cluster) -> dict[str, float] | str:
@@ -389,8 +390,7 @@ def run_pairs(cl: Cluster, mode: Mode, pairs: int = PAIRS) -> dict:
         why = ph.wait_ready(mode.ready_timeout)
         if why:
             return {"status": "failed", "error": why}
-        time.sleep(0.2 if mode.duration < 2 else 0.5)
-        routes_ready = wait_routes(cl, pairs)
+        routes_ready = wait_routes(cl, pairs)  # (was a fixed 0.5 s: see wait_routes)
         links0, recv0 = _msgs_out(cl.links()), ph.total(lg.RECV, ("sub",))
         res = _measure_rate(ph, lambda: ph.total(lg.RECV, ("sub",)), mode.warmup, mode.duration)
         links1, recv1 = _msgs_out(cl.links()), ph.total(lg.RECV, ("sub",))
