@@ -115,7 +115,6 @@ class Message:
                 shapes[key] = parts
         return parts
 
-
     def packet0(self, v5: bool, retain: bool, sub_ids: tuple[int, ...] | None,
                 position: bool = False) -> bytes:
         """The whole QoS 0 PUBLISH for one shape, cached like ``parts``: a QoS 0 copy needs no
