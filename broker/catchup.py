@@ -55,8 +55,11 @@ _STEP = 5_000  # records examined per session per loop turn before yielding to o
 CLOCK_SKEW_US = 1_000_000  # tolerated between routers' clocks (match_record)
 
 
-# (session, msg, granted qos, retain flag, subscription ids, position) -> None
-Deliver = Callable[["Session", Message, int, bool, "tuple[int, ...] | None", bool], None]
+# ``DeliveryRoom.deliver``: (session, msg, granted qos, retain flag, subscription ids, group,
+# position, live) -> None, called positionally (a keyword call, or a wrapper, cost more per
+# record: issue 25's catch-up path)
+Deliver = Callable[["Session", Message, int, bool, "tuple[int, ...] | None", None, bool, bool],
+                   None]
 
 
 class LogCatchUp:
@@ -147,6 +150,8 @@ class LogCatchUp:
         inflight = session.own_inflight()
         window = session.window
         source = self.source
+        deliver = self._deliver
+        stats = self.stats
         budget = _STEP
         while budget > 0:
             moved = False
@@ -167,9 +172,21 @@ class LogCatchUp:
                     rec = records.popleft()
                     budget -= 1
                     if rec.offset > c.next:  # offsets lost to a corrupt record (quarantined)
-                        self.stats.dropped(DropReason.CORRUPT, rec.offset - c.next)
+                        stats.dropped(DropReason.CORRUPT, rec.offset - c.next)
                     c.next = rec.offset + 1
-                    self._deliver_record(session, rec, remote)
+                    # what Router.route would have sent this session for rec (inline: a call
+                    # per record less, as for the deliver call below)
+                    got = match_record(session, rec, remote)
+                    if got is not None:
+                        msg = got[0]
+                        if msg.expiry_at is not None and msg.expired(time.monotonic()):
+                            stats.dropped(DropReason.EXPIRED)
+                        else:
+                            # remote: read from another router's log (a copy here, never a
+                            # position; see match_record)
+                            msg.remote = remote
+                            deliver(session, msg, got[1], got[2] and msg.retain, got[3], None,
+                                    got[4], False)
                     if session.queue or len(inflight) >= window or conn.congested:
                         break
             if not session.lag_behind:
@@ -256,19 +273,6 @@ class LogCatchUp:
             queue.clear()
             queue.extend(kept)
 
-    def _deliver_record(self, session: Session, rec: Record, remote: bool = False) -> None:
-        """What ``Router.route`` would have sent this session for ``rec``, now. ``remote``:
-        read from another router's log (a copy here, never a position; see match_record)."""
-        got = match_record(session, rec, remote)
-        if got is None:
-            return
-        msg, qos, rap, ids, position = got
-        msg.remote = remote
-        if msg.expiry_at is not None and msg.expired(time.monotonic()):
-            self.stats.dropped(DropReason.EXPIRED)
-            return
-        self._deliver(session, msg, qos, rap and msg.retain, ids, position)
-
 
 # A lagging session matches every record it reads against its filters, and a device's records
 # carry a handful of topics: the answer per (filter, topic) is cached (C lru_cache: one hash
@@ -290,12 +294,11 @@ def match_record(session: Session, rec: Record, remote: bool = False
     routers can deliver a message a little older than a subscription, never lose a newer one."""
     topic = rec.topic
     short = len(topic) <= _CACHED_TOPIC_LEN
-    ts = rec.timestamp_us + (CLOCK_SKEW_US if remote else 0)
+    ts = rec.timestamp_us + CLOCK_SKEW_US if remote else rec.timestamp_us
     qos = -1
     rap = False
-    ids: list[int] = []
+    ids: list[int] | None = None  # (made for the first subscription id only: most have none)
     position = False
-    origin: str | None = None
     msg: Message | None = None
     for sub in session.subscriptions.values():
         if sub.group is not None or sub.since_us > ts:
@@ -310,17 +313,21 @@ def match_record(session: Session, rec: Record, remote: bool = False
         if sub.no_local:
             if msg is None:
                 msg = record_message(rec, Message)
-                origin = msg.origin
-            if origin == session.client_id:
+            if msg.origin == session.client_id:
                 continue
         if sub.qos > qos:
             qos = sub.qos
-        rap = rap or sub.retain_as_published
+        if sub.retain_as_published:
+            rap = True
+        if replay is not None:
+            position = True
         if sub.sub_id:
-            ids.append(sub.sub_id)
-        position = position or replay is not None
+            if ids is None:
+                ids = [sub.sub_id]
+            else:
+                ids.append(sub.sub_id)
     if qos < 0:
         return None
     if msg is None:
         msg = record_message(rec, Message)
-    return msg, qos, rap, tuple(ids) or None, position
+    return msg, qos, rap, None if ids is None else tuple(ids), position

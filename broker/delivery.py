@@ -149,10 +149,6 @@ class DeliveryRoom:
         log reader (broker/cursors.py): logs other routers lead are read from them."""
         return self.forwarder
 
-    def _deliver_from_log(self, session: Session, msg: Message, granted: int, retain: bool,
-                          sub_ids: tuple[int, ...] | None, position: bool) -> None:
-        self.deliver(session, msg, granted, retain, sub_ids, position=position)
-
     def _enqueue(self, session: Session, delivery: Delivery) -> None:
         queue = session.own_queue()  # (made here on first use: broker/session.py NO_QUEUE)
         mqtt = self.mqtt

@@ -358,18 +358,22 @@ RemoteReplayCursor = LogCursor
 
 
 def record_message(rec: Record, message_cls: type) -> Message:
-    """Rebuild a broker message from a stored record (for replay)."""
-    props, expiry = properties_from_headers(rec.headers)
-    expiry_at = None
-    if expiry is not None:
-        age = time.time() - rec.timestamp_us / 1e6
-        expiry_at = time.monotonic() + expiry - age
-    msg = message_cls(rec.topic, bytes(rec.payload), rec.attrs & ATTR_QOS_MASK,
-                      bool(rec.attrs & ATTR_RETAIN), props, expiry_at, None)
+    """Rebuild a broker message from a stored record (for replay, and for every record a
+    lagging session reads: broker/catchup.py, so a record without headers, the common one,
+    takes no further call)."""
+    headers = rec.headers
+    props = expiry_at = origin = None
+    if headers:
+        props, expiry = properties_from_headers(headers)
+        if expiry is not None:
+            age = time.time() - rec.timestamp_us / 1e6
+            expiry_at = time.monotonic() + expiry - age
+        for name, value in headers:
+            if name == _H_ORIGIN:
+                origin = bytes(value).decode("utf-8", "replace")
+    attrs = rec.attrs
+    msg = message_cls(rec.topic, bytes(rec.payload), attrs & ATTR_QOS_MASK,
+                      bool(attrs & ATTR_RETAIN), props, expiry_at, origin)
     msg.device = rec.key
     msg.offset = rec.offset
-    if rec.headers:
-        for name, value in rec.headers:
-            if name == _H_ORIGIN:
-                msg.origin = bytes(value).decode("utf-8", "replace")
     return msg

@@ -136,7 +136,7 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
             # one reader of device logs, here or at their leader (broker/cursors.py)
             self.replays.source = source = LogSource(committer.store, stats, self.loop,
                                                      self._forwarder)
-            self.catchup = LogCatchUp(source, stats, self._deliver_from_log,
+            self.catchup = LogCatchUp(source, stats, self.deliver,
                                       (self.mqtt.max_queued_messages,
                                        self.mqtt.max_queued_bytes),
                                       self.mqtt.max_lagging_devices, self.loop.call_soon)

@@ -41,7 +41,7 @@ def corrupt_mutations(mutation: Any) -> tuple[Any, ...]:
           (RD + "::test_offline_persistent_session_catches_up_around_a_corrupt_record",)),
         m("corrupt-read-catchup-uncounted", "catch-up: offsets lost to a corrupt record "
           "skipped without counting them as dropped", "broker/catchup.py",
-          "                        self.stats.dropped(DropReason.CORRUPT, rec.offset - c.next)\n",
+          "                        stats.dropped(DropReason.CORRUPT, rec.offset - c.next)\n",
           "                        pass\n",
           (RD + "::test_offline_persistent_session_catches_up_around_a_corrupt_record",)),
         m("corrupt-read-remote-catchup-stalls", "remote catch-up: a read answered from past "

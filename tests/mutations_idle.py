@@ -28,6 +28,7 @@ LOCKOUT = ("tests/broker/test_resource_limits.py::"
 
 # broker/catchup.py pump: from binding the window to its first check (a multi-line plant)
 _PUMP_HEAD = ("        window = session.window\n        source = self.source\n"
+              "        deliver = self._deliver\n        stats = self.stats\n"
               "        budget = _STEP\n        while budget > 0:\n            moved = False\n"
               "            for c in list(lag.values()):\n                if c.live:\n"
               "                    continue\n")
