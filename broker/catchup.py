@@ -152,6 +152,14 @@ class LogCatchUp:
         source = self.source
         deliver = self._deliver
         stats = self.stats
+        # The session's subscriptions cannot change while this runs (nothing in it awaits),
+        # so which of them take a topic is the same for every record no subscription is
+        # newer than: matched once per topic (a device's records carry a handful), unless a
+        # No Local subscription makes the answer depend on each record's publisher.
+        subs = session.subscriptions.values()
+        newest = max([sub.since_us for sub in subs], default=0)
+        memo: dict[str, tuple | bool] | None = (
+            None if any([sub.no_local for sub in subs]) else {})
         budget = _STEP
         while budget > 0:
             moved = False
@@ -168,6 +176,7 @@ class LogCatchUp:
                     continue  # caught up, or a read of the owner is out (its answer pumps)
                 moved = True
                 remote = c.owner is not None
+                skew = CLOCK_SKEW_US if remote else 0
                 while records:
                     rec = records.popleft()
                     budget -= 1
@@ -176,7 +185,17 @@ class LogCatchUp:
                     c.next = rec.offset + 1
                     # what Router.route would have sent this session for rec (inline: a call
                     # per record less, as for the deliver call below)
-                    got = match_record(session, rec, remote)
+                    if memo is not None and rec.timestamp_us + skew >= newest:
+                        plan = memo.get(rec.topic)
+                        if plan is None:
+                            got = match_record(session, rec, remote)
+                            memo[rec.topic] = False if got is None else got
+                        elif plan is False:
+                            got = None
+                        else:
+                            got = (record_message(rec, Message), *plan[1:])
+                    else:
+                        got = match_record(session, rec, remote)
                     if got is not None:
                         msg = got[0]
                         if msg.expiry_at is not None and msg.expired(time.monotonic()):

@@ -27,8 +27,17 @@ LOCKOUT = ("tests/broker/test_resource_limits.py::"
 
 
 # broker/catchup.py pump: from binding the window to its first check (a multi-line plant)
+_PUMP_MEMO = (
+    "        # The session's subscriptions cannot change while this runs (nothing in it awaits),\n"
+    "        # so which of them take a topic is the same for every record no subscription is\n"
+    "        # newer than: matched once per topic (a device's records carry a handful), unless a\n"
+    "        # No Local subscription makes the answer depend on each record's publisher.\n"
+    "        subs = session.subscriptions.values()\n"
+    "        newest = max([sub.since_us for sub in subs], default=0)\n"
+    "        memo: dict[str, tuple | bool] | None = (\n"
+    "            None if any([sub.no_local for sub in subs]) else {})\n")
 _PUMP_HEAD = ("        window = session.window\n        source = self.source\n"
-              "        deliver = self._deliver\n        stats = self.stats\n"
+              "        deliver = self._deliver\n        stats = self.stats\n" + _PUMP_MEMO +
               "        budget = _STEP\n        while budget > 0:\n            moved = False\n"
               "            for c in list(lag.values()):\n                if c.live:\n"
               "                    continue\n")

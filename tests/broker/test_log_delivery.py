@@ -158,6 +158,31 @@ def test_stalled_subscriber_lags_then_gets_everything(lbroker, clients):
         slow.close()
 
 
+def test_lagging_subscriber_of_one_topic_gets_only_that_topic_of_its_device(lbroker, clients):
+    """A stalled subscriber of devices/<d>/a, while 3,000 messages each go to devices/<d>/a and
+    devices/<d>/b interleaved (one device log holds both): read back from the log, it gets
+    every ``a`` once, in order, and no ``b``. The catch-up read matches each topic once per
+    pump (broker/catchup.py): an answer kept for the wrong key would hand it the other
+    topic's records, or drop its own."""
+    b = lbroker
+    device = unique("twotopics")
+    n = 3000
+    slow = Subscriber(b.host, b.port, unique("onetopic"), version=5)
+    try:
+        slow.subscribe(f"devices/{device}/a", 1)
+        items = [(f"devices/{device}/{t}", f"{t}{i}".encode()) for i in range(n) for t in "ab"]
+        _publish_burst(b, items)
+        wait_for(lambda: b.metric("meshmq_sessions_lagging") >= 1, timeout=20,
+                 message="the stalled session to fall behind onto the log")
+        got = [m.payload for m in slow.collect(n, timeout=120)]
+        others = [p for p in got if not p.startswith(b"a")]
+        assert not others, f"{len(others)} messages of another topic, e.g. {others[:3]}"
+        _assert_in_order_once([p[1:] for p in got], n, "one-topic subscriber")
+        slow.expect_quiet(0.5)
+    finally:
+        slow.close()
+
+
 # 20,000: 20 times the session queue (1,000) a backlog of copies would overflow; the issue's
 # table had 50,000, which took 17.8 s of CI for the same path (paho's pipelining dominates)
 @pytest.mark.parametrize(("n", "protocol"), [(20_000, V5), (5_000, V311)],
