@@ -343,8 +343,8 @@ def match_record(session: Session, rec: Record, remote: bool = False
         if sub.sub_id:
             if ids is None:
                 ids = [sub.sub_id]
-            else:
-                ids.append(sub.sub_id)
+            elif sub.sub_id not in ids:  # each identifier once [MQTT-3.3.4-3], as route()
+                ids.append(sub.sub_id)  # (one SUBSCRIBE's filters share its identifier)
     if qos < 0:
         return None
     if msg is None:

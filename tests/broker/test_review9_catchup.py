@@ -1,0 +1,115 @@
+"""Review of the catch-up read's per-pump topic memo (issue 25, broker/catchup.py): what a
+lagging session is fed from its device log must be what live routing would have sent it.
+
+Real broker processes, raw MQTT clients (tests/helpers/devicelog.py): a subscriber that stops
+reading falls behind onto the log (window and queue full), then reads it back.
+- Overlapping subscriptions that carry one Subscription Identifier (one SUBSCRIBE with two
+  filters shares its identifier): live routing sends it once [MQTT-3.3.4-3]
+  (``DeliveryRoom.route``); the catch-up read sent it once per subscription.
+- A subscription made while the session is behind takes only what was stored after it, and
+  everything after it, through a pump that reads across that point (the memo is only for
+  records no subscription is newer than).
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import raw as R
+from helpers.broker import wait_for
+from helpers.clients import unique
+from helpers.devicelog import Publisher, Subscriber
+
+pytestmark = pytest.mark.timeout(240)
+
+# A small window and queue: a subscriber that stops reading is behind on the log after a few
+# dozen messages, so the bursts below stay short on a loaded box.
+MQTT = {"max_inflight": 8, "max_queued_messages": 10}
+
+
+@pytest.fixture(scope="module")
+def cbroker(module_broker_factory):
+    return module_broker_factory(mqtt=MQTT)
+
+
+def _publish(b, items: list[tuple[str, bytes]]) -> None:
+    pub = Publisher(b.host, b.port, unique("r9pub"), window=64)
+    try:
+        pub.publish_all(items, timeout=120)
+    finally:
+        pub.close()
+
+
+def _ids(pkt: R.Packet) -> list[int]:
+    return list(pkt.properties.get(R.SUBSCRIPTION_IDENTIFIER, []))
+
+
+def test_lagging_session_gets_each_subscription_identifier_once(cbroker):
+    """Three subscriptions of one v5 session take every message of a device: devices/<d>/# and
+    devices/<d>/t in one SUBSCRIBE (identifier 7, shared by both), devices/+/t in another
+    (identifier 9). Live or read back from the log after the session stalled, each message
+    carries 7 and 9 once each, as ``Router.route`` merges them [MQTT-3.3.4-3]; the catch-up
+    read's merge (match_record) listed 7 twice."""
+    b = cbroker
+    device = unique("sids")
+    n = 600
+    slow = Subscriber(b.host, b.port, unique("sidsub"), version=5)
+    try:
+        slow.client.send(R.subscribe(1, [(f"devices/{device}/#", R.sub_options(1)),
+                                         (f"devices/{device}/t", R.sub_options(1))],
+                                     version=5, properties={R.SUBSCRIPTION_IDENTIFIER: 7}))
+        ack = slow.client.expect(R.SUBACK)
+        assert ack.reason_codes == [1, 1], ack
+        slow.client.send(R.subscribe(2, [("devices/+/t", R.sub_options(1))], version=5,
+                                     properties={R.SUBSCRIPTION_IDENTIFIER: 9}))
+        ack = slow.client.expect(R.SUBACK)
+        assert ack.reason_codes == [1], ack
+        lagged = b.metric("meshmq_sessions_lagging")
+        _publish(b, [(f"devices/{device}/t", str(i).encode()) for i in range(n)])
+        wait_for(lambda: b.metric("meshmq_sessions_lagging") > lagged, timeout=30,
+                 message="the stalled session to fall behind onto the log")
+        got = slow.collect(n, timeout=50)  # (within the 60 s keepalive: no PINGREQ sent)
+        slow.expect_quiet(0.5)
+        assert [int(m.payload) for m in got] == list(range(n))
+        bad = [(int(m.payload), _ids(m)) for m in got if sorted(_ids(m)) != [7, 9]]
+        assert not bad, (f"{len(bad)} of {n} messages with other subscription identifiers "
+                         f"than [7, 9] once each, e.g. {bad[:3]}")
+    finally:
+        slow.close()
+
+
+def test_subscription_made_while_behind_takes_what_is_stored_after_it(cbroker):
+    """A v5 session on devices/<d>/a stalls while 1,500 ``a`` and 1,500 ``b`` are stored
+    interleaved; still behind, it subscribes to devices/<d>/b too; then 1,500 more of each.
+    Read back from the log it gets every ``a`` once in order, and exactly the ``b`` stored after
+    its second SUBSCRIBE, in order: none of the older ones (live routing never sent them), none
+    of the newer ones lost where a pump reads from before that SUBSCRIBE to after it (the
+    per-pump memo must not keep an answer made for an older record)."""
+    b = cbroker
+    device = unique("newsub")
+    n = 1500
+    slow = Subscriber(b.host, b.port, unique("newsubsub"), version=5)
+    try:
+        slow.subscribe(f"devices/{device}/a", 1)
+        lagged = b.metric("meshmq_sessions_lagging")
+        _publish(b, [(f"devices/{device}/{t}", f"{t}{i}".encode())
+                     for i in range(n) for t in "ab"])
+        wait_for(lambda: b.metric("meshmq_sessions_lagging") > lagged, timeout=30,
+                 message="the stalled session to fall behind onto the log")
+        # (subscribe() acks the PUBLISHes ahead of its SUBACK: the session reads on a little)
+        slow.subscribe(f"devices/{device}/b", 1)
+        _publish(b, [(f"devices/{device}/{t}", f"{t}{i}".encode())
+                     for i in range(n, 2 * n) for t in "ab"])
+        # (50 s: within the 60 s keepalive of a client that sends no PINGREQ meanwhile)
+        got = [m.payload.decode() for m in slow.collect(3 * n, timeout=50)]
+        slow.expect_quiet(1.0)
+        a = [int(p[1:]) for p in got if p[0] == "a"]
+        bs = [int(p[1:]) for p in got if p[0] == "b"]
+        assert a == list(range(2 * n)), (
+            f"{len(a)} of {2 * n} 'a', first out of place at "
+            f"{next((i for i, v in enumerate(a) if v != i), None)}")
+        assert bs == list(range(n, 2 * n)), (
+            f"{len(bs)} 'b' (want the {n} stored after the SUBSCRIBE): "
+            f"older ones {[v for v in bs if v < n][:5]}, "
+            f"missing {sorted(set(range(n, 2 * n)) - set(bs))[:5]}")
+    finally:
+        slow.close()

@@ -1,0 +1,30 @@
+"""Planted bugs for review9's tests of the catch-up read (issue 25's per-pump topic memo,
+broker/catchup.py), run by ``tests/mutate.py review9-``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+T = "tests/broker/test_review9_catchup.py"
+SIDS = T + "::test_lagging_session_gets_each_subscription_identifier_once"
+NEWSUB = T + "::test_subscription_made_while_behind_takes_what_is_stored_after_it"
+NO_LOCAL = "tests/broker/test_log_delivery.py::test_no_local_holds_when_fed_from_log"
+
+
+def review9_mutations(mutation: Any) -> tuple[Any, ...]:
+    m = mutation
+    return (
+        m("review9-catchup-sub-ids-repeated", "broker/catchup.py match_record: a subscription "
+          "identifier listed once per overlapping subscription that carries it (route() lists "
+          "it once)", "broker/catchup.py",
+          "            elif sub.sub_id not in ids:", "            else:", (SIDS,)),
+        m("review9-catchup-memo-ignores-newest", "broker/catchup.py pump: the per-topic answer "
+          "kept for records older than the newest subscription too", "broker/catchup.py",
+          "                    if memo is not None and rec.timestamp_us + skew >= newest:\n",
+          "                    if memo is not None:\n", (NEWSUB,)),
+        m("review9-catchup-memo-ignores-no-local", "broker/catchup.py pump: the per-topic "
+          "answer kept with a No Local subscription (whose answer depends on the publisher)",
+          "broker/catchup.py",
+          "            None if any([sub.no_local for sub in subs]) else {})\n",
+          "            {})\n", (NO_LOCAL,)),
+    )
