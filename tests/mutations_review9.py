@@ -9,6 +9,8 @@ T = "tests/broker/test_review9_catchup.py"
 SIDS = T + "::test_lagging_session_gets_each_subscription_identifier_once"
 NEWSUB = T + "::test_subscription_made_while_behind_takes_what_is_stored_after_it"
 NO_LOCAL = "tests/broker/test_log_delivery.py::test_no_local_holds_when_fed_from_log"
+RETAIN = ("tests/broker/test_review9_malformed_retention.py::"
+          "test_malformed_publishes_do_not_stay_in_memory_after_their_connections")
 
 
 def review9_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -27,4 +29,9 @@ def review9_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/catchup.py",
           "            None if any([sub.no_local for sub in subs]) else {})\n",
           "            {})\n", (NO_LOCAL,)),
+        m("review9-parse-error-cycle", "broker/protocol/connection.py receive_data: the parse "
+          "error raised from a local (frame -> error -> traceback -> frame: the received "
+          "bytes wait for the cyclic collector)", "broker/protocol/connection.py",
+          "            try:\n                raise parse_error\n            finally:\n"
+          "                del parse_error\n", "            raise parse_error\n", (RETAIN,)),
     )
