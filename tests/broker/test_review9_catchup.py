@@ -127,3 +127,33 @@ def test_subscription_made_while_behind_takes_what_is_stored_after_it(cbroker):
             f"missing {sorted(set(range(n_b, 2 * n_b)) - set(bs))[:5]}")
     finally:
         slow.close()
+
+
+def test_lagging_v311_session_gets_the_highest_granted_qos_of_overlapping_filters(cbroker):
+    """A v3.1.1 session subscribes devices/<d>/t at QoS 2, then devices/<d>/# at QoS 1, and
+    stalls while 300 QoS 2 messages are stored. Read back from the log every one arrives once,
+    in order, at QoS 2: the highest QoS granted by the overlapping subscriptions, as live
+    routing merges them [MQTT-3.3.4-2], whichever subscription comes last."""
+    b = cbroker
+    device = unique("qosmerge")
+    n = 300
+    slow = Subscriber(b.host, b.port, unique("qossub"), version=4)
+    try:
+        slow.subscribe(f"devices/{device}/t", 2)
+        slow.subscribe(f"devices/{device}/#", 1)
+        lagged = b.metric("meshmq_sessions_lagging")
+        pub = Publisher(b.host, b.port, unique("r9pub2"), window=64)
+        try:
+            pub.publish_all([(f"devices/{device}/t", str(i).encode()) for i in range(n)],
+                            qos=2, timeout=120)
+        finally:
+            pub.close()
+        wait_for(lambda: b.metric("meshmq_sessions_lagging") > lagged, timeout=30,
+                 message="the stalled session to fall behind onto the log")
+        got = slow.collect(n, timeout=50)  # (within the 60 s keepalive: no PINGREQ sent)
+        slow.expect_quiet(0.5)
+        assert [int(m.payload) for m in got] == list(range(n))
+        low = [(int(m.payload), m.qos) for m in got if m.qos != 2]
+        assert not low, f"{len(low)} of {n} messages below QoS 2, e.g. {low[:3]}"
+    finally:
+        slow.close()
