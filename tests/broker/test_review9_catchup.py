@@ -157,3 +157,53 @@ def test_lagging_v311_session_gets_the_highest_granted_qos_of_overlapping_filter
         assert not low, f"{len(low)} of {n} messages below QoS 2, e.g. {low[:3]}"
     finally:
         slow.close()
+
+
+PROPS = [(R.CONTENT_TYPE, "text/plain; charset=utf-8"), (R.RESPONSE_TOPIC, "replies/r9"),
+         (R.CORRELATION_DATA, b"\x00\x01corr\xff"), (R.PAYLOAD_FORMAT_INDICATOR, 1),
+         (R.USER_PROPERTY, ("k", "v1")), (R.USER_PROPERTY, ("k", "v2")),
+         (R.USER_PROPERTY, ("clé", "été")), (R.MESSAGE_EXPIRY_INTERVAL, 600)]
+
+
+def test_lagging_v5_session_gets_every_property_back_from_the_log(cbroker):
+    """300 v5 publishes with every forwarded property (content type, response topic,
+    correlation data, payload format, three user properties, one key twice, non-ASCII, and a
+    600 s expiry), then 300 with none, while a v5 subscriber is stalled: read back from the log
+    (broker/devicelogs.py record_message, which now skips the header parse for a record
+    without headers) each message carries what the publisher sent, in order, and the plain
+    ones carry nothing; the same as the first ones that went live."""
+    b = cbroker
+    device = unique("props")
+    n = 300
+    topic = f"devices/{device}/t"
+    slow = Subscriber(b.host, b.port, unique("propsub"), version=5)
+    try:
+        slow.subscribe(f"devices/{device}/#", 1)
+        lagged = b.metric("meshmq_sessions_lagging")
+        pub = Publisher(b.host, b.port, unique("r9pub3"), window=64)
+        try:
+            pub.publish_all([(topic, f"p{i}".encode()) for i in range(n)], properties=PROPS,
+                            timeout=120)
+            pub.publish_all([(topic, f"q{i}".encode()) for i in range(n)], timeout=120)
+        finally:
+            pub.close()
+        wait_for(lambda: b.metric("meshmq_sessions_lagging") > lagged, timeout=30,
+                 message="the stalled session to fall behind onto the log")
+        got = slow.collect(2 * n, timeout=50)  # (within the 60 s keepalive: no PINGREQ sent)
+        slow.expect_quiet(0.5)
+        assert [m.payload.decode() for m in got] == (
+            [f"p{i}" for i in range(n)] + [f"q{i}" for i in range(n)])
+        want = {R.CONTENT_TYPE: "text/plain; charset=utf-8", R.RESPONSE_TOPIC: "replies/r9",
+                R.CORRELATION_DATA: b"\x00\x01corr\xff", R.PAYLOAD_FORMAT_INDICATOR: 1,
+                R.USER_PROPERTY: [("k", "v1"), ("k", "v2"), ("clé", "été")]}
+        bad = []
+        for i, m in enumerate(got[:n]):
+            props = dict(m.properties)
+            expiry = props.pop(R.MESSAGE_EXPIRY_INTERVAL, None)
+            if props != want or expiry is None or not 0 < expiry <= 600:
+                bad.append((i, props, expiry))
+        assert not bad, f"{len(bad)} of {n} messages with other properties, e.g. {bad[:2]}"
+        plain = [(i, m.properties) for i, m in enumerate(got[n:]) if m.properties]
+        assert not plain, f"{len(plain)} plain messages with properties, e.g. {plain[:2]}"
+    finally:
+        slow.close()
