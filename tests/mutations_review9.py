@@ -10,6 +10,7 @@ SIDS = T + "::test_lagging_session_gets_each_subscription_identifier_once"
 NEWSUB = T + "::test_subscription_made_while_behind_takes_what_is_stored_after_it"
 QOS = T + "::test_lagging_v311_session_gets_the_highest_granted_qos_of_overlapping_filters"
 PROPS = T + "::test_lagging_v5_session_gets_every_property_back_from_the_log"
+EXPIRED = T + "::test_lagging_session_is_not_fed_expired_messages_from_the_log"
 NO_LOCAL = "tests/broker/test_log_delivery.py::test_no_local_holds_when_fed_from_log"
 RETAIN = ("tests/broker/test_review9_malformed_retention.py::"
           "test_malformed_publishes_do_not_stay_in_memory_after_their_connections")
@@ -42,4 +43,9 @@ def review9_mutations(mutation: Any) -> tuple[Any, ...]:
         m("review9-record-headers-skipped", "broker/devicelogs.py record_message: a record's "
           "headers (v5 properties, expiry, origin) not read back", "broker/devicelogs.py",
           "    if headers:\n", "    if headers and not rec.timestamp_us:\n", (PROPS,)),
+        m("review9-catchup-expiry-unchecked", "broker/catchup.py pump: a record read back is "
+          "delivered without checking its Message Expiry Interval", "broker/catchup.py",
+          "                        if msg.expiry_at is not None and "
+          "msg.expired(time.monotonic()):\n",
+          "                        if False:\n", (EXPIRED,)),
     )

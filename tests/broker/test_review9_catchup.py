@@ -207,3 +207,49 @@ def test_lagging_v5_session_gets_every_property_back_from_the_log(cbroker):
         assert not plain, f"{len(plain)} plain messages with properties, e.g. {plain[:2]}"
     finally:
         slow.close()
+
+
+def test_lagging_session_is_not_fed_expired_messages_from_the_log(cbroker):
+    """200 v5 publishes with a 1 s Message Expiry Interval, then 50 with none, to a stalled v5
+    subscriber; 2.5 s later it reads again. From the log it gets none of the expired ones (only
+    those its window took before it stalled) and every plain one, in order, and each expired
+    one it did not get is counted as dropped, reason ``expired`` [MQTT-3.3.2-5]: the expiry is
+    checked per record, the catch-up memo or not."""
+    b = cbroker
+    device = unique("expiry")
+    topic = f"devices/{device}/t"
+    n, plain = 200, 50
+    slow = Subscriber(b.host, b.port, unique("expsub"), version=5)
+    try:
+        slow.subscribe(f"devices/{device}/#", 1)
+        lagged = b.metric("meshmq_sessions_lagging")
+        expired_before = b.metric("meshmq_messages_dropped_total", reason="expired")
+        pub = Publisher(b.host, b.port, unique("r9pub4"), window=64)
+        try:
+            pub.publish_all([(topic, f"e{i}".encode()) for i in range(n)],
+                            properties=[(R.MESSAGE_EXPIRY_INTERVAL, 1)], timeout=120)
+            pub.publish_all([(topic, f"p{i}".encode()) for i in range(plain)], timeout=120)
+        finally:
+            pub.close()
+        wait_for(lambda: b.metric("meshmq_sessions_lagging") > lagged, timeout=30,
+                 message="the stalled session to fall behind onto the log")
+        time.sleep(2.5)  # every expiring one is now past its interval
+        window = MQTT["max_inflight"]
+        # the window's (sent before they expired) and the plain ones; nothing else may come
+        deadline = time.monotonic() + 50  # (within the 60 s keepalive: no PINGREQ sent)
+        last = f"p{plain - 1}".encode()
+        while time.monotonic() < deadline and not (
+                slow.messages and slow.messages[-1].payload == last):
+            slow.pump(0.5)
+        slow.expect_quiet(0.5)
+        got = [m.payload.decode() for m in slow.messages]
+        early = [p for p in got if p[0] == "e"]
+        assert early == [f"e{i}" for i in range(len(early))] and len(early) <= window, (
+            f"{len(early)} expiring messages delivered (at most the window, {window}, sent "
+            f"before they expired), e.g. {early[window:window + 3]}")
+        assert [p for p in got if p[0] == "p"] == [f"p{i}" for i in range(plain)]
+        wait_for(lambda: b.metric("meshmq_messages_dropped_total", reason="expired")
+                 - expired_before >= n - len(early), timeout=10,
+                 message=f"{n - len(early)} expired messages counted as dropped")
+    finally:
+        slow.close()
