@@ -2183,7 +2183,13 @@ class LogStore:
                         # one of ours is; ``_salvage`` tells it from a stale index.
                         err = CorruptRecordError("bad record framing or key", base + s + p)
                         err.stale_seg = seg
-                        raise err
+                        try:
+                            raise err
+                        finally:
+                            # a raised local is a cycle (err -> traceback -> this frame ->
+                            # err) holding the segment's bytes until the cyclic collector
+                            # runs, which meshmq/node.py makes rarer: broken here
+                            del err
                     if off != want or markers:
                         if off < want:
                             p = rend

@@ -926,16 +926,22 @@ async def _read_spread(store: LogStore, view: ClusterView,
     results = await asyncio.gather(*reads, return_exceptions=True)
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
-        for exc in failed:
-            if not isinstance(exc, _HttpError):
-                raise exc  # (a corrupt local record: the caller's 500)
-        first = failed[0]
-        assert isinstance(first, _HttpError)
-        if len(failed) > 1:
-            first.body["error"] = "; ".join(str(e) for e in failed)
-            first.body["routers"] = [e.body.get("router") for e in failed
-                                     if isinstance(e, _HttpError)]
-        raise first
+        try:
+            for exc in failed:
+                if not isinstance(exc, _HttpError):
+                    raise exc  # (a corrupt local record: the caller's 500)
+            first = failed[0]
+            assert isinstance(first, _HttpError)
+            if len(failed) > 1:
+                first.body["error"] = "; ".join(str(e) for e in failed)
+                first.body["routers"] = [e.body.get("router") for e in failed
+                                         if isinstance(e, _HttpError)]
+            raise first
+        finally:
+            # raised from locals, the errors would hold this frame (and every part's sections)
+            # in a cycle until the cyclic collector runs (rarer since meshmq/node.py's
+            # threshold): broken here, as asyncio does
+            failed = results = exc = first = None  # type: ignore[assignment]
     return [s for part in results if not isinstance(part, BaseException) for s in part]
 
 
