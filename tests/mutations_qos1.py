@@ -10,6 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 DF = "tests/commitlog/test_commitlog_disk_full.py"
+PB = "tests/broker/test_puback_batches.py"
+PB_ORDER = PB + "::test_pipelined_acks_one_per_publish_in_order"
+PB_TWO = PB + "::test_two_publishers_of_one_device_each_get_all_their_acks"
 
 
 def qos1_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -21,4 +24,21 @@ def qos1_mutations(mutation: Any) -> tuple[Any, ...]:
           "commitlog/syncworker.py", "                self._hand_back(loop, done, None, exc)\n",
           "                self._hand_back(loop, done, None, None)\n",
           (f"{DF}::test_fsync_failure_is_not_retried_into_success",)),
+        m("qos1-pubacks-last-run-lost", "a durable batch's last run of PUBACKs is never "
+          "written", "broker/ingest.py",
+          "        if run:\n            self.send_pubacks(run_conn, run)\n"
+          "        for conn in settled:",
+          "        for conn in settled:", (PB_ORDER,)),
+        m("qos1-pubacks-byte-order", "the coalesced PUBACKs carry their packet ids byte-swapped",
+          "broker/pubacks.py", "    if _SWAP:\n", "    if not _SWAP:\n", (PB_ORDER,)),
+        m("qos1-pubacks-run-switch-drops", "the run of one publisher's PUBACKs is dropped when "
+          "another publisher's message of the same batch comes", "broker/ingest.py",
+          "                            if run:\n                                "
+          "self.send_pubacks(run_conn, run)\n                                run = []\n",
+          "                            if run:\n                                run = []\n",
+          (PB_TWO,)),
+        m("qos1-pubacks-pubrec-overtakes", "a PUBREC (or an ack with properties) is written "
+          "before the PUBACKs of the same publisher's earlier messages",
+          "broker/ingest.py", "                    if run:  # what this publisher was owed",
+          "                    if False:  # what this publisher was owed", (PB_ORDER,)),
     )
