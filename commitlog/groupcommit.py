@@ -71,7 +71,11 @@ class GroupCommitter:
         # fsyncs, checkpoint writes and probes, one at a time (commitlog/syncworker.py)
         self._worker = SyncWorker(self._loop, "commitlog-fsync")
         self._interval_ms = store.settings.fsync_interval_ms
-        self._flush_scheduled = False
+        # True from the append that schedules this tick's flush until that flush runs: while
+        # it is (and ``failure`` is None), LogStore.append is all :meth:`append` would do, so a
+        # caller on the hot path may append to the store itself (broker/devicelogs.py). Read
+        # it; only this class sets it.
+        self.flush_scheduled = False
         self._syncing = False
         self._unflushed: list[DurableCallback] = []
         self._waiting: deque[tuple[int, DurableCallback]] = deque()
@@ -114,8 +118,8 @@ class GroupCommitter:
                                 f"commit log cannot write ({exc}); waiting for the volume "
                                 f"under {self.store.directory} to accept writes again")
         off = self.store.append(key, timestamp_us, topic, attrs, headers, payload)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
             self._loop.call_soon(self._flush)
         return off
 
@@ -124,16 +128,16 @@ class GroupCommitter:
         verified, bytes unchanged) in this tick's batch: same write, same fsync, same
         ``when_durable`` acknowledgements as leader appends. Returns the new log end."""
         end = self.store.append_follower(key, data, leader_epoch)
-        if self.store.pending() and not self._flush_scheduled:
-            self._flush_scheduled = True
+        if self.store.pending() and not self.flush_scheduled:
+            self.flush_scheduled = True
             self._loop.call_soon(self._flush)
         return end
 
     def start_epoch(self, key: str, epoch: int) -> bool:
         """``LogStore.start_epoch`` in this tick's batch (durable with it)."""
         started = self.store.start_epoch(key, epoch)
-        if started and not self._flush_scheduled:
-            self._flush_scheduled = True
+        if started and not self.flush_scheduled:
+            self.flush_scheduled = True
             self._loop.call_soon(self._flush)
         return started
 
@@ -147,8 +151,8 @@ class GroupCommitter:
         """Make sure a flush runs this tick even if nothing is appended yet: for a
         :meth:`before_flush` hook that appends what it gathered (state records coalesced
         per tick) when nothing else is written."""
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
             self._loop.call_soon(self._flush)
 
     def when_durable(self, callback: DurableCallback) -> None:
@@ -242,7 +246,7 @@ class GroupCommitter:
     # ------------------------------------------------------------------ machinery
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
+        self.flush_scheduled = False
         for hook in self._before_flush:
             try:
                 hook()

@@ -13,6 +13,7 @@ DF = "tests/commitlog/test_commitlog_disk_full.py"
 PB = "tests/broker/test_puback_batches.py"
 PB_ORDER = PB + "::test_pipelined_acks_one_per_publish_in_order"
 PB_TWO = PB + "::test_two_publishers_of_one_device_each_get_all_their_acks"
+REPLAY = "tests/broker/test_devicelog_replay.py::test_puback_offsets_and_earliest_replay_then_live"
 
 
 def qos1_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -41,4 +42,14 @@ def qos1_mutations(mutation: Any) -> tuple[Any, ...]:
           "before the PUBACKs of the same publisher's earlier messages",
           "broker/ingest.py", "                    if run:  # what this publisher was owed",
           "                    if False:  # what this publisher was owed", (PB_ORDER,)),
+        m("qos1-append-flush-never-scheduled", "broker/devicelogs.py append: the store's append "
+          "taken directly even when this tick's flush is not scheduled yet (nothing written, "
+          "nothing acknowledged)", "broker/devicelogs.py",
+          "            if committer.flush_scheduled and committer.failure is None:\n",
+          "            if committer.failure is None:\n", (PB_ORDER,)),
+        m("qos1-key-cache-miss-unlogged", "broker/devicelogs.py key_for: a topic not in the "
+          "rules' cache yet is taken as unlogged (never resolved: nothing is logged)",
+          "broker/devicelogs.py",
+          "        if key is _UNCACHED:\n            key = self.rules.key_for(topic)\n",
+          "        if key is _UNCACHED:\n            key = None\n", (REPLAY,)),
     )
