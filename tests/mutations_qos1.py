@@ -13,6 +13,7 @@ DF = "tests/commitlog/test_commitlog_disk_full.py"
 PB = "tests/broker/test_puback_batches.py"
 PB_ORDER = PB + "::test_pipelined_acks_one_per_publish_in_order"
 PB_TWO = PB + "::test_two_publishers_of_one_device_each_get_all_their_acks"
+RET = "tests/broker/test_retained.py"
 REPLAY = "tests/broker/test_devicelog_replay.py::test_puback_offsets_and_earliest_replay_then_live"
 
 
@@ -52,4 +53,12 @@ def qos1_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/devicelogs.py",
           "        if key is _UNCACHED:\n            key = self.rules.key_for(topic)\n",
           "        if key is _UNCACHED:\n            key = None\n", (REPLAY,)),
+        m("qos1-parts-v3-retain-lost", "broker/message.py parts: a v3.x QoS 1/2 copy encoded "
+          "by the compiled encoder directly loses its RETAIN flag",
+          "broker/message.py", "0x30 | (qos << 1) | (1 if retain else 0),",
+          "0x30 | (qos << 1) | 0,", (RET,)),
+        m("qos1-parts-v3-qos-bits", "broker/message.py parts: a v3.x QoS 1/2 copy encoded by "
+          "the compiled encoder directly goes out with the QoS bits of QoS 0",
+          "broker/message.py", "0x30 | (qos << 1) | (1 if retain else 0),",
+          "0x30 | (1 if retain else 0),", ("tests/broker/test_publish_qos.py",)),
     )
