@@ -61,4 +61,13 @@ def qos1_mutations(mutation: Any) -> tuple[Any, ...]:
           "the compiled encoder directly goes out with the QoS bits of QoS 0",
           "broker/message.py", "0x30 | (qos << 1) | (1 if retain else 0),",
           "0x30 | (1 if retain else 0),", ("tests/broker/test_publish_qos.py",)),
+        m("qos1-puback-inline-keeps-flow", "broker/router.py: a subscriber's PUBACK frees the "
+          "window but its flow stays in flight (the window fills up and delivery stops)",
+          "broker/router.py", "                        del inflight[packet.packet_id]\n", "",
+          ("tests/broker/test_publish_qos.py::test_qos1_order_preserved",)),
+        m("qos1-puback-ends-qos2-flow", "broker/router.py: a PUBACK ends a QoS 2 flow too",
+          "broker/router.py",
+          "                    if delivery is not None and delivery.qos == 1:\n",
+          "                    if delivery is not None:\n",
+          (PB + "::test_a_puback_for_a_qos2_delivery_does_not_end_it",)),
     )

@@ -89,3 +89,26 @@ def test_two_publishers_of_one_device_each_get_all_their_acks(broker, raw):
     for i, p in enumerate(pubs):
         assert _acks(p, len(expected[i])) == expected[i], f"publisher {i}"
         p.expect_none(0.3)
+
+
+def test_a_puback_for_a_qos2_delivery_does_not_end_it(broker, raw):
+    """The router's dispatch loop settles a subscriber's PUBACK inline (issue 25): a PUBACK
+    naming a QoS 2 delivery's packet id must leave that flow in flight (only a PUBREC moves
+    it), so the PUBREC that follows still gets a PUBREL with reason 0, not 0x92 (packet
+    identifier not found); and the message is not counted as acknowledged twice."""
+    topic = f"devices/{unique('q2ack')}/t"
+    sub = raw(broker, version=5)
+    sub.connect(unique("q2ack-sub"))
+    sub.subscribe(topic, 2)
+    pub = raw(broker, version=5)
+    pub.connect(unique("q2ack-pub"))
+    pub.send(R.publish(topic, b"two", qos=2, packet_id=5, version=5))
+    assert pub.expect(R.PUBREC, 30).packet_id == 5
+    msg = sub.expect(R.PUBLISH, 30)
+    assert msg.qos == 2
+    sub.send(R.puback(msg.packet_id))  # the wrong ack for a QoS 2 flow
+    sub.send(R.pubrec(msg.packet_id))
+    rel = sub.expect(R.PUBREL, 30)
+    assert (rel.packet_id, rel.reason_code or 0) == (msg.packet_id, 0), rel
+    sub.send(R.pubcomp(msg.packet_id))
+    sub.expect_none(0.3)
