@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 #: are persisted: no device record, only the retained state record, but the same held path
 #: (routed and acknowledged once durable). "#" alone: no topic maps to it (store.INTERNAL_PREFIX).
 RETAIN_ONLY = "#"
+_UNCACHED = object()  # a topic LogRules has not resolved yet (None means unlogged)
 
 # MQTT 5 properties kept with a record, as headers. User properties keep their own names; the
 # spec-defined ones take reserved names starting with ':' (user property names may not clash
@@ -184,6 +185,7 @@ class DeviceLogs:
         self.committer = committer
         self.store: LogStore = committer.store
         self.rules = rules
+        self._keys = rules.cache
         self._on_durable = on_durable
         self._loop = loop
         # The open batch: its publishes per device, each list in log order (RETAIN_ONLY: the
@@ -210,7 +212,9 @@ class DeviceLogs:
     def key_for(self, topic: str, retain: bool) -> str | None:
         """The device log of a publish, RETAIN_ONLY for a retained one on an unlogged topic
         when retained messages are persisted, or None (unlogged: routed at once)."""
-        key = self.rules.key_for(topic)
+        key = self._keys.get(topic, _UNCACHED)  # LogRules.key_for's cache, without its call
+        if key is _UNCACHED:
+            key = self.rules.key_for(topic)
         if key is None and retain and self.retain_log is not None \
                 and self.retain_log.keeps(topic):
             # (a change that is not written, a $SYS/ topic, has no record to wait for: held
@@ -240,7 +244,13 @@ class DeviceLogs:
             if msg.publisher is not None:  # who, for a resend's lookup (broker/pubdedupe.py)
                 # a tuple: the compiled append takes it as is (commitlog/_speedups.c)
                 headers = (*(headers or ()), (H_PUBLISHER, msg.publisher))
-            offset = self.committer.append(key, ts, msg.topic, attrs, headers, msg.payload)
+            committer = self.committer
+            if committer.flush_scheduled and committer.failure is None:
+                # this tick's flush is scheduled: the store's append is all the committer's
+                # would do (one call less per logged publish; issue 25)
+                offset = self.store.append(key, ts, msg.topic, attrs, headers, msg.payload)
+            else:
+                offset = committer.append(key, ts, msg.topic, attrs, headers, msg.payload)
             msg.device = key
             msg.offset = offset
         if msg.retain and self.retain_log is not None:

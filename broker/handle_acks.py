@@ -5,15 +5,15 @@ Why this cut: Mosquitto's ``handle_pubackcomp.c``, ``handle_pubrec.c`` and ``han
 in one small file: each ends or advances one flow of a session's window and, when a flow ends,
 refills the window through the delivery room (``_window_freed``). ``AckRoom`` is a mixin of
 ``Router`` (its methods run with the router as ``self``). The hottest of them, PUBACK, is
-settled inline by the router's dispatch loop (``_settle_puback``) and the window refilled once
-per read, not once per ack.
+settled inline by the router's dispatch loop (``Router._handle_packets``: no call per ack; issue
+25) and the window refilled once per read, not once per ack.
 """
 
 from __future__ import annotations
 
 from broker.connection import Connection
 from broker.message import Delivery
-from broker.protocol.packets import PacketType, PubAck, PubComp, PubRec, PubRel
+from broker.protocol.packets import PacketType, PubComp, PubRec, PubRel
 from broker.protocol.reasons import Reason
 
 _PUBCOMP = PacketType.PUBCOMP
@@ -21,17 +21,6 @@ _PUBCOMP = PacketType.PUBCOMP
 
 class AckRoom:
     """PUBACK, PUBREC, PUBREL, PUBCOMP (a mixin of ``Router``; see the module docstring)."""
-
-    def _settle_puback(self, conn: Connection, pkt: PubAck) -> bool:
-        """End a QoS 1 flow; True when it freed window room (the caller refills the window)."""
-        session = conn.session
-        if session is None:
-            return False
-        delivery = session.inflight.get(pkt.packet_id)
-        if delivery is not None and delivery.qos == 1:
-            del session.inflight[pkt.packet_id]
-            return True
-        return False
 
     def _on_pubrec(self, conn: Connection, pkt: PubRec) -> None:
         session = conn.session

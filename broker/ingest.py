@@ -26,6 +26,7 @@ from broker.message import Message
 from broker.protocol.packets import PacketType, PubAck, Publish, PubRec, Will
 from broker.protocol.properties import Prop
 from broker.protocol.reasons import Reason
+from broker.pubacks import pubacks
 from broker.stats import DropReason
 from commitlog.store import LogTruncatedError, LogWriteError
 
@@ -99,6 +100,11 @@ class IngestRoom:
         settled: list[Connection] = []
         paused = self._paused_publishers  # almost always empty: one truth test per message
         later = isinstance(exc, NotCommittedYet) and self.logs is not None
+        # A run of plain PUBACKs (QoS 1, reason 0, no properties) to one publisher, in log
+        # order: written as one buffer when the run ends (another publisher, another kind of
+        # ack, the end of the batch), not one write per message (pubacks.py)
+        run_conn: Connection | None = None
+        run: list[int] = []
         for conn, packet_id, msg in batch:
             if later and msg.device is not None and msg.offset >= 0:
                 # refused to its publisher, but still in the log: routed if the mark passes it
@@ -129,11 +135,27 @@ class IngestRoom:
                     self.retain(msg)
                 self.route(msg)
                 if msg.qos and conn is not None and not conn.closing and conn.session is not None:
+                    if msg.qos == 1 and not conn.ack_offsets:
+                        if conn is not run_conn:
+                            if run:
+                                self.send_pubacks(run_conn, run)
+                                run = []
+                            run_conn = conn
+                        run.append(packet_id)
+                        continue
+                    if run:  # what this publisher was owed before, first
+                        self.send_pubacks(run_conn, run)
+                        run = []
                     ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.ack_offsets
                                  else None)
                     self.ack_publish(conn, msg.qos, packet_id, 0, ack_props)
             except Exception as err:  # noqa: BLE001 - stored; its publisher closed, unacked,
+                if run:  # (the acks before it were earned: out before the close)
+                    self.send_pubacks(run_conn, run)
+                    run = []
                 fail_client(self.stats, conn, err)  # resends; the rest of the batch goes on
+        if run:
+            self.send_pubacks(run_conn, run)
         for conn in settled:  # their held SUBSCRIBE/UNSUBSCRIBE, now after the acks above
             self.release_held(conn)
         if self._paused_publishers and self.logs is not None \
@@ -242,6 +264,15 @@ class IngestRoom:
         """A success ack without properties: 4 fixed bytes, no encoder call on the hot path."""
         self.stats.packets_out[ptype] += 1
         conn.write(_ACK_HEAD[ptype] + packet_id.to_bytes(2, "big"))
+
+    def send_pubacks(self, conn: Connection, packet_ids: list[int]) -> None:
+        """``ack_publish(conn, 1, pid, 0)`` for each of ``packet_ids``, in order, in one write
+        of the same bytes (a durable batch's QoS 1 acks to one publisher: broker/pubacks.py)."""
+        n = len(packet_ids)
+        if conn.level == 5:
+            conn.inbound_unacked -= n
+        self.stats.packets_out[_PUBACK] += n
+        conn.write(pubacks(packet_ids))
 
     def ack_publish(self, conn: Connection, qos: int, packet_id: int | None, reason: int,
                      props: dict | None = None) -> None:

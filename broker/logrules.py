@@ -47,18 +47,20 @@ def validate_rule(rule: LogRule) -> str | None:
 class LogRules:
     def __init__(self, rules: tuple[LogRule, ...] = DEFAULT_RULES) -> None:
         self._rules = [(r, r.levels()) for r in rules]
-        self._cache: dict[str, str | None] = {}
+        # topic -> its key (None: unlogged), for key_for; public for DeviceLogs.key_for's
+        # lookup without a call (cleared when full, never replaced: an alias stays valid)
+        self.cache: dict[str, str | None] = {}
 
     def key_for(self, topic: str) -> str | None:
         """The device key whose log stores ``topic``, or None for unlogged topics."""
         try:
-            return self._cache[topic]
+            return self.cache[topic]
         except KeyError:
             pass
         key = self._resolve(topic)
-        if len(self._cache) >= _CACHE_LIMIT:
-            self._cache.clear()
-        self._cache[topic] = key
+        if len(self.cache) >= _CACHE_LIMIT:
+            self.cache.clear()
+        self.cache[topic] = key
         return key
 
     def _resolve(self, topic: str) -> str | None:

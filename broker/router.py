@@ -320,8 +320,16 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
             elif ptype == _PUBACK:
                 # A subscriber acks in batches: one _pump moving 100 queued messages after the
                 # read is cheaper than 100 pumps moving one each, and sends them in one write.
-                if self._settle_puback(conn, packet):
-                    freed = conn.session
+                # The ack ends its QoS 1 flow here, inline (AckRoom's PUBACK, the subscriber's
+                # answer to every QoS 1 delivery: a method call per message saved, issue 25);
+                # a PUBACK for no flow, or for a QoS 2 one, is ignored.
+                session = conn.session
+                if session is not None:
+                    inflight = session.inflight
+                    delivery = inflight.get(packet.packet_id)
+                    if delivery is not None and delivery.qos == 1:
+                        del inflight[packet.packet_id]
+                        freed = session
             elif ptype in _HELD_TYPES and conn.unsettled:
                 # A client's packets take effect in the order it sent them: a SUBSCRIBE after
                 # a publish still waiting for the disk waits too, with all that follows it (a

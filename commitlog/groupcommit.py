@@ -1,9 +1,9 @@
 """GroupCommitter: drives a LogStore from asyncio with classic group commit.
 
 One event-loop tick of publishes becomes one batch: appends only buffer, a single
-``call_soon`` flush per tick writes them with one ``write``, and one fsync in a
-dedicated 1-thread executor makes them durable. While that fsync runs, the next ticks
-keep appending and writing; the next fsync covers all of them, so under load the batch
+``call_soon`` flush per tick writes them with one ``write``, and one fsync in a dedicated
+worker thread (``commitlog/syncworker.py``) makes them durable. While that fsync runs, the
+next ticks keep appending and writing; the next fsync covers all of them, so under load the batch
 grows instead of the queue (fsync rate stays bounded, throughput rises).
 
 Acks: ``when_durable(cb)`` runs ``cb(None)`` on the loop thread, in registration order,
@@ -46,10 +46,11 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 
 from commitlog.record import Header
 from commitlog.store import LogStore, LogWriteError
+from commitlog.syncworker import SyncWorker
 
 log = logging.getLogger("meshmq.commitlog")
 
@@ -67,9 +68,14 @@ class GroupCommitter:
     def __init__(self, store: LogStore, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.store = store
         self._loop = loop or asyncio.get_running_loop()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="commitlog-fsync")
+        # fsyncs, checkpoint writes and probes, one at a time (commitlog/syncworker.py)
+        self._worker = SyncWorker(self._loop, "commitlog-fsync")
         self._interval_ms = store.settings.fsync_interval_ms
-        self._flush_scheduled = False
+        # True from the append that schedules this tick's flush until that flush runs: while
+        # it is (and ``failure`` is None), LogStore.append is all :meth:`append` would do, so a
+        # caller on the hot path may append to the store itself (broker/devicelogs.py). Read
+        # it; only this class sets it.
+        self.flush_scheduled = False
         self._syncing = False
         self._unflushed: list[DurableCallback] = []
         self._waiting: deque[tuple[int, DurableCallback]] = deque()
@@ -112,8 +118,8 @@ class GroupCommitter:
                                 f"commit log cannot write ({exc}); waiting for the volume "
                                 f"under {self.store.directory} to accept writes again")
         off = self.store.append(key, timestamp_us, topic, attrs, headers, payload)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
             self._loop.call_soon(self._flush)
         return off
 
@@ -122,16 +128,16 @@ class GroupCommitter:
         verified, bytes unchanged) in this tick's batch: same write, same fsync, same
         ``when_durable`` acknowledgements as leader appends. Returns the new log end."""
         end = self.store.append_follower(key, data, leader_epoch)
-        if self.store.pending() and not self._flush_scheduled:
-            self._flush_scheduled = True
+        if self.store.pending() and not self.flush_scheduled:
+            self.flush_scheduled = True
             self._loop.call_soon(self._flush)
         return end
 
     def start_epoch(self, key: str, epoch: int) -> bool:
         """``LogStore.start_epoch`` in this tick's batch (durable with it)."""
         started = self.store.start_epoch(key, epoch)
-        if started and not self._flush_scheduled:
-            self._flush_scheduled = True
+        if started and not self.flush_scheduled:
+            self.flush_scheduled = True
             self._loop.call_soon(self._flush)
         return started
 
@@ -145,8 +151,8 @@ class GroupCommitter:
         """Make sure a flush runs this tick even if nothing is appended yet: for a
         :meth:`before_flush` hook that appends what it gathered (state records coalesced
         per tick) when nothing else is written."""
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
             self._loop.call_soon(self._flush)
 
     def when_durable(self, callback: DurableCallback) -> None:
@@ -227,8 +233,7 @@ class GroupCommitter:
             for h in (self._timer, self._maint, self._retry):
                 if h is not None:
                     h.cancel()
-            await self._loop.run_in_executor(self._executor, lambda: None)
-            self._executor.shutdown(wait=True)
+            await self._worker.stop()
             try:
                 self.store.close()
             except OSError as exc:
@@ -241,7 +246,7 @@ class GroupCommitter:
     # ------------------------------------------------------------------ machinery
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
+        self.flush_scheduled = False
         for hook in self._before_flush:
             try:
                 hook()
@@ -273,16 +278,13 @@ class GroupCommitter:
         if self.store.flushed_position <= self.store.committed_position:
             return
         self._syncing = True
-        fut = self._loop.run_in_executor(self._executor, self.store.sync)
-        fut.add_done_callback(self._on_sync_done)
+        self._worker.submit(self.store.sync, self._on_sync_done)
 
-    def _on_sync_done(self, fut: asyncio.Future[int]) -> None:
+    def _on_sync_done(self, token: int, exc: BaseException | None) -> None:
         self._syncing = False
-        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if exc is not None:
             self._fail(exc)
             return
-        token = fut.result()
         self.store.commit(token)
         self._fire_ready()
         if self._failure is not None:
@@ -362,12 +364,10 @@ class GroupCommitter:
                 self._schedule_probe()
                 return
         self._probing = True
-        fut = self._loop.run_in_executor(self._executor, _probe_write, self.store.directory)
-        fut.add_done_callback(self._on_probe_done)
+        self._worker.submit(partial(_probe_write, self.store.directory), self._on_probe_done)
 
-    def _on_probe_done(self, fut: asyncio.Future[None]) -> None:
+    def _on_probe_done(self, _result: None, exc: BaseException | None) -> None:
         self._probing = False
-        exc = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if self._closed:
             return
         if exc is not None:
@@ -397,16 +397,15 @@ class GroupCommitter:
             if not self._ckpt_running:
                 data = self.store.snapshot_checkpoint()
                 self._ckpt_running = True
-                cf: Future[None] = self._executor.submit(self.store.write_checkpoint, data)
-                cf.add_done_callback(self._on_ckpt_done)
+                self._worker.submit(partial(self.store.write_checkpoint, data),
+                                    self._on_ckpt_done)
         except Exception:
             log.exception("commitlog %s: maintenance failed", self.store.directory)
         self._maint = self._loop.call_later(
             self.store.settings.checkpoint_interval_s, self._on_maintenance)
 
-    def _on_ckpt_done(self, cf: Future[None]) -> None:
+    def _on_ckpt_done(self, _result: None, exc: BaseException | None) -> None:
         self._ckpt_running = False
-        exc = cf.exception()
         if exc is not None:
             log.error("commitlog %s: checkpoint write failed (%s); recovery will rescan more",
                       self.store.directory, exc)

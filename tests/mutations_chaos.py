@@ -46,12 +46,10 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/devicelogs.py append: every 40th record's offset reported as its "
           "predecessor's (the ack and the routed message name an offset already given out)",
           "broker/devicelogs.py",
-          "            offset = self.committer.append(key, ts, msg.topic, attrs, headers, "
-          "msg.payload)\n",
-          "            offset = self.committer.append(key, ts, msg.topic, attrs, headers, "
-          "msg.payload)\n"
+          "            msg.device = key\n            msg.offset = offset\n",
           "            if offset % 40 == 39:\n"
-          "                offset -= 1\n",
+          "                offset -= 1\n"
+          "            msg.device = key\n            msg.offset = offset\n",
           (PROBE,)),
         m("chaos-link-resend-off",
           "cluster/link.py established: entries in flight on a dropped link are forgotten, "

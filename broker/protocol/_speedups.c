@@ -14,9 +14,100 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <string.h>
 
 static PyObject *PublishCls = NULL, *PubAckCls = NULL;
+
+/* Building a packet without running its class's __init__ (issue 25). Publish and PubAck are
+   ``@dataclass(slots=True)`` classes: their generated __init__ only stores each argument in
+   its slot, and running it was a Python frame per packet, two per logged QoS 1 message (its
+   PUBLISH, its subscriber's PUBACK). When setup() can prove a class is exactly that (every
+   dataclass field is a writable object slot of the class, no __post_init__, object's
+   tp_new, no __init__ of a base), parse_run allocates the object and fills the slots itself:
+   the same object the call would make, field for field (PubAck's defaulted fields are taken
+   from an instance made by the class itself at setup). Otherwise it calls the class as
+   before. The Python loop (BROKER_PURE_PYTHON=1) always calls the class. */
+#define MAX_FIELDS 8
+typedef struct {
+    Py_ssize_t n;                    /* 0: call the class instead */
+    Py_ssize_t offset[MAX_FIELDS];   /* slot offsets, in the order of the names given */
+    PyObject *deflt[MAX_FIELDS];     /* values of the fields parse_run does not pass */
+} SlotPlan;
+
+static SlotPlan PublishPlan, PubAckPlan;
+
+static void plan_clear(SlotPlan *plan)
+{
+    for (Py_ssize_t i = 0; i < plan->n; i++)
+        Py_CLEAR(plan->deflt[i]);
+    plan->n = 0;
+}
+
+/* Fill ``plan`` for ``cls`` and its fields ``names`` (all of them, in slot-filling order);
+   ``tmpl``, an instance made by the class, gives the defaults. Leaves plan->n = 0 (the
+   call path) when the class is anything but a plain slotted dataclass. Never raises. */
+static void plan_for(SlotPlan *plan, PyObject *cls, const char *const *names, Py_ssize_t n,
+                     PyObject *tmpl)
+{
+    plan_clear(plan);
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    PyObject *fields = NULL, *post = NULL;
+    if (n > MAX_FIELDS || tp->tp_new != PyBaseObject_Type.tp_new || tp->tp_base != &PyBaseObject_Type
+            || tp->tp_alloc != PyType_GenericAlloc || tmpl == NULL)
+        goto fail;
+    fields = PyObject_GetAttrString(cls, "__dataclass_fields__");
+    if (fields == NULL || !PyDict_Check(fields) || PyDict_GET_SIZE(fields) != n)
+        goto fail;
+    post = PyObject_GetAttrString(cls, "__post_init__");
+    if (post != NULL)
+        goto fail;
+    PyErr_Clear();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *descr = PyDict_GetItemString(tp->tp_dict, names[i]);  /* borrowed */
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)
+                || PyDict_GetItemString(fields, names[i]) == NULL)
+            goto fail;
+        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY))
+            goto fail;
+        plan->offset[i] = m->offset;
+        plan->deflt[i] = PyObject_GetAttrString(tmpl, names[i]);
+        if (plan->deflt[i] == NULL) {
+            for (Py_ssize_t k = 0; k < i; k++)
+                Py_CLEAR(plan->deflt[k]);
+            goto fail;
+        }
+    }
+    plan->n = n;
+    Py_DECREF(fields);
+    return;
+fail:
+    Py_XDECREF(fields);
+    Py_XDECREF(post);
+    PyErr_Clear();
+    plan->n = 0;
+}
+
+/* A new instance of ``cls`` with the plan's slots set to ``vals[0..given-1]`` then the
+   defaults; NULL (an exception set) on failure. */
+static PyObject *plan_make(SlotPlan *plan, PyObject *cls, PyObject *const *vals,
+                           Py_ssize_t given)
+{
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    PyObject *obj = tp->tp_alloc(tp, 0);
+    if (obj == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < plan->n; i++) {
+        PyObject *v = i < given ? vals[i] : plan->deflt[i];
+        *(PyObject **)((char *)obj + plan->offset[i]) = Py_NewRef(v);
+    }
+    return obj;
+}
+
+static const char *const PublishFields[] = {
+    "topic", "payload", "qos", "retain", "dup", "packet_id", "properties"};
+static const char *const PubAckFields[] = {"packet_id", "reason_code", "properties"};
 
 /* setup(Publish, PubAck): the packet classes parse_run builds. */
 static PyObject *py_setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -27,7 +118,26 @@ static PyObject *py_setup(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     Py_XSETREF(PublishCls, Py_NewRef(args[0]));
     Py_XSETREF(PubAckCls, Py_NewRef(args[1]));
+    /* templates made by the classes themselves: where the defaults come from */
+    PyObject *pub = PyObject_CallFunction(PublishCls, "s", "t");
+    if (pub == NULL)
+        PyErr_Clear();
+    plan_for(&PublishPlan, PublishCls, PublishFields, 7, pub);
+    Py_XDECREF(pub);
+    PyObject *ack = PyObject_CallFunction(PubAckCls, "i", 1);
+    if (ack == NULL)
+        PyErr_Clear();
+    plan_for(&PubAckPlan, PubAckCls, PubAckFields, 3, ack);
+    Py_XDECREF(ack);
     Py_RETURN_NONE;
+}
+
+/* slots_ready() -> (bool, bool): whether parse_run fills Publish / PubAck slots itself (for
+   tests: the plan must not silently fall back to the call on the classes we ship). */
+static PyObject *py_slots_ready(PyObject *self, PyObject *unused)
+{
+    return Py_BuildValue("(OO)", PublishPlan.n ? Py_True : Py_False,
+                         PubAckPlan.n ? Py_True : Py_False);
 }
 
 /* parse_run(data: bytes, pos: int, level: int, max_packet_size: int, out: list) -> int
@@ -149,7 +259,8 @@ static PyObject *py_parse_run(PyObject *self, PyObject *const *args, Py_ssize_t 
                 Py_XDECREF(last_topic);
                 return NULL;
             }
-            pkt = PyObject_Vectorcall(PublishCls, argv, 7, NULL);
+            pkt = PublishPlan.n ? plan_make(&PublishPlan, PublishCls, argv, 7)
+                                : PyObject_Vectorcall(PublishCls, argv, 7, NULL);
             Py_DECREF(topic);
             Py_DECREF(argv[1]);
             Py_DECREF(argv[2]);
@@ -164,7 +275,8 @@ static PyObject *py_parse_run(PyObject *self, PyObject *const *args, Py_ssize_t 
                 Py_XDECREF(last_topic);
                 return NULL;
             }
-            pkt = PyObject_Vectorcall(PubAckCls, &v, 1, NULL);
+            pkt = PubAckPlan.n ? plan_make(&PubAckPlan, PubAckCls, &v, 1)
+                               : PyObject_Vectorcall(PubAckCls, &v, 1, NULL);
             Py_DECREF(v);
         } else {
             break;
@@ -257,6 +369,8 @@ static PyObject *py_publish_packet(PyObject *self, PyObject *const *args, Py_ssi
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))py_setup, METH_FASTCALL,
      "setup(Publish, PubAck): the packet classes to build."},
+    {"slots_ready", py_slots_ready, METH_NOARGS,
+     "(Publish, PubAck): whether parse_run fills their slots without calling the class."},
     {"parse_run", (PyCFunction)(void (*)(void))py_parse_run, METH_FASTCALL,
      "The plain-packet loop of PacketParser.feed (see the C source)."},
     {"publish_packet", (PyCFunction)(void (*)(void))py_publish_packet, METH_FASTCALL,

@@ -130,6 +130,59 @@ def test_a_plain_run_is_consumed_in_c() -> None:
         assert _speedups.parse_run(props, 0, 5, 4096, []) == 0
 
 
+def test_plain_packets_are_built_in_c_without_their_init() -> None:
+    """Issue 25: parse_run fills the slots of Publish and PubAck itself (their generated
+    __init__ was a Python frame per packet, two per logged QoS 1 message). The plan is in
+    place for the classes we ship, and what it builds is what the class builds: every field,
+    defaults included, the exact class, tracked by the GC like any instance. A class it cannot
+    prove plain (here: one with a __post_init__) is called as before."""
+    import gc
+    from dataclasses import dataclass
+
+    from broker.protocol import _speedups
+
+    assert _speedups.slots_ready() == (True, True)
+    wire = b"".join([encode(Publish("devices/d/t", b"p", 1, True, True, 7), 4),
+                     encode(Publish("devices/d/u", b"", 0), 4), encode(PubAck(65535), 4)])
+    out: list[Any] = []
+    assert _speedups.parse_run(wire, 0, 4, 4096, out) == len(wire)
+    made = [Publish("devices/d/t", b"p", 1, True, True, 7, None),
+            Publish("devices/d/u", b"", 0, False, False, None, None), PubAck(65535)]
+    assert out == made
+    for got, want in zip(out, made, strict=True):
+        assert type(got) is type(want)
+        assert [getattr(got, f) for f in got.__slots__] == \
+            [getattr(want, f) for f in want.__slots__]
+        assert gc.is_tracked(got) and gc.is_tracked(want)
+
+    @dataclass(slots=True)
+    class Checked:
+        topic: str
+        payload: bytes = b""
+        qos: int = 0
+        retain: bool = False
+        dup: bool = False
+        packet_id: int | None = None
+        properties: dict | None = None
+
+        def __post_init__(self) -> None:
+            inits.append(self.packet_id)
+
+    inits: list[int | None] = []  # (Publish's fields exactly: only __post_init__ differs)
+
+    try:
+        _speedups.setup(Checked, PubAck)
+        assert _speedups.slots_ready() == (False, True)
+        inits.clear()  # (setup made one itself, for the defaults)
+        out = []
+        _speedups.parse_run(encode(Publish("devices/d/t", b"p", 1, packet_id=3), 4), 0, 4,
+                            4096, out)
+        assert type(out[0]) is Checked and inits == [3]
+    finally:
+        _speedups.setup(Publish, PubAck)
+    assert _speedups.slots_ready() == (True, True)
+
+
 def test_pure_python_switch() -> None:
     code = "from broker.protocol import codec; print(codec.SPEEDUPS, codec.c_parse_run)"
     env = {**os.environ, "BROKER_PURE_PYTHON": "1"}
