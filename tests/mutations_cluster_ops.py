@@ -260,8 +260,8 @@ def ops_mutations(mutation: Any) -> tuple[Any, ...]:
           "    if False:\n", (f"{XF}::test_an_unreachable_owner_is_named_not_skipped",)),
         m("cluster-xfetch-part-error-swallowed", "fetch API: a failed part is dropped from "
           "the merged fetch instead of failing it", FA,
-          "    if failed:\n        for exc in failed:\n",
-          "    if False:\n        for exc in failed:\n",
+          "    if failed:\n        try:\n            for exc in failed:\n",
+          "    if False:\n        try:\n            for exc in failed:\n",
           (f"{XF}::test_an_unreachable_owner_is_named_not_skipped",)),
         m("cluster-xfetch-no-credentials", "fetch API: relayed parts lose the caller's "
           "Authorization (the owners refuse them)", FA,
