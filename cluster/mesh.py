@@ -397,6 +397,19 @@ class Mesh:
                                 "meshmq_link_entry_failures_total): %r", err,
                                 extra={"peer": link.peer, "topic": e.topic})
 
+    def on_deliveries(self, link: MeshLink, msgs: list[Message]) -> None:
+        """Plain DELIVERs the compiled codec decoded straight to messages (unlogged, no
+        expiry: ``MeshLink._on_entries_frame``), routed as ``on_entries`` routes them."""
+        route = self.router.route
+        for msg in msgs:
+            try:
+                route(msg, False)
+            except Exception as err:  # noqa: BLE001 - as in on_entries: the link goes on
+                self.entry_failures += 1
+                self._entry_log("a mesh entry could not be applied, skipped (counted in "
+                                "meshmq_link_entry_failures_total): %r", err,
+                                extra={"peer": link.peer, "topic": msg.topic})
+
     def _apply(self, link: MeshLink, router: Any, e: frames.Entry, now: float) -> None:
         expiry_at = None if e.expiry is None else now + e.expiry
         msg = Message(e.topic, e.payload, e.qos, e.retain, e.properties, expiry_at, e.origin)

@@ -1,0 +1,38 @@
+"""Planted bugs for issue 25's cheaper mesh crossings, second round (``tests/mutate.py
+cross-``): the receiving router's plain DELIVERs decoded straight to messages
+(``frames.c_decode_plain``, ``MeshLink._on_entries_frame``) and the sending router's plain
+DELIVERs queued per batch (``cluster/sendrun.py``). Each is caught by the tests next to what
+changed: the compiled decoder against the Python reference, the mesh's version tests, the
+link's fault tests, the cost guard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PLAIN = "tests/cluster/test_cross_plain.py"
+PLAIN_DECODE = f"{PLAIN}::test_plain_deliveries_decode_to_the_messages_python_builds"
+PLAIN_SLOTS = f"{PLAIN}::test_a_plain_delivery_is_a_message_like_any_other"
+GUARD = "tests/bench/test_cost_guard.py::test_hot_paths_within_their_cost_budget"
+
+
+def cross_mutations(mutation: Any) -> tuple[Any, ...]:
+    m = mutation
+    return (
+        m("cross-plain-epochs-mode", "cluster/frames.py epochs_mode: a version-3 link read as "
+          "version 4 (every plain DELIVER's topic read 4 bytes late)",
+          "cluster/frames.py",
+          "    return 2 if version >= V_DELIVER_EPOCHS else 1 if version >= V_EPOCHS else 0\n",
+          "    return 2 if version >= V_EPOCHS else 0\n", (PLAIN_DECODE,)),
+        m("cross-plain-template", "cluster/frames.py: decode_plain's template message made "
+          "with properties {} (every plain DELIVER reaches subscribers unlike a local one)",
+          "cluster/frames.py",
+          '    _speedups.setup_message(Message, Message("", b"", 0, False, None, None, None))\n',
+          '    _speedups.setup_message(Message, Message("", b"", 0, False, {}, None, None))\n',
+          (PLAIN_SLOTS,)),
+        m("cross-plain-not-processed", "cluster/link.py _on_entries_frame: the plain DELIVERs "
+          "taken are not recorded as processed (no ACK for them: the window fills and the link "
+          "stalls; a resend is delivered again)",
+          "cluster/link.py",
+          "        pos, inbound.received = frames.c_decode_plain(\n",
+          "        pos, _ = frames.c_decode_plain(\n", (GUARD,)),
+    )
