@@ -21,6 +21,8 @@
      Message that Mesh.on_entries would build from its Entry, for a leading run of fresh
      ones; the rest of the frame goes to frames._decode_entries as before
      (tests/cluster/test_cross_plain.py checks it against the Python path).
+   - encode_run() is cluster/sendrun.py encode_run: a run of plain DELIVERs queued on one
+     link, heads and bodies in one bytes object (the same bytes; test_cross_run.py).
 
    CLUSTER_PURE_PYTHON=1, or a failed build, runs the Python code only. */
 
@@ -597,6 +599,93 @@ static PyObject *py_entry_body(PyObject *self, PyObject *const *args, Py_ssize_t
     return res;
 }
 
+/* encode_run(seq, kind, items: list, with_epoch: bool) -> bytes
+
+   cluster/sendrun.py encode_run: a run of entries queued on one link, ``items`` flat
+   ((flags, topic length), body, epoch) per entry, seqs from ``seq``: each head (u64 seq, u8
+   kind, u8 flags, u16 topic length[, u32 epoch]) then its body, in one bytes object (the
+   flush wrote two parts per entry and joined them). Any item of the wrong shape raises
+   TypeError or OverflowError, as struct.pack would. */
+static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "encode_run(seq, kind, items: list, with_epoch)");
+        return NULL;
+    }
+    unsigned long long seq = PyLong_AsUnsignedLongLong(args[0]);
+    long kind = PyLong_AsLong(args[1]);
+    int with_epoch = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || with_epoch < 0)
+        return NULL;
+    if (kind < 0 || kind > 255) {
+        PyErr_SetString(PyExc_OverflowError, "encode_run: kind out of range");
+        return NULL;
+    }
+    PyObject *items = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (n % 3) {
+        PyErr_SetString(PyExc_ValueError, "encode_run: items come in threes");
+        return NULL;
+    }
+    Py_ssize_t head = with_epoch ? 16 : 12, total = 0;
+    for (Py_ssize_t i = 0; i < n; i += 3) {
+        PyObject *h = PyList_GET_ITEM(items, i), *b = PyList_GET_ITEM(items, i + 1);
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2 || !PyBytes_Check(b)) {
+            PyErr_SetString(PyExc_TypeError, "encode_run: ((flags, topic length), bytes, "
+                            "epoch) per entry");
+            return NULL;
+        }
+        total += head + PyBytes_GET_SIZE(b);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i += 3, seq++) {
+        PyObject *h = PyList_GET_ITEM(items, i), *b = PyList_GET_ITEM(items, i + 1);
+        long flags = PyLong_AsLong(PyTuple_GET_ITEM(h, 0));
+        long tlen = PyLong_AsLong(PyTuple_GET_ITEM(h, 1));
+        if (PyErr_Occurred())
+            goto fail;
+        if (flags < 0 || flags > 255 || tlen < 0 || tlen > 65535) {
+            PyErr_SetString(PyExc_OverflowError, "encode_run: flags or topic length out of "
+                            "range");
+            goto fail;
+        }
+        unsigned long long u = seq;
+        for (int k = 7; k >= 0; k--) {
+            w[k] = (unsigned char)u;
+            u >>= 8;
+        }
+        w[8] = (unsigned char)kind;
+        w[9] = (unsigned char)flags;
+        w[10] = (unsigned char)(tlen >> 8);
+        w[11] = (unsigned char)tlen;
+        w += 12;
+        if (with_epoch) {
+            unsigned long epoch = PyLong_AsUnsignedLong(PyList_GET_ITEM(items, i + 2));
+            if (epoch == (unsigned long)-1 && PyErr_Occurred())
+                goto fail;
+            if (epoch > 0xFFFFFFFFUL) {
+                PyErr_SetString(PyExc_OverflowError, "encode_run: epoch over 32 bits");
+                goto fail;
+            }
+            w[0] = (unsigned char)(epoch >> 24);
+            w[1] = (unsigned char)(epoch >> 16);
+            w[2] = (unsigned char)(epoch >> 8);
+            w[3] = (unsigned char)epoch;
+            w += 4;
+        }
+        Py_ssize_t len = PyBytes_GET_SIZE(b);
+        memcpy(w, PyBytes_AS_STRING(b), len);
+        w += len;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))py_setup, METH_FASTCALL,
      "setup(Entry): the entry class to build."},
@@ -606,6 +695,8 @@ static PyMethodDef methods[] = {
      "setup_message(Message, template): the class decode_plain builds."},
     {"decode_plain", (PyCFunction)(void (*)(void))py_decode_plain, METH_FASTCALL,
      "The plain DELIVERs of an ENTRIES frame as broker Messages (see the C source)."},
+    {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL,
+     "A run of entries queued on one link, encoded (cluster/sendrun.py)."},
     {"entry_body", (PyCFunction)(void (*)(void))py_entry_body, METH_FASTCALL,
      "frames.entry_body for a message without properties (see the C source)."},
     {NULL, NULL, 0, NULL},

@@ -279,6 +279,9 @@ c_entry_body = _speedups.entry_body if _speedups else None
 # DELIVERs from ``pos`` straight to broker Messages (the receiving router's fast path,
 # MeshLink.on_frame); None without the compiled codec (then every entry is an Entry)
 c_decode_plain = _speedups.decode_plain if _speedups else None
+# encode_run(seq, kind, items, with_epoch) -> bytes: a run of plain DELIVERs queued on one link
+# (cluster/sendrun.py, whose encode_run is the reference)
+c_encode_run = _speedups.encode_run if _speedups else None
 
 
 def epochs_mode(version: int) -> int:

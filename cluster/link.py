@@ -49,6 +49,7 @@ from cluster.idempotence import ResendCheck
 from cluster.inbound import InboundSequence
 from cluster.outcomes import AppendTimeout, Outcomes
 from cluster.routes import RouteTable
+from cluster.sendrun import ENTRY_OVERHEAD, MAX_RUN_BYTES, Done, Out, Run
 from cluster.settings import ClusterSettings
 
 log = logging.getLogger("cluster.link")
@@ -56,6 +57,7 @@ log = logging.getLogger("cluster.link")
 _RETAIN = frames.RETAIN
 _RETAIN_SYNC = frames.RETAIN_SYNC
 _APPEND = frames.APPEND
+_DELIVER = frames.DELIVER
 _V_EPOCHS = frames.V_EPOCHS
 _V_DELIVER_EPOCHS = frames.V_DELIVER_EPOCHS
 _MAX_ENTRIES_FRAME = 1 << 20  # bytes of entries per ENTRIES frame (many frames per write is fine)
@@ -63,7 +65,6 @@ _REQUEST_FRAMES = frozenset((frames.CLAIM, frames.CLAIMED, frames.ADMIN_REQUEST,
                              frames.ADMIN_RESPONSE, frames.FETCH, frames.RECORDS,
                              frames.RESOLVE, frames.RESOLVED))
 
-Done = Callable[[BaseException | None, int], None]  # APPEND outcome: (error or None, offset)
 
 
 def _tell(done: Done, exc: BaseException | None, offset: int) -> None:
@@ -118,31 +119,6 @@ class LinkFull(OwnerNotStored):
     """The link's queue is at link_max_queued_bytes: the publish is refused, not buffered."""
 
 
-class Out:
-    """An entry waiting to be sent or acknowledged."""
-
-    __slots__ = ("seq", "kind", "qos", "head", "body", "done", "size", "at", "epoch", "retry")
-
-    def __init__(self, seq: int, kind: int, qos: int, head: tuple[int, int], body: bytes,
-                 done: Done | None, epoch: int = 0, retry: Any = None) -> None:
-        self.seq = seq
-        self.kind = kind
-        self.qos = qos
-        self.head = head  # (flags, topic length)
-        self.body = body
-        self.done = done
-        self.size = len(body) + 64
-        self.at = 0.0  # APPEND: time.monotonic() when queued, for cluster.append_timeout
-        # APPEND: the leader epoch the sender believed when it queued it (placement); DELIVER:
-        # the one it routed the record at. Written in the entry head on a version-3 connection
-        # (APPEND) or version-4 one (every entry), left out on a version-2 one (decided per
-        # connection at flush, so a queued entry goes right after a reconnect to either)
-        self.epoch = epoch
-        # APPEND: (device, message, expiry), to send it to the log's next leader instead
-        # when the leadership moves while it waits (cluster/appendmove.py)
-        self.retry = retry
-
-
 class MeshLink:
     def __init__(self, mesh: LinkHost, peer: str, dial: bool, address: tuple[str, int]) -> None:
         self.mesh = mesh
@@ -166,8 +142,10 @@ class MeshLink:
         # send side
         self.next_seq = 1
         self.sent_upto = 0  # the highest seq ever written: above it, an entry never left here
-        self.inflight: deque[Out] = deque()
-        self.unsent: deque[Out] = deque()
+        # Outs and Runs (cluster/sendrun.py: plain DELIVERs, many entries per item)
+        self.inflight: deque[Out | Run] = deque()
+        self.unsent: deque[Out | Run] = deque()
+        self.unacked = 0  # entries in ``inflight``: what link_window bounds
         self.queued_bytes = 0
         self.awaiting: dict[int, Out] = {}  # seq -> APPEND waiting for its result
         # receive side: what we processed of the peer's current incarnation
@@ -210,6 +188,24 @@ class MeshLink:
                            self.queued_bytes, "publish refused as not stored"
                            if kind == frames.APPEND else "delivery dropped")
             return False
+        if done is None and kind == _DELIVER:
+            # a plain DELIVER: onto the run at the queue's tail (cluster/sendrun.py), a new one
+            # when that is not a run it continues (another QoS, a gap in the seqs, full)
+            unsent = self.unsent
+            run = unsent[-1] if unsent else None
+            if (type(run) is not Run or run.qos != qos or run.seq + run.count != self.next_seq
+                    or run.size >= MAX_RUN_BYTES):
+                run = Run(self.next_seq, qos)
+                unsent.append(run)
+            run.items += (head, body, epoch)
+            size = len(body) + ENTRY_OVERHEAD
+            run.count += 1
+            run.size += size
+            self.next_seq += 1
+            self.queued_bytes += size
+            if not self.flush_wanted:
+                self.mesh.want_flush(self)
+            return True
         out = Out(self.next_seq, kind, qos, head, body, done, epoch, retry)
         if done is not None:
             out.at = time.monotonic()
@@ -250,45 +246,52 @@ class MeshLink:
             self.requests = []
         unsent = self.unsent
         inflight = self.inflight
-        room = self.mesh.settings.link_window - len(inflight)
-        if unsent and room > 0:
-            # what the window lets go, moved at once (a popleft and an append per entry were
-            # two calls per crossing message): all of the queue when it fits, as it mostly does
-            if len(unsent) <= room:
-                going: Any = unsent
-                self.unsent = deque()
-            else:
-                going = [unsent.popleft() for _ in range(room)]
-            inflight.extend(going)
-        else:
-            going = ()
+        room = self.mesh.settings.link_window - self.unacked
         batch: list[bytes] = []
         size = 0
         sent = 0
+        in_batch = 0
         retained = 0  # RETAIN/RETAIN_SYNC: state kept everywhere, not publishes (msgs_out)
         epochs = self.version >= _V_EPOCHS
         all_epochs = self.version >= _V_DELIVER_EPOCHS
-        for out in going:
-            if out.kind == _RETAIN or out.kind == _RETAIN_SYNC:
-                retained += 1
-            flags, tlen = out.head
-            # the shared body is not copied into a per-link entry
-            if all_epochs or (epochs and out.kind == _APPEND):
-                batch += (entry_head_epoch(out.seq, out.kind, flags, tlen, out.epoch), out.body)
+        # what the window lets go, in queue order: a run (many entries) is one step
+        while unsent and room > 0:
+            out = unsent[0]
+            if out.count > room:  # a run larger than the window's room: the part that fits
+                out = out.take(room)  # (an Out's count is 1: never split)
             else:
-                batch += (entry_head(out.seq, out.kind, flags, tlen), out.body)
+                unsent.popleft()
+            inflight.append(out)
+            room -= out.count
+            sent += out.count
+            if type(out) is Run:
+                batch.append(out.encode(self.version))
+                in_batch += out.count
+            else:
+                if out.kind == _RETAIN or out.kind == _RETAIN_SYNC:
+                    retained += 1
+                flags, tlen = out.head
+                # the shared body is not copied into a per-link entry
+                if all_epochs or (epochs and out.kind == _APPEND):
+                    batch += (entry_head_epoch(out.seq, out.kind, flags, tlen, out.epoch),
+                              out.body)
+                else:
+                    batch += (entry_head(out.seq, out.kind, flags, tlen), out.body)
+                in_batch += 1
             size += out.size
-            sent += 1
             if size >= _MAX_ENTRIES_FRAME:
-                parts.append(frames.encode_entries_parts(batch, len(batch) // 2))
+                parts.append(frames.encode_entries_parts(batch, in_batch))
                 batch = []
-                size = 0
+                size = in_batch = 0
         if batch:
-            parts.append(frames.encode_entries_parts(batch, len(batch) // 2))
+            parts.append(frames.encode_entries_parts(batch, in_batch))
+        self.unacked += sent
         # never-sent entries follow the sent ones in the queue, in seq order: the last one
         # written is the highest (unless only resent ones went, all below it)
-        if sent and inflight[-1].seq > self.sent_upto:
-            self.sent_upto = inflight[-1].seq
+        if sent:
+            last = inflight[-1]
+            if last.seq + last.count - 1 > self.sent_upto:
+                self.sent_upto = last.seq + last.count - 1
         ack = self.inbound.ack_point()
         if ack > self.acked_out:
             parts.append(frames.encode_seq(frames.ACK, ack))
@@ -334,17 +337,18 @@ class MeshLink:
         self.since = time.time()
         self._backoff = self.mesh.settings.reconnect_min
         ask = self._acked(est.resume_from, requeue=False)
-        resend: deque[Out] = deque(ask)  # processed, outcome lost: asked again (lowest seqs)
+        resend: deque[Out | Run] = deque(ask)  # processed, outcome lost: asked again (lowest)
         unacked = len(ask)
-        for out in self.inflight:
+        for out in self.inflight:  # a run: all of it (the peer drops the seqs it processed)
             if out.qos == 0 and out.kind == frames.DELIVER:
-                self.stats["dropped_reconnect"] += 1
+                self.stats["dropped_reconnect"] += out.count
                 self.queued_bytes -= out.size
                 continue
             resend.append(out)
-            unacked += 1
+            unacked += out.count
         self.stats["resent"] += unacked
         self.inflight = deque()
+        self.unacked = 0
         resend.extend(self.unsent)
         self.unsent = resend
         self.acked_out = 0  # the new connection has not heard our ACK yet
@@ -509,8 +513,10 @@ class MeshLink:
         first in the queue with ``requeue``."""
         inflight = self.inflight
         ask: list[Out] = []
-        while inflight and inflight[0].seq <= upto:
+        # a run goes once the ACK covers its last entry (cluster/sendrun.py)
+        while inflight and inflight[0].seq + inflight[0].count <= upto + 1:
             out = inflight.popleft()
+            self.unacked -= out.count
             if out.done is not None:
                 ask.append(out)
                 continue
@@ -623,8 +629,8 @@ class MeshLink:
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
             "routes_in": self.mesh.routes.count(self.peer),
             "routes_out": local_routes if self.state == "up" else 0,
-            "queued": len(self.unsent), "queued_bytes": self.queued_bytes,
-            "unacked": len(self.inflight), "window": self.mesh.settings.link_window,
+            "queued": sum(out.count for out in self.unsent), "queued_bytes": self.queued_bytes,
+            "unacked": self.unacked, "window": self.mesh.settings.link_window,
             "awaiting_outcome": len(self.awaiting),
             "oldest_awaiting_s": round(self.oldest_awaiting(time.monotonic()), 3),
             # resent APPENDs a previous run of ours had stored, answered from the log

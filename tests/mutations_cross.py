@@ -13,6 +13,10 @@ PLAIN = "tests/cluster/test_cross_plain.py"
 PLAIN_DECODE = f"{PLAIN}::test_plain_deliveries_decode_to_the_messages_python_builds"
 PLAIN_SLOTS = f"{PLAIN}::test_a_plain_delivery_is_a_message_like_any_other"
 GUARD = "tests/bench/test_cost_guard.py::test_hot_paths_within_their_cost_budget"
+RUN = "tests/cluster/test_cross_run.py"
+RUN_C = f"{RUN}::test_compiled_run_encoding_gives_the_python_bytes"
+RUN_SPLIT = f"{RUN}::test_a_run_reads_back_as_its_entries_and_splits_without_loss"
+RUN_WINDOW = f"{RUN}::test_the_window_bounds_runs_and_a_flap_resends_them_once"
 
 
 def cross_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -35,4 +39,26 @@ def cross_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/link.py",
           "        pos, inbound.received = frames.c_decode_plain(\n",
           "        pos, _ = frames.c_decode_plain(\n", (GUARD,)),
+        m("cross-run-window-ignored", "cluster/link.py flush: a run goes whole whatever room "
+          "the window has (more than link_window entries unacknowledged)",
+          "cluster/link.py",
+          "            if out.count > room:  # a run larger than the window's room",
+          "            if out.count > room and False:  # a run larger than the window's room",
+          (RUN_WINDOW,)),
+        m("cross-run-take-overlap", "cluster/sendrun.py take: the part left after a split "
+          "starts one seq early (an entry sent twice, one never)",
+          "cluster/sendrun.py",
+          "        self.seq += n\n",
+          "        self.seq += n - 1\n", (RUN_SPLIT,)),
+        m("cross-run-python-epoch", "cluster/sendrun.py encode_run: the reference writes no "
+          "epoch (a version-4 peer misreads every entry after the first)",
+          "cluster/sendrun.py",
+          "        if with_epoch:\n            parts.append(",
+          "        if False:\n            parts.append(", (RUN_C,)),
+        m("cross-run-unacked-not-reset", "cluster/link.py established: the window's count "
+          "of unacknowledged entries kept across a reconnect (the resent ones counted twice: "
+          "the window shrinks with every flap until the link stalls)",
+          "cluster/link.py",
+          "        self.inflight = deque()\n        self.unacked = 0\n",
+          "        self.inflight = deque()\n", (RUN_WINDOW,)),
     )
