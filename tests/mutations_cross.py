@@ -14,6 +14,8 @@ PLAIN_DECODE = f"{PLAIN}::test_plain_deliveries_decode_to_the_messages_python_bu
 PLAIN_SLOTS = f"{PLAIN}::test_a_plain_delivery_is_a_message_like_any_other"
 GUARD = "tests/bench/test_cost_guard.py::test_hot_paths_within_their_cost_budget"
 RUN = "tests/cluster/test_cross_run.py"
+FWD = ("tests/cluster/test_cross_forward.py::"
+       "test_a_route_change_reaches_a_topic_already_forwarded_or_not")
 RUN_C = f"{RUN}::test_compiled_run_encoding_gives_the_python_bytes"
 RUN_SPLIT = f"{RUN}::test_a_run_reads_back_as_its_entries_and_splits_without_loss"
 RUN_WINDOW = f"{RUN}::test_the_window_bounds_runs_and_a_flap_resends_them_once"
@@ -61,4 +63,10 @@ def cross_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/link.py",
           "        self.inflight = deque()\n        self.unacked = 0\n",
           "        self.inflight = deque()\n", (RUN_WINDOW,)),
+        m("cross-forward-cache-stale", "cluster/routes.py _changed: a route change empties "
+          "only the table's own cache, not the mesh's per-topic links (a topic cached as going "
+          "nowhere is never forwarded to a new subscriber's router)",
+          "cluster/routes.py",
+          "        for cache in self._caches:\n",
+          "        for cache in self._caches[:1]:\n", (FWD,)),
     )
