@@ -146,6 +146,10 @@ class MeshLink:
         self.inflight: deque[Out | Run] = deque()
         self.unsent: deque[Out | Run] = deque()
         self.unacked = 0  # entries in ``inflight``: what link_window bounds
+        # the run at the tail of ``unsent`` that plain DELIVERs go onto, None when there is
+        # none (emptied whenever ``unsent`` changes otherwise: a flush, an Out, a reconnect)
+        self._open: Run | None = None
+        self._max_bytes = mesh.settings.link_max_queued_bytes
         self.queued_bytes = 0
         self.awaiting: dict[int, Out] = {}  # seq -> APPEND waiting for its result
         # receive side: what we processed of the peer's current incarnation
@@ -178,44 +182,54 @@ class MeshLink:
     def enqueue(self, kind: int, qos: int, head: tuple[int, int], body: bytes,
                 done: Done | None = None, epoch: int = 0, retry: Any = None) -> bool:
         """Queue an entry; False when the link is full (the caller decides: drop or refuse)."""
-        if self.queued_bytes + len(body) > self.mesh.settings.link_max_queued_bytes:
-            if kind == frames.APPEND:
-                self.stats["refused_full"] += 1
-            else:
-                self.stats["dropped_full"] += 1
-            self._full_log("link to %s holds %d bytes (cluster.link_max_queued_bytes); "
-                           "%s (counted in meshmq_link_dropped_total)", self.peer,
-                           self.queued_bytes, "publish refused as not stored"
-                           if kind == frames.APPEND else "delivery dropped")
-            return False
         if done is None and kind == _DELIVER:
-            # a plain DELIVER: onto the run at the queue's tail (cluster/sendrun.py), a new one
-            # when that is not a run it continues (another QoS, a gap in the seqs, full)
-            unsent = self.unsent
-            run = unsent[-1] if unsent else None
-            if (type(run) is not Run or run.qos != qos or run.seq + run.count != self.next_seq
-                    or run.size >= MAX_RUN_BYTES):
-                run = Run(self.next_seq, qos)
-                unsent.append(run)
-            run.items += (head, body, epoch)
-            size = len(body) + ENTRY_OVERHEAD
-            run.count += 1
-            run.size += size
-            self.next_seq += 1
-            self.queued_bytes += size
-            if not self.flush_wanted:
-                self.mesh.want_flush(self)
-            return True
+            return self.deliver(qos, head, body, epoch)
+        if self.queued_bytes + len(body) > self._max_bytes:
+            return self._full(kind)
         out = Out(self.next_seq, kind, qos, head, body, done, epoch, retry)
         if done is not None:
             out.at = time.monotonic()
             self.awaiting[out.seq] = out  # its RESULT finds it without a walk of the window
         self.next_seq += 1
         self.unsent.append(out)
+        self._open = None  # the next plain DELIVER starts a run after it
         self.queued_bytes += out.size
         if not self.flush_wanted:  # the mesh's flush of this tick is already scheduled
             self.mesh.want_flush(self)
         return True
+
+    def deliver(self, qos: int, head: tuple[int, int], body: bytes, epoch: int) -> bool:
+        """A plain DELIVER (no outcome to wait for): onto the open run at the queue's tail
+        (cluster/sendrun.py), a new one when there is none, it has another QoS or is full.
+        ``enqueue``'s path for them, called directly by ``Mesh.forward``."""
+        size = len(body) + ENTRY_OVERHEAD
+        if self.queued_bytes + len(body) > self._max_bytes:
+            return self._full(_DELIVER)
+        run = self._open
+        if (run is None or run.qos != qos or run.size >= MAX_RUN_BYTES
+                or run.seq + run.count != self.next_seq):  # (never: a guard for the seqs)
+            run = self._open = Run(self.next_seq, qos)
+            self.unsent.append(run)
+        run.items += (head, body, epoch)
+        run.count += 1
+        run.size += size
+        self.next_seq += 1
+        self.queued_bytes += size
+        if not self.flush_wanted:
+            self.mesh.want_flush(self)
+        return True
+
+    def _full(self, kind: int) -> bool:
+        """At link_max_queued_bytes: counted, logged (rate-limited), False."""
+        if kind == frames.APPEND:
+            self.stats["refused_full"] += 1
+        else:
+            self.stats["dropped_full"] += 1
+        self._full_log("link to %s holds %d bytes (cluster.link_max_queued_bytes); "
+                       "%s (counted in meshmq_link_dropped_total)", self.peer,
+                       self.queued_bytes, "publish refused as not stored"
+                       if kind == frames.APPEND else "delivery dropped")
+        return False
 
     def send_routes(self, changes: list[tuple[int, str, str | None]]) -> None:
         self.routes_dirty.extend(changes)
@@ -254,6 +268,8 @@ class MeshLink:
         retained = 0  # RETAIN/RETAIN_SYNC: state kept everywhere, not publishes (msgs_out)
         epochs = self.version >= _V_EPOCHS
         all_epochs = self.version >= _V_DELIVER_EPOCHS
+        if unsent and room > 0:
+            self._open = None  # it goes now (or its first part): later ones start a new run
         # what the window lets go, in queue order: a run (many entries) is one step
         while unsent and room > 0:
             out = unsent[0]
@@ -351,6 +367,7 @@ class MeshLink:
         self.unacked = 0
         resend.extend(self.unsent)
         self.unsent = resend
+        self._open = None
         self.acked_out = 0  # the new connection has not heard our ACK yet
         self.routes_dirty = []
         self.requests = []  # never resent: reads of the old connection fail now, and retry
@@ -547,6 +564,7 @@ class MeshLink:
         unsent = {out.seq for out in old if out.seq > sent_upto}
         if unsent:
             self.unsent = deque(o for o in self.unsent if o.seq not in unsent)
+            self._open = None
             self.queued_bytes -= sum(out.size for out in old if out.seq in unsent)
             self.stats["expired_unsent"] += len(unsent)
         for out in old:
@@ -589,6 +607,7 @@ class MeshLink:
                 never_sent.add(out.seq)
         if never_sent:
             self.unsent = deque(o for o in self.unsent if o.seq not in never_sent)
+            self._open = None
             self.queued_bytes -= sum(out.size for out in taken if out.seq in never_sent)
         self.stats["appends_moved"] += len(moved)
         return moved

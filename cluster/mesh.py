@@ -295,7 +295,7 @@ class Mesh:
         # the epoch it is routed at: a receiver that knows a newer one drops it (protocol 4)
         epoch = 0 if msg.device is None else self.placement.epoch_of(msg.device)
         for link in links:  # a full link counts and logs what it drops (MeshLink.enqueue)
-            link.enqueue(_DELIVER, msg.qos, head, body, None, epoch)
+            link.deliver(msg.qos, head, body, epoch)
 
     def _links_for(self, topic: str) -> tuple[MeshLink, ...]:
         """``forward``'s cache miss: the links of the peers with a matching filter (none for

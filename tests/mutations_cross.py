@@ -69,4 +69,10 @@ def cross_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/routes.py",
           "        for cache in self._caches:\n",
           "        for cache in self._caches[:1]:\n", (FWD,)),
+        m("cross-run-open-after-flush", "cluster/link.py flush: the run that went stays open, "
+          "so the next plain DELIVERs are added to a run already written (never sent)",
+          "cluster/link.py",
+          "            self._open = None  # it goes now (or its first part): later ones start "
+          "a new run\n",
+          "            pass\n", (GUARD, RUN_WINDOW)),
     )

@@ -26,10 +26,10 @@ def crossing_mutations(mutation: Any) -> tuple[Any, ...]:
           "topic scanned byte by byte in Python (a per-character check, ~20 calls more per "
           "crossing: the guard's crossing workload over its budget)",
           "cluster/link.py",
-          "            run.items += (head, body, epoch)\n",
-          "            if any(c == 0 for c in body[:head[1]]):\n"
-          "                return False\n"
-          "            run.items += (head, body, epoch)\n",
+          "        run.items += (head, body, epoch)\n",
+          "        if any(c == 0 for c in body[:head[1]]):\n"
+          "            return False\n"
+          "        run.items += (head, body, epoch)\n",
           (GUARD,)),
         m("crossing-c-epoch-mode", "cluster/frames.py: the compiled decoder told version 3's "
           "epoch rule on a version-4 link (a DELIVER's epoch read as its topic)",
