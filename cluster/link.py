@@ -21,11 +21,12 @@ An APPEND's outcome reaches the publisher's router exactly once, whatever the li
 unknown outcome is never a success: see cluster/outcomes.py.
 
 Flow control: at most ``link_window`` entries may be unacknowledged (the ACK is the credit); the
-rest wait in the link's queue, bounded by ``link_max_queued_bytes``. Past that bound a delivery
-is dropped and an APPEND refused (its publisher gets "not stored"), counted per link and logged:
-a slow, paused or dead peer costs memory up to the bound and never blocks the router or the
-other links (EMQX's unbounded gen_rpc mailbox and VerneMQ's unbounded per-node buffer are the
-counter-examples: both grow without limit while a peer is slow).
+rest wait in the link's queue, bounded by ``link_max_queued_bytes`` (plain DELIVERs wait as
+runs, many entries per queue item, counted per entry all the same: cluster/sendrun.py). Past
+that bound a delivery is dropped and an APPEND refused (its publisher gets "not stored"),
+counted per link and logged: a slow, paused or dead peer costs memory up to the bound and never
+blocks the router or the other links (EMQX's unbounded gen_rpc mailbox and VerneMQ's unbounded
+per-node buffer are the counter-examples: both grow without limit while a peer is slow).
 """
 
 from __future__ import annotations
