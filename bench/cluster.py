@@ -285,7 +285,9 @@ class Cluster:
                 if r.get("state") != "up":
                     return False
                 procs[r["router"]] = r["pid"]
-                ups = [lk for lk in r.get("mesh", {}).get("links", []) if lk["state"] == "up"]
+                # "mesh" is None while the router does not answer the node's status in time
+                # (a busy box): not up yet, asked again
+                ups = [lk for lk in (r.get("mesh") or {}).get("links", []) if lk["state"] == "up"]
                 if len(ups) < want:
                     return False
         self.procs = procs

@@ -16,12 +16,20 @@
      frames, malformed ones included).
    - entry_body() is frames.entry_body for a message without properties (the caller checks):
      the same bytes, one call.
+   - decode_plain() is the receiving router's shortcut for the commonest entry, a plain
+     DELIVER (an unlogged publish without properties or expiry): straight to the broker
+     Message that Mesh.on_entries would build from its Entry, for a leading run of fresh
+     ones; the rest of the frame goes to frames._decode_entries as before
+     (tests/cluster/test_cross_plain.py checks it against the Python path).
+   - encode_run() is cluster/sendrun.py encode_run: a run of plain DELIVERs queued on one
+     link, heads and bodies in one bytes object (the same bytes; test_cross_run.py).
 
    CLUSTER_PURE_PYTHON=1, or a failed build, runs the Python code only. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <structmember.h>
 
 #define F_RETAIN 0x04
 #define F_PROPS 0x08
@@ -244,6 +252,222 @@ static PyObject *py_decode_run(PyObject *self, PyObject *const *args, Py_ssize_t
     return PyLong_FromSsize_t(pos);
 }
 
+/* The receiving router's plain DELIVER, straight to a broker Message (issue 25, "cheap
+   crossings"): an unlogged QoS 0/1/2 publish without properties, expiry or group, which the
+   receiver only routes to its local subscribers. Building the Entry tuple, then a Message from
+   it in Python (its __init__: a frame and 14 attribute stores) was a third of the receiving
+   side of a crossing. setup_message(Message, template) gives the class and an instance made by
+   its own __init__: a new message starts as a copy of every slot of the template (so a slot
+   added to Message later gets its __init__ default here too, not NULL), then gets the five
+   fields an entry carries. */
+static PyTypeObject *MessageType = NULL;
+static PyObject *MessageTemplate = NULL;
+#define MAX_SLOTS 64
+static Py_ssize_t msg_offsets[MAX_SLOTS];
+static int msg_nslots = 0;
+static Py_ssize_t off_topic = -1, off_payload = -1, off_qos = -1, off_retain = -1,
+    off_origin = -1;
+
+static Py_ssize_t slot_offset(PyTypeObject *cls, PyObject *name)
+{
+    PyObject *descr = PyObject_GetAttr((PyObject *)cls, name);
+    if (descr == NULL)
+        return -1;
+    if (!Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        Py_DECREF(descr);
+        PyErr_Format(PyExc_TypeError, "setup_message: %R is not a slot", name);
+        return -1;
+    }
+    PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+    Py_ssize_t off = (m->type == T_OBJECT_EX || m->type == T_OBJECT) ? m->offset : -1;
+    Py_DECREF(descr);
+    if (off < 0)
+        PyErr_Format(PyExc_TypeError, "setup_message: %R is not an object slot", name);
+    return off;
+}
+
+/* setup_message(Message, template): see above. Message must define __slots__ only (no
+   __dict__: a plain class would need its dict built). */
+static PyObject *py_setup_message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyType_Check(args[0])
+            || !PyObject_TypeCheck(args[1], (PyTypeObject *)args[0])) {
+        PyErr_SetString(PyExc_TypeError, "setup_message(Message, an instance of it)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    if (cls->tp_dictoffset != 0 || cls->tp_base != &PyBaseObject_Type) {
+        PyErr_SetString(PyExc_TypeError, "setup_message: a class of __slots__ only");
+        return NULL;
+    }
+    PyObject *slots = PyObject_GetAttrString((PyObject *)cls, "__slots__");
+    if (slots == NULL)
+        return NULL;
+    PyObject *seq = PySequence_Fast(slots, "setup_message: __slots__ is not a sequence");
+    Py_DECREF(slots);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > MAX_SLOTS) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "setup_message: too many slots");
+        return NULL;
+    }
+    int count = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t off = slot_offset(cls, PySequence_Fast_GET_ITEM(seq, i));
+        if (off < 0) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        msg_offsets[count++] = off;
+    }
+    Py_DECREF(seq);
+    const char *names[5] = {"topic", "payload", "qos", "retain", "origin"};
+    Py_ssize_t *offs[5] = {&off_topic, &off_payload, &off_qos, &off_retain, &off_origin};
+    for (int i = 0; i < 5; i++) {
+        PyObject *name = PyUnicode_FromString(names[i]);
+        if (name == NULL)
+            return NULL;
+        *offs[i] = slot_offset(cls, name);
+        Py_DECREF(name);
+        if (*offs[i] < 0)
+            return NULL;
+    }
+    /* every slot of the template must be set (its __init__ ran) */
+    for (int i = 0; i < count; i++) {
+        if (*(PyObject **)((char *)args[1] + msg_offsets[i]) == NULL) {
+            PyErr_SetString(PyExc_ValueError, "setup_message: the template has an unset slot");
+            return NULL;
+        }
+    }
+    msg_nslots = count;
+    Py_XSETREF(MessageType, (PyTypeObject *)Py_NewRef(cls));
+    Py_XSETREF(MessageTemplate, Py_NewRef(args[1]));
+    Py_RETURN_NONE;
+}
+
+static inline void set_slot(PyObject *obj, Py_ssize_t off, PyObject *value)
+{
+    PyObject **at = (PyObject **)((char *)obj + off);
+    Py_XSETREF(*at, value);  /* steals value */
+}
+
+/* decode_plain(body: bytes, pos: int, count: int, epochs: int, received: int, out: list)
+       -> (pos, received)
+
+   Appends to ``out`` a Message for each entry, from ``pos``, that is a plain DELIVER (kind
+   DELIVER; no properties, device, expiry or group) with a seq above ``received`` (and above
+   the one before it): what Mesh.on_entries routes inline. Stops, without consuming it, at the
+   first entry that is anything else (a resent seq, an APPEND, a logged DELIVER, a field past
+   the frame, text that is not UTF-8), after ``count`` entries, or at the end; returns where
+   it stopped and the last seq it took. The caller decodes whatever follows with
+   frames.decode_entries_at, which raises every FrameError: this code raises none. */
+static PyObject *py_decode_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyBytes_Check(args[0]) || !PyList_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "decode_plain(bytes, pos, count, epochs, received, list)");
+        return NULL;
+    }
+    if (MessageType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "decode_plain: setup_message() was not called");
+        return NULL;
+    }
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t count = PyLong_AsSsize_t(args[2]);
+    long epochs = PyLong_AsLong(args[3]);
+    unsigned long long received = PyLong_AsUnsignedLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (pos < 0)
+        pos = n;
+    PyObject *out = args[5];
+    Cached topics = {NULL, 0, NULL}, origins = {NULL, 0, NULL};
+    int failed = 0;
+    const unsigned plain_mask = F_PROPS | F_DEVICE | F_EXPIRY | F_GROUP;
+
+    for (Py_ssize_t k = 0; k < count; k++) {
+        Py_ssize_t p = pos;
+        if (p + 12 > n)
+            break;
+        unsigned long long seq = be64(d + p);
+        unsigned kind = d[p + 8], flags = d[p + 9];
+        Py_ssize_t tlen = ((Py_ssize_t)d[p + 10] << 8) | d[p + 11];
+        if (kind != 0 /* DELIVER */ || (flags & plain_mask) || seq <= received)
+            break;
+        p += 12;
+        if (epochs == 2) {  /* version 4: every head has one; a plain DELIVER's is not used */
+            if (p + 4 > n)
+                break;
+            p += 4;
+        }
+        PyObject *topic = read_text(d, n, &p, tlen, &topics);
+        if (topic == NULL) {
+            if (PyErr_Occurred())
+                failed = 1;
+            break;
+        }
+        if (p + 4 > n) {
+            Py_DECREF(topic);
+            break;
+        }
+        Py_ssize_t plen = (Py_ssize_t)be32(d + p);
+        p += 4;
+        if (p + plen > n) {
+            Py_DECREF(topic);
+            break;
+        }
+        const unsigned char *payload_at = d + p;
+        p += plen;
+        PyObject *origin = NULL;
+        if (flags & F_ORIGIN) {
+            origin = read_text(d, n, &p, -1, &origins);
+            if (origin == NULL) {
+                Py_DECREF(topic);
+                if (PyErr_Occurred())
+                    failed = 1;
+                break;
+            }
+        }
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)payload_at, plen);
+        PyObject *qos = PyLong_FromLong(flags & 0x03);
+        PyObject *msg = (payload && qos) ? MessageType->tp_alloc(MessageType, 0) : NULL;
+        if (msg == NULL) {
+            Py_DECREF(topic);
+            Py_XDECREF(origin);
+            Py_XDECREF(payload);
+            Py_XDECREF(qos);
+            failed = 1;
+            break;
+        }
+        for (int i = 0; i < msg_nslots; i++) {
+            PyObject *v = *(PyObject **)((char *)MessageTemplate + msg_offsets[i]);
+            *(PyObject **)((char *)msg + msg_offsets[i]) = Py_XNewRef(v);
+        }
+        set_slot(msg, off_topic, topic);
+        set_slot(msg, off_payload, payload);
+        set_slot(msg, off_qos, qos);
+        set_slot(msg, off_retain, Py_NewRef((flags & F_RETAIN) ? Py_True : Py_False));
+        set_slot(msg, off_origin, origin != NULL ? origin : Py_NewRef(Py_None));
+        int appended = PyList_Append(out, msg);
+        Py_DECREF(msg);
+        if (appended < 0) {
+            failed = 1;
+            break;
+        }
+        received = seq;
+        pos = p;
+    }
+    Py_XDECREF(topics.s);
+    Py_XDECREF(origins.s);
+    if (failed)
+        return NULL;
+    return Py_BuildValue("(nK)", pos, received);
+}
+
 /* Appends a u16-prefixed UTF-8 copy of ``s`` at *w (``raw``: its UTF-8 and length). */
 static unsigned char *put_text(unsigned char *w, const char *raw, Py_ssize_t len)
 {
@@ -375,11 +599,104 @@ static PyObject *py_entry_body(PyObject *self, PyObject *const *args, Py_ssize_t
     return res;
 }
 
+/* encode_run(seq, kind, items: list, with_epoch: bool) -> bytes
+
+   cluster/sendrun.py encode_run: a run of entries queued on one link, ``items`` flat
+   ((flags, topic length), body, epoch) per entry, seqs from ``seq``: each head (u64 seq, u8
+   kind, u8 flags, u16 topic length[, u32 epoch]) then its body, in one bytes object (the
+   flush wrote two parts per entry and joined them). Any item of the wrong shape raises
+   TypeError or OverflowError, as struct.pack would. */
+static PyObject *py_encode_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyList_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "encode_run(seq, kind, items: list, with_epoch)");
+        return NULL;
+    }
+    unsigned long long seq = PyLong_AsUnsignedLongLong(args[0]);
+    long kind = PyLong_AsLong(args[1]);
+    int with_epoch = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || with_epoch < 0)
+        return NULL;
+    if (kind < 0 || kind > 255) {
+        PyErr_SetString(PyExc_OverflowError, "encode_run: kind out of range");
+        return NULL;
+    }
+    PyObject *items = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (n % 3) {
+        PyErr_SetString(PyExc_ValueError, "encode_run: items come in threes");
+        return NULL;
+    }
+    Py_ssize_t head = with_epoch ? 16 : 12, total = 0;
+    for (Py_ssize_t i = 0; i < n; i += 3) {
+        PyObject *h = PyList_GET_ITEM(items, i), *b = PyList_GET_ITEM(items, i + 1);
+        if (!PyTuple_Check(h) || PyTuple_GET_SIZE(h) != 2 || !PyBytes_Check(b)) {
+            PyErr_SetString(PyExc_TypeError, "encode_run: ((flags, topic length), bytes, "
+                            "epoch) per entry");
+            return NULL;
+        }
+        total += head + PyBytes_GET_SIZE(b);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i += 3, seq++) {
+        PyObject *h = PyList_GET_ITEM(items, i), *b = PyList_GET_ITEM(items, i + 1);
+        long flags = PyLong_AsLong(PyTuple_GET_ITEM(h, 0));
+        long tlen = PyLong_AsLong(PyTuple_GET_ITEM(h, 1));
+        if (PyErr_Occurred())
+            goto fail;
+        if (flags < 0 || flags > 255 || tlen < 0 || tlen > 65535) {
+            PyErr_SetString(PyExc_OverflowError, "encode_run: flags or topic length out of "
+                            "range");
+            goto fail;
+        }
+        unsigned long long u = seq;
+        for (int k = 7; k >= 0; k--) {
+            w[k] = (unsigned char)u;
+            u >>= 8;
+        }
+        w[8] = (unsigned char)kind;
+        w[9] = (unsigned char)flags;
+        w[10] = (unsigned char)(tlen >> 8);
+        w[11] = (unsigned char)tlen;
+        w += 12;
+        if (with_epoch) {
+            unsigned long epoch = PyLong_AsUnsignedLong(PyList_GET_ITEM(items, i + 2));
+            if (epoch == (unsigned long)-1 && PyErr_Occurred())
+                goto fail;
+            if (epoch > 0xFFFFFFFFUL) {
+                PyErr_SetString(PyExc_OverflowError, "encode_run: epoch over 32 bits");
+                goto fail;
+            }
+            w[0] = (unsigned char)(epoch >> 24);
+            w[1] = (unsigned char)(epoch >> 16);
+            w[2] = (unsigned char)(epoch >> 8);
+            w[3] = (unsigned char)epoch;
+            w += 4;
+        }
+        Py_ssize_t len = PyBytes_GET_SIZE(b);
+        memcpy(w, PyBytes_AS_STRING(b), len);
+        w += len;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))py_setup, METH_FASTCALL,
      "setup(Entry): the entry class to build."},
     {"decode_run", (PyCFunction)(void (*)(void))py_decode_run, METH_FASTCALL,
      "The plain-entry loop of frames._decode_entries (see the C source)."},
+    {"setup_message", (PyCFunction)(void (*)(void))py_setup_message, METH_FASTCALL,
+     "setup_message(Message, template): the class decode_plain builds."},
+    {"decode_plain", (PyCFunction)(void (*)(void))py_decode_plain, METH_FASTCALL,
+     "The plain DELIVERs of an ENTRIES frame as broker Messages (see the C source)."},
+    {"encode_run", (PyCFunction)(void (*)(void))py_encode_run, METH_FASTCALL,
+     "A run of entries queued on one link, encoded (cluster/sendrun.py)."},
     {"entry_body", (PyCFunction)(void (*)(void))py_entry_body, METH_FASTCALL,
      "frames.entry_body for a message without properties (see the C source)."},
     {NULL, NULL, 0, NULL},

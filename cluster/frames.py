@@ -81,6 +81,7 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from broker.message import Message
 from broker.protocol.packets import PacketType
 from broker.protocol.properties import decode_properties, encode_properties
 from cluster.settings import MIN_PROTOCOL_VERSION, PROTOCOL_VERSION
@@ -267,11 +268,34 @@ if os.environ.get("CLUSTER_PURE_PYTHON", "").strip() in ("", "0"):
         _speedups = None
 if _speedups is not None:
     _speedups.setup(Entry)
+    # decode_plain's messages start as copies of one made by Message's own __init__
+    _speedups.setup_message(Message, Message("", b"", 0, False, None, None, None))
 SPEEDUPS: bool = _speedups is not None
 """True when the compiled entry codec is in use."""
 # Looked up at call time, so a test can switch them off with monkeypatch.
 c_decode_run = _speedups.decode_run if _speedups else None
 c_entry_body = _speedups.entry_body if _speedups else None
+# decode_plain(body, pos, count, epochs, received, out) -> (pos, received): the plain fresh
+# DELIVERs from ``pos`` straight to broker Messages (the receiving router's fast path,
+# MeshLink.on_frame); None without the compiled codec (then every entry is an Entry)
+c_decode_plain = _speedups.decode_plain if _speedups else None
+# encode_run(seq, kind, items, with_epoch) -> bytes: a run of plain DELIVERs queued on one link
+# (cluster/sendrun.py, whose encode_run is the reference)
+c_encode_run = _speedups.encode_run if _speedups else None
+
+
+def epochs_mode(version: int) -> int:
+    """The compiled decoders' ``epochs`` argument: 0 no epoch in any entry head (version 2),
+    1 in an APPEND's (version 3), 2 in every entry's (version 4)."""
+    return 2 if version >= V_DELIVER_EPOCHS else 1 if version >= V_EPOCHS else 0
+
+
+def entry_count(body: bytes) -> int:
+    """The entry count at the start of an ENTRIES frame's body."""
+    try:
+        return _U32.unpack_from(body, 0)[0]
+    except struct.error as err:
+        raise FrameError(f"bad entries frame: {err}") from None
 
 
 def entry_body(kind: int, topic: str, payload: bytes, qos: int, retain: bool,
@@ -331,9 +355,23 @@ def decode_entries(body: bytes, version: int = MIN_VERSION) -> list[Entry]:
         raise FrameError(f"bad entries frame: {err}") from None
 
 
-def _decode_entries(body: bytes, epochs: bool, all_epochs: bool = False) -> list[Entry]:
-    (count,) = _U32.unpack_from(body, 0)
-    p = 4
+def decode_entries_at(body: bytes, pos: int, count: int, version: int) -> list[Entry]:
+    """The last ``count`` entries of an ENTRIES frame, from ``pos`` to its end (what follows
+    the plain DELIVERs ``c_decode_plain`` took), as ``decode_entries`` reads them."""
+    try:
+        return _decode_entries(body, version >= V_EPOCHS, version >= V_DELIVER_EPOCHS,
+                               pos, count)
+    except (struct.error, UnicodeDecodeError, IndexError) as err:
+        raise FrameError(f"bad entries frame: {err}") from None
+
+
+def _decode_entries(body: bytes, epochs: bool, all_epochs: bool = False, start: int = 0,
+                    rest: int = -1) -> list[Entry]:
+    if rest < 0:  # the whole frame
+        (count,) = _U32.unpack_from(body, 0)
+        p = 4
+    else:  # its last ``rest`` entries, from ``start``
+        count, p = rest, start
     out: list[Entry] = []
     n = len(body)
     # the plain entries in C (cluster/_speedups.c); from the first other one on, Python

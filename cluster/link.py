@@ -21,11 +21,12 @@ An APPEND's outcome reaches the publisher's router exactly once, whatever the li
 unknown outcome is never a success: see cluster/outcomes.py.
 
 Flow control: at most ``link_window`` entries may be unacknowledged (the ACK is the credit); the
-rest wait in the link's queue, bounded by ``link_max_queued_bytes``. Past that bound a delivery
-is dropped and an APPEND refused (its publisher gets "not stored"), counted per link and logged:
-a slow, paused or dead peer costs memory up to the bound and never blocks the router or the
-other links (EMQX's unbounded gen_rpc mailbox and VerneMQ's unbounded per-node buffer are the
-counter-examples: both grow without limit while a peer is slow).
+rest wait in the link's queue, bounded by ``link_max_queued_bytes`` (plain DELIVERs wait as
+runs, many entries per queue item, counted per entry all the same: cluster/sendrun.py). Past
+that bound a delivery is dropped and an APPEND refused (its publisher gets "not stored"),
+counted per link and logged: a slow, paused or dead peer costs memory up to the bound and never
+blocks the router or the other links (EMQX's unbounded gen_rpc mailbox and VerneMQ's unbounded
+per-node buffer are the counter-examples: both grow without limit while a peer is slow).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from cluster.idempotence import ResendCheck
 from cluster.inbound import InboundSequence
 from cluster.outcomes import AppendTimeout, Outcomes
 from cluster.routes import RouteTable
+from cluster.sendrun import ENTRY_OVERHEAD, MAX_RUN_BYTES, Done, Out, Run
 from cluster.settings import ClusterSettings
 
 log = logging.getLogger("cluster.link")
@@ -56,6 +58,7 @@ log = logging.getLogger("cluster.link")
 _RETAIN = frames.RETAIN
 _RETAIN_SYNC = frames.RETAIN_SYNC
 _APPEND = frames.APPEND
+_DELIVER = frames.DELIVER
 _V_EPOCHS = frames.V_EPOCHS
 _V_DELIVER_EPOCHS = frames.V_DELIVER_EPOCHS
 _MAX_ENTRIES_FRAME = 1 << 20  # bytes of entries per ENTRIES frame (many frames per write is fine)
@@ -63,7 +66,6 @@ _REQUEST_FRAMES = frozenset((frames.CLAIM, frames.CLAIMED, frames.ADMIN_REQUEST,
                              frames.ADMIN_RESPONSE, frames.FETCH, frames.RECORDS,
                              frames.RESOLVE, frames.RESOLVED))
 
-Done = Callable[[BaseException | None, int], None]  # APPEND outcome: (error or None, offset)
 
 
 def _tell(done: Done, exc: BaseException | None, offset: int) -> None:
@@ -109,36 +111,13 @@ class LinkHost(Protocol):
 
     def on_entries(self, link: MeshLink, entries: list[frames.Entry]) -> None: ...
 
+    def on_deliveries(self, link: MeshLink, msgs: list[Any]) -> None: ...
+
     def on_request_frame(self, link: MeshLink, ftype: int, body: bytes) -> None: ...
 
 
 class LinkFull(OwnerNotStored):
     """The link's queue is at link_max_queued_bytes: the publish is refused, not buffered."""
-
-
-class Out:
-    """An entry waiting to be sent or acknowledged."""
-
-    __slots__ = ("seq", "kind", "qos", "head", "body", "done", "size", "at", "epoch", "retry")
-
-    def __init__(self, seq: int, kind: int, qos: int, head: tuple[int, int], body: bytes,
-                 done: Done | None, epoch: int = 0, retry: Any = None) -> None:
-        self.seq = seq
-        self.kind = kind
-        self.qos = qos
-        self.head = head  # (flags, topic length)
-        self.body = body
-        self.done = done
-        self.size = len(body) + 64
-        self.at = 0.0  # APPEND: time.monotonic() when queued, for cluster.append_timeout
-        # APPEND: the leader epoch the sender believed when it queued it (placement); DELIVER:
-        # the one it routed the record at. Written in the entry head on a version-3 connection
-        # (APPEND) or version-4 one (every entry), left out on a version-2 one (decided per
-        # connection at flush, so a queued entry goes right after a reconnect to either)
-        self.epoch = epoch
-        # APPEND: (device, message, expiry), to send it to the log's next leader instead
-        # when the leadership moves while it waits (cluster/appendmove.py)
-        self.retry = retry
 
 
 class MeshLink:
@@ -164,8 +143,14 @@ class MeshLink:
         # send side
         self.next_seq = 1
         self.sent_upto = 0  # the highest seq ever written: above it, an entry never left here
-        self.inflight: deque[Out] = deque()
-        self.unsent: deque[Out] = deque()
+        # Outs and Runs (cluster/sendrun.py: plain DELIVERs, many entries per item)
+        self.inflight: deque[Out | Run] = deque()
+        self.unsent: deque[Out | Run] = deque()
+        self.unacked = 0  # entries in ``inflight``: what link_window bounds
+        # the run at the tail of ``unsent`` that plain DELIVERs go onto, None when there is
+        # none (emptied whenever ``unsent`` changes otherwise: a flush, an Out, a reconnect)
+        self._open: Run | None = None
+        self._max_bytes = mesh.settings.link_max_queued_bytes
         self.queued_bytes = 0
         self.awaiting: dict[int, Out] = {}  # seq -> APPEND waiting for its result
         # receive side: what we processed of the peer's current incarnation
@@ -198,26 +183,54 @@ class MeshLink:
     def enqueue(self, kind: int, qos: int, head: tuple[int, int], body: bytes,
                 done: Done | None = None, epoch: int = 0, retry: Any = None) -> bool:
         """Queue an entry; False when the link is full (the caller decides: drop or refuse)."""
-        if self.queued_bytes + len(body) > self.mesh.settings.link_max_queued_bytes:
-            if kind == frames.APPEND:
-                self.stats["refused_full"] += 1
-            else:
-                self.stats["dropped_full"] += 1
-            self._full_log("link to %s holds %d bytes (cluster.link_max_queued_bytes); "
-                           "%s (counted in meshmq_link_dropped_total)", self.peer,
-                           self.queued_bytes, "publish refused as not stored"
-                           if kind == frames.APPEND else "delivery dropped")
-            return False
+        if done is None and kind == _DELIVER:
+            return self.deliver(qos, head, body, epoch)
+        if self.queued_bytes + len(body) > self._max_bytes:
+            return self._full(kind)
         out = Out(self.next_seq, kind, qos, head, body, done, epoch, retry)
         if done is not None:
             out.at = time.monotonic()
             self.awaiting[out.seq] = out  # its RESULT finds it without a walk of the window
         self.next_seq += 1
         self.unsent.append(out)
+        self._open = None  # the next plain DELIVER starts a run after it
         self.queued_bytes += out.size
         if not self.flush_wanted:  # the mesh's flush of this tick is already scheduled
             self.mesh.want_flush(self)
         return True
+
+    def deliver(self, qos: int, head: tuple[int, int], body: bytes, epoch: int) -> bool:
+        """A plain DELIVER (no outcome to wait for): onto the open run at the queue's tail
+        (cluster/sendrun.py), a new one when there is none, it has another QoS or is full.
+        ``enqueue``'s path for them, called directly by ``Mesh.forward``."""
+        size = len(body) + ENTRY_OVERHEAD
+        if self.queued_bytes + len(body) > self._max_bytes:
+            return self._full(_DELIVER)
+        run = self._open
+        if (run is None or run.qos != qos or run.size >= MAX_RUN_BYTES
+                or run.seq + run.count != self.next_seq):  # (never: a guard for the seqs)
+            run = self._open = Run(self.next_seq, qos)
+            self.unsent.append(run)
+        run.items += (head, body, epoch)
+        run.count += 1
+        run.size += size
+        self.next_seq += 1
+        self.queued_bytes += size
+        if not self.flush_wanted:
+            self.mesh.want_flush(self)
+        return True
+
+    def _full(self, kind: int) -> bool:
+        """At link_max_queued_bytes: counted, logged (rate-limited), False."""
+        if kind == frames.APPEND:
+            self.stats["refused_full"] += 1
+        else:
+            self.stats["dropped_full"] += 1
+        self._full_log("link to %s holds %d bytes (cluster.link_max_queued_bytes); "
+                       "%s (counted in meshmq_link_dropped_total)", self.peer,
+                       self.queued_bytes, "publish refused as not stored"
+                       if kind == frames.APPEND else "delivery dropped")
+        return False
 
     def send_routes(self, changes: list[tuple[int, str, str | None]]) -> None:
         self.routes_dirty.extend(changes)
@@ -248,45 +261,54 @@ class MeshLink:
             self.requests = []
         unsent = self.unsent
         inflight = self.inflight
-        room = self.mesh.settings.link_window - len(inflight)
-        if unsent and room > 0:
-            # what the window lets go, moved at once (a popleft and an append per entry were
-            # two calls per crossing message): all of the queue when it fits, as it mostly does
-            if len(unsent) <= room:
-                going: Any = unsent
-                self.unsent = deque()
-            else:
-                going = [unsent.popleft() for _ in range(room)]
-            inflight.extend(going)
-        else:
-            going = ()
+        room = self.mesh.settings.link_window - self.unacked
         batch: list[bytes] = []
         size = 0
         sent = 0
+        in_batch = 0
         retained = 0  # RETAIN/RETAIN_SYNC: state kept everywhere, not publishes (msgs_out)
         epochs = self.version >= _V_EPOCHS
         all_epochs = self.version >= _V_DELIVER_EPOCHS
-        for out in going:
-            if out.kind == _RETAIN or out.kind == _RETAIN_SYNC:
-                retained += 1
-            flags, tlen = out.head
-            # the shared body is not copied into a per-link entry
-            if all_epochs or (epochs and out.kind == _APPEND):
-                batch += (entry_head_epoch(out.seq, out.kind, flags, tlen, out.epoch), out.body)
+        if unsent and room > 0:
+            self._open = None  # it goes now (or its first part): later ones start a new run
+        # what the window lets go, in queue order: a run (many entries) is one step
+        while unsent and room > 0:
+            out = unsent[0]
+            if out.count > room:  # a run larger than the window's room: the part that fits
+                out = out.take(room)  # (an Out's count is 1: never split)
             else:
-                batch += (entry_head(out.seq, out.kind, flags, tlen), out.body)
+                unsent.popleft()
+            inflight.append(out)
+            room -= out.count
+            sent += out.count
+            if type(out) is Run:
+                batch.append(out.encode(self.version))
+                in_batch += out.count
+            else:
+                if out.kind == _RETAIN or out.kind == _RETAIN_SYNC:
+                    retained += 1
+                flags, tlen = out.head
+                # the shared body is not copied into a per-link entry
+                if all_epochs or (epochs and out.kind == _APPEND):
+                    batch += (entry_head_epoch(out.seq, out.kind, flags, tlen, out.epoch),
+                              out.body)
+                else:
+                    batch += (entry_head(out.seq, out.kind, flags, tlen), out.body)
+                in_batch += 1
             size += out.size
-            sent += 1
             if size >= _MAX_ENTRIES_FRAME:
-                parts.append(frames.encode_entries_parts(batch, len(batch) // 2))
+                parts.append(frames.encode_entries_parts(batch, in_batch))
                 batch = []
-                size = 0
+                size = in_batch = 0
         if batch:
-            parts.append(frames.encode_entries_parts(batch, len(batch) // 2))
+            parts.append(frames.encode_entries_parts(batch, in_batch))
+        self.unacked += sent
         # never-sent entries follow the sent ones in the queue, in seq order: the last one
         # written is the highest (unless only resent ones went, all below it)
-        if sent and inflight[-1].seq > self.sent_upto:
-            self.sent_upto = inflight[-1].seq
+        if sent:
+            last = inflight[-1]
+            if last.seq + last.count - 1 > self.sent_upto:
+                self.sent_upto = last.seq + last.count - 1
         ack = self.inbound.ack_point()
         if ack > self.acked_out:
             parts.append(frames.encode_seq(frames.ACK, ack))
@@ -332,19 +354,21 @@ class MeshLink:
         self.since = time.time()
         self._backoff = self.mesh.settings.reconnect_min
         ask = self._acked(est.resume_from, requeue=False)
-        resend: deque[Out] = deque(ask)  # processed, outcome lost: asked again (lowest seqs)
+        resend: deque[Out | Run] = deque(ask)  # processed, outcome lost: asked again (lowest)
         unacked = len(ask)
-        for out in self.inflight:
+        for out in self.inflight:  # a run: all of it (the peer drops the seqs it processed)
             if out.qos == 0 and out.kind == frames.DELIVER:
-                self.stats["dropped_reconnect"] += 1
+                self.stats["dropped_reconnect"] += out.count
                 self.queued_bytes -= out.size
                 continue
             resend.append(out)
-            unacked += 1
+            unacked += out.count
         self.stats["resent"] += unacked
         self.inflight = deque()
+        self.unacked = 0
         resend.extend(self.unsent)
         self.unsent = resend
+        self._open = None
         self.acked_out = 0  # the new connection has not heard our ACK yet
         self.routes_dirty = []
         self.requests = []  # never resent: reads of the old connection fail now, and retry
@@ -408,7 +432,10 @@ class MeshLink:
         self.stats["frames_in"] += 1
         self.stats["bytes_in"] += len(body) + 5
         if ftype == frames.ENTRIES:
-            self._on_entries(frames.decode_entries(body, self.version))
+            if frames.c_decode_plain is not None and type(body) is bytes:
+                self._on_entries_frame(body)
+            else:  # the pure-Python codec: every entry an Entry
+                self._on_entries(frames.decode_entries(body, self.version))
         elif ftype == frames.ACK:
             self._acked(frames.decode_seq(body))
         elif ftype == frames.RESULTS:
@@ -425,6 +452,29 @@ class MeshLink:
             self.mesh.on_request_frame(self, ftype, body)
         else:
             raise frames.FrameError(f"unexpected frame type {ftype} on an established link")
+
+    def _on_entries_frame(self, body: bytes) -> None:
+        """An ENTRIES frame, with the compiled codec: its leading plain fresh DELIVERs (almost
+        every entry: unlogged publishes) decoded straight to messages and routed in one call
+        (no Entry, no per-entry ``fresh``: issue 25's cheap crossings); the rest, from the
+        first other entry on, as entries, exactly as without the codec. Entries before a
+        malformed one are applied before the FrameError closes the link: they are processed
+        (our resume point says so), so the resend after the reconnect skips them."""
+        count = frames.entry_count(body)
+        msgs: list = []
+        inbound = self.inbound
+        pos, inbound.received = frames.c_decode_plain(
+            body, 4, count, frames.epochs_mode(self.version), inbound.received, msgs)
+        if msgs:
+            self.stats["msgs_in"] += len(msgs)
+            self.mesh.on_deliveries(self, msgs)
+        rest = count - len(msgs)
+        if rest:
+            self._on_entries(frames.decode_entries_at(body, pos, rest, self.version))
+            return
+        if pos != len(body):
+            raise frames.FrameError("trailing bytes after the entries")
+        self.mesh.want_flush(self)
 
     def _on_entries(self, entries: list[frames.Entry]) -> None:
         fresh, resent = self.inbound.fresh_of(entries)
@@ -481,8 +531,10 @@ class MeshLink:
         first in the queue with ``requeue``."""
         inflight = self.inflight
         ask: list[Out] = []
-        while inflight and inflight[0].seq <= upto:
+        # a run goes once the ACK covers its last entry (cluster/sendrun.py)
+        while inflight and inflight[0].seq + inflight[0].count <= upto + 1:
             out = inflight.popleft()
+            self.unacked -= out.count
             if out.done is not None:
                 ask.append(out)
                 continue
@@ -513,6 +565,7 @@ class MeshLink:
         unsent = {out.seq for out in old if out.seq > sent_upto}
         if unsent:
             self.unsent = deque(o for o in self.unsent if o.seq not in unsent)
+            self._open = None
             self.queued_bytes -= sum(out.size for out in old if out.seq in unsent)
             self.stats["expired_unsent"] += len(unsent)
         for out in old:
@@ -555,6 +608,7 @@ class MeshLink:
                 never_sent.add(out.seq)
         if never_sent:
             self.unsent = deque(o for o in self.unsent if o.seq not in never_sent)
+            self._open = None
             self.queued_bytes -= sum(out.size for out in taken if out.seq in never_sent)
         self.stats["appends_moved"] += len(moved)
         return moved
@@ -595,8 +649,8 @@ class MeshLink:
             "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
             "routes_in": self.mesh.routes.count(self.peer),
             "routes_out": local_routes if self.state == "up" else 0,
-            "queued": len(self.unsent), "queued_bytes": self.queued_bytes,
-            "unacked": len(self.inflight), "window": self.mesh.settings.link_window,
+            "queued": sum(out.count for out in self.unsent), "queued_bytes": self.queued_bytes,
+            "unacked": self.unacked, "window": self.mesh.settings.link_window,
             "awaiting_outcome": len(self.awaiting),
             "oldest_awaiting_s": round(self.oldest_awaiting(time.monotonic()), 3),
             # resent APPENDs a previous run of ours had stored, answered from the log

@@ -43,7 +43,7 @@ from cluster.placement import LOST, UNPLACED, PlacedLogs, Placement
 from cluster.requests import Requests
 from cluster.retainsync import RetainSync
 from cluster.routegap import UnroutedPeers, redeliver
-from cluster.routes import RouteTable
+from cluster.routes import CACHE_MAX, RouteTable
 from cluster.settings import ClusterSettings, router_id, router_sort_key
 from cluster.shares import ShareDispatch
 from commitlog.store import LogWriteError
@@ -75,6 +75,9 @@ class Mesh:
         # who leads each device log: the process's one Placement (cluster/placement.py)
         self.placement = placement or Placement(settings.router_ids(), self.rid)
         self.routes = RouteTable()
+        # topic -> the links a message on it is forwarded to (() for none): one dict lookup
+        # per routed message, emptied at every route change (RouteTable.cache)
+        self._forward_to: dict[str, tuple[MeshLink, ...]] = self.routes.cache()
         me = router_sort_key(self.rid)
         self.links: dict[str, MeshLink] = {
             peer: MeshLink(self, peer, me < router_sort_key(peer), settings.address_of(peer))
@@ -274,8 +277,10 @@ class Mesh:
         """Once to each peer with a matching filter, after local delivery (never from a peer)."""
         if self.unrouted.pending is not None and msg.device is not None:
             self.unrouted.routed(msg.device, msg.offset)  # some peers' routes not known yet
-        peers = self.routes.peers_for(msg.topic)
-        if not peers or msg.topic.startswith(_LOCAL_SYS):
+        links = self._forward_to.get(msg.topic)
+        if links is None:
+            links = self._links_for(msg.topic)
+        if not links:
             return
         # a logged message carries its log position: a peer's offset subscription needs it for
         # the seam between the history it reads and live delivery (devicelogs.ReplayCursor).
@@ -289,8 +294,18 @@ class Mesh:
                       else self.encode(msg, frames.DELIVER, msg.device))
         # the epoch it is routed at: a receiver that knows a newer one drops it (protocol 4)
         epoch = 0 if msg.device is None else self.placement.epoch_of(msg.device)
-        for peer in peers:  # a full link counts and logs what it drops (MeshLink.enqueue)
-            self.links[peer].enqueue(frames.DELIVER, msg.qos, head, body, None, epoch)
+        for link in links:  # a full link counts and logs what it drops (MeshLink.enqueue)
+            link.deliver(msg.qos, head, body, epoch)
+
+    def _links_for(self, topic: str) -> tuple[MeshLink, ...]:
+        """``forward``'s cache miss: the links of the peers with a matching filter (none for
+        this router's own $SYS topics), cached until the next route change."""
+        peers = () if topic.startswith(_LOCAL_SYS) else self.routes.peers_for(topic)
+        links = tuple(self.links[peer] for peer in peers)
+        if len(self._forward_to) >= CACHE_MAX:
+            self._forward_to.clear()
+        self._forward_to[topic] = links
+        return links
 
     def share(self, msg: Message, groups: list) -> list:
         """Which router's members of each matching group get ``msg`` (cluster/shares.py)."""
@@ -396,6 +411,19 @@ class Mesh:
                 self._entry_log("a mesh entry could not be applied, skipped (counted in "
                                 "meshmq_link_entry_failures_total): %r", err,
                                 extra={"peer": link.peer, "topic": e.topic})
+
+    def on_deliveries(self, link: MeshLink, msgs: list[Message]) -> None:
+        """Plain DELIVERs the compiled codec decoded straight to messages (unlogged, no
+        expiry: ``MeshLink._on_entries_frame``), routed as ``on_entries`` routes them."""
+        route = self.router.route
+        for msg in msgs:
+            try:
+                route(msg, False)
+            except Exception as err:  # noqa: BLE001 - as in on_entries: the link goes on
+                self.entry_failures += 1
+                self._entry_log("a mesh entry could not be applied, skipped (counted in "
+                                "meshmq_link_entry_failures_total): %r", err,
+                                extra={"peer": link.peer, "topic": msg.topic})
 
     def _apply(self, link: MeshLink, router: Any, e: frames.Entry, now: float) -> None:
         expiry_at = None if e.expiry is None else now + e.expiry

@@ -12,6 +12,7 @@ from __future__ import annotations
 from broker.trie import SharedGroup, SubscriptionTrie
 
 Route = tuple[str, str | None]  # (filter, shared-subscription group or None)
+CACHE_MAX = 65_536  # topics a per-topic cache holds before it starts again (distinct topics)
 
 
 class RouteTable:
@@ -19,6 +20,7 @@ class RouteTable:
         self.trie = SubscriptionTrie()
         self._by_peer: dict[str, set[Route]] = {}
         self._peers_cache: dict[str, tuple[str, ...]] = {}
+        self._caches: list[dict] = [self._peers_cache]  # emptied at every route change
         self._groups = 0
         # whether any peer has shared-subscription members: a plain attribute, read for every
         # routed message (skips the groups' walk); a property was one more call per message
@@ -44,7 +46,7 @@ class RouteTable:
         self._groups += group is not None
         self.has_groups = self._groups > 0
         self.trie.add(flt, peer, True, group)
-        self._peers_cache.clear()
+        self._changed()
 
     def remove(self, peer: str, flt: str, group: str | None) -> None:
         held = self._by_peer.get(peer)
@@ -54,14 +56,26 @@ class RouteTable:
         self._groups -= group is not None
         self.has_groups = self._groups > 0
         self.trie.remove(flt, peer, group)
-        self._peers_cache.clear()
+        self._changed()
 
     def drop_peer(self, peer: str) -> None:
         for flt, group in self._by_peer.pop(peer, ()):
             self._groups -= group is not None
             self.trie.remove(flt, peer, group)
         self.has_groups = self._groups > 0
-        self._peers_cache.clear()
+        self._changed()
+
+    def cache(self) -> dict:
+        """A per-topic cache of the caller's, emptied with this table's own at every route
+        change, so what the caller derives from ``peers_for`` (the mesh: the links a topic goes
+        to) is never stale. Bounded by its filler (``CACHE_MAX`` entries, as ``peers_for``)."""
+        cache: dict = {}
+        self._caches.append(cache)
+        return cache
+
+    def _changed(self) -> None:
+        for cache in self._caches:
+            cache.clear()
 
     def peers_for(self, topic: str) -> tuple[str, ...]:
         """Each peer with a plain (non-shared) matching filter, once however many match."""
@@ -70,7 +84,7 @@ class RouteTable:
             return cached
         subs = self.trie.match(topic).subs
         peers = tuple(dict.fromkeys(peer for peer, _ in subs)) if subs else ()
-        if len(self._peers_cache) >= 65_536:
+        if len(self._peers_cache) >= CACHE_MAX:
             self._peers_cache.clear()
         self._peers_cache[topic] = peers
         return peers

@@ -407,7 +407,7 @@ def mesh_metrics(mesh: Any) -> Iterable[Metric]:
         peer = [link.peer]
         state.add_metric(peer, 1 if link.state == "up" else 0)
         queued.add_metric(peer, link.queued_bytes)
-        unacked.add_metric(peer, len(link.inflight))
+        unacked.add_metric(peer, link.unacked)  # entries (a run holds many)
         version.add_metric(peer, link.version)
         awaiting.add_metric(peer, len(link.awaiting))
         oldest.add_metric(peer, link.oldest_awaiting(now))

@@ -55,8 +55,8 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/link.py established: entries in flight on a dropped link are forgotten, "
           "not resent",
           "cluster/link.py",
-          "            resend.append(out)\n            unacked += 1\n",
-          "            unacked += 1\n",
+          "            resend.append(out)\n            unacked += out.count\n",
+          "            unacked += out.count\n",
           (PROBE,)),
         m("chaos-ack-before-hw",
           "broker/devicelogs.py _seal: each device's publishes answered before the flush, "

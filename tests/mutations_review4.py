@@ -131,7 +131,7 @@ def review4_mutations(mutation: Any) -> tuple[Any, ...]:
         m("review4-inflight-appends-not-resent", "cluster/link.py: APPENDs in flight when the "
           "link reconnects (the owner frozen, killed -9, restarted) are dropped, not resent: "
           "their publishers wait out cluster.append_timeout and are refused",
-          "cluster/link.py", "            resend.append(out)\n            unacked += 1\n",
+          "cluster/link.py", "            resend.append(out)\n            unacked += out.count\n",
           "            self.queued_bytes -= out.size\n", (FENCE,)),
         m("review4-cursor-read-never-retried", "broker/cursors.py: a failed read of the "
           "owner's log (the link cut mid-replay) marks the cursor retrying and never retries: "

@@ -63,9 +63,11 @@ def wire_mutations(mutation: Any) -> tuple[Any, ...]:
           "        epochs = self.version >= _V_EPOCHS\n", "        epochs = True\n",
           (f"{WM}::test_a_node_capped_at_version_2_and_a_default_one_keep_a_working_link",)),
         m("wire-entries-read-as-newest", "link: entries decoded as the newest version whatever "
-          "the link negotiated", "cluster/link.py",
-          "            self._on_entries(frames.decode_entries(body, self.version))\n",
-          "            self._on_entries(frames.decode_entries(body, frames.VERSION))\n",
+          "the link negotiated (those after a frame's plain DELIVERs: the compiled codec's "
+          "path, MeshLink._on_entries_frame)", "cluster/link.py",
+          "            self._on_entries(frames.decode_entries_at(body, pos, rest, self.version))\n",
+          "            self._on_entries(frames.decode_entries_at(body, pos, rest, "
+          "frames.VERSION))\n",
           (f"{WM}::test_a_node_capped_at_version_2_and_a_default_one_keep_a_working_link",)),
         m("wire-records-log-end-lost", "frames: RECORDS at version 3 says no log end", FR,
           "        head += _RECORDS_V3.pack(r.log_end, ",
