@@ -397,9 +397,13 @@ def run_pairs(cl: Cluster, mode: Mode, pairs: int = PAIRS) -> dict:
         res = _measure_rate(ph, lambda: ph.total(lg.RECV, ("sub",)), mode.warmup, mode.duration)
         links1, recv1 = _msgs_out(cl.links()), ph.total(lg.RECV, ("sub",))
         if isinstance(res, str):
+            # where the messages stopped: never sent (the generator), or sent and never
+            # delivered (the broker)
             return {"status": "stalled" if res.startswith("stalled") else "failed",
                     "error": res, "routes_ready": routes_ready,
-                    "links": link_summary(cl.links()), "dropped": _dropped(cl)}
+                    "links": link_summary(cl.links()), "dropped": _dropped(cl),
+                    "sent": ph.total(lg.SENT, ("pub0",)), "received": recv1,
+                    "generator_errors": ph.total(lg.ERR, ("pub0", "sub"))}
         share = (links1 - links0) / max(1, recv1 - recv0)
         return {**res, "crossed_link_share": round(share, 3), "pairs": pairs,
                 "routes_ready": routes_ready}
