@@ -1,0 +1,25 @@
+"""Planted bugs for review10's attacks on issue 25's cheaper hot paths (the mesh's forward
+cache and plain-DELIVER runs), run by ``tests/mutate.py review10-``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+X = "tests/cluster/test_review10_crossings.py"
+FWD = X + "::test_the_forward_cache_follows_a_peer_subscribing_and_unsubscribing"
+MIXED = X + "::test_interleaved_qos0_and_qos1_runs_survive_a_flap"
+
+
+def review10_mutations(mutation: Any) -> tuple[Any, ...]:
+    m = mutation
+    return (
+        m("review10-forward-cache-kept", "cluster/routes.py: a route change empties only the "
+          "table's own peers cache, not the mesh's topic -> links cache (a topic cached as "
+          "'no link' stays so after a peer subscribes)", "cluster/routes.py",
+          "        for cache in self._caches:\n", "        for cache in self._caches[:1]:\n",
+          (FWD,)),
+        m("review10-run-mixes-qos", "cluster/link.py deliver: a plain DELIVER of another QoS "
+          "joins the open run (a QoS 1 entry in a QoS 0 run is dropped with it at a reconnect)",
+          "cluster/link.py", "        if (run is None or run.qos != qos or run.size",
+          "        if (run is None or run.size", (MIXED,)),
+    )
