@@ -1,5 +1,6 @@
 """Planted bugs for review10's attacks on issue 25's cheaper hot paths (the mesh's forward
-cache and plain-DELIVER runs), run by ``tests/mutate.py review10-``."""
+cache and plain-DELIVER runs; the durable QoS 1 path's PUBACK runs under a failing fsync), run
+by ``tests/mutate.py review10-``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 X = "tests/cluster/test_review10_crossings.py"
 FWD = X + "::test_the_forward_cache_follows_a_peer_subscribing_and_unsubscribing"
 MIXED = X + "::test_interleaved_qos0_and_qos1_runs_survive_a_flap"
+P = "tests/broker/test_review10_puback_runs.py"
+FSYNC = P + "::test_fsync_failing_mid_burst_acks_only_what_is_stored"
 
 
 def review10_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -22,4 +25,8 @@ def review10_mutations(mutation: Any) -> tuple[Any, ...]:
           "joins the open run (a QoS 1 entry in a QoS 0 run is dropped with it at a reconnect)",
           "cluster/link.py", "        if (run is None or run.qos != qos or run.size",
           "        if (run is None or run.size", (MIXED,)),
+        m("review10-failed-qos1-acked", "broker/ingest.py _on_durable: a QoS 1 publish whose "
+          "write or fsync failed is routed and acknowledged in the PUBACK run like a stored "
+          "one", "broker/ingest.py", "                if exc is not None:\n",
+          "                if exc is not None and msg.qos != 1:\n", (FSYNC,)),
     )
