@@ -135,3 +135,72 @@ def test_interleaved_qos0_and_qos1_runs_survive_a_flap(tmp_path: Path,
         clients.close_all()
         mesh.stop()
         proxy.close()
+
+
+def _traffic(pub: R.RawClient, topic: str, n: int, first_id: int) -> list[tuple[int, bytes]]:
+    """n publishes on ``topic``: QoS 0 and 1 alternating in threes (runs of each), every fifth
+    one with a v5 user property (an entry the plain fast path leaves to Python), one write;
+    returns (QoS, payload) in publish order."""
+    sent: list[tuple[int, bytes]] = []
+    frames_out = []
+    for i in range(n):
+        qos = (i // 3) % 2
+        payload = f"{topic}:{i}".encode() + bytes(range(256))[: i % 40]
+        props = {R.USER_PROPERTY: [("k", str(i))]} if i % 5 == 0 else None
+        frames_out.append(R.publish(topic, payload, qos=qos, version=5, properties=props,
+                                    packet_id=first_id + i if qos else None))
+        sent.append((qos, payload))
+    pub.send(b"".join(frames_out))
+    assert len([pub.expect(R.PUBACK) for q, _ in sent if q]) == sum(q for q, _ in sent)
+    return sent
+
+
+def test_a_pure_python_router_and_a_compiled_one_exchange_the_same_entries(
+        tmp_path: Path, clients: ClientFactory) -> None:
+    """Router 1 runs with CLUSTER_PURE_PYTHON=1 (Python entry codec and Python run encoder),
+    router 0 with the compiled one: unlogged QoS 0/1 runs, entries with properties, a logged
+    device's records and a retained message cross both ways, each arriving intact, once, in
+    order per QoS."""
+    mesh = Cluster(tmp_path, n=2, overrides={"mqtt": {"max_queued_messages": 10_000}})
+    mesh.nodes[1].extra_env = {**mesh.nodes[1].extra_env, "CLUSTER_PURE_PYTHON": "1"}
+    pubs: list[R.RawClient] = []
+    try:
+        mesh.start()
+        n = 300
+        for src, dst in ((0, 1), (1, 0)):
+            tag = unique(f"mixed{src}{dst}")
+            topic, logged = f"u/{tag}/t", f"devices/{tag}/t"
+            sub = clients.connected(mesh.nodes[dst], protocol=V5, clean=True)
+            sub.subscribe([(topic, 1), (logged, 1)])
+            wait_for(lambda dst=dst: mesh.link(1 - dst, dst)["routes_in"] >= 2, 30,
+                     message=f"router {1 - dst} knows router {dst}'s filters")
+            pub = R.RawClient(mesh.nodes[src].host, mesh.nodes[src].port, version=5,
+                              timeout=30)
+            pubs.append(pub)
+            pub.connect(unique("mixed-pub"))
+            sent = _traffic(pub, topic, n, 1)
+            pub.send(R.publish(logged, b"stored", qos=1, packet_id=n + 1, version=5))
+            assert pub.expect(R.PUBACK).reason_code == 0
+            pub.send(R.publish(topic, b"last", qos=1, packet_id=n + 2, version=5,
+                               retain=True))
+            pub.expect(R.PUBACK)
+            got = sub.expect_messages(n + 2, timeout=60)
+            sub.expect_no_message(0.5)
+            by_topic = [(m.qos, m.payload) for m in got if m.topic == topic]
+            for qos in (0, 1):
+                assert [p for q, p in by_topic if q == qos] == \
+                    [p for q, p in sent + [(1, b"last")] if q == qos], \
+                    f"router {src} -> {dst}: QoS {qos} copies lost, changed or reordered"
+            assert [m.payload for m in got if m.topic == logged] == [b"stored"]
+            with_props = [m for m in got if m.topic == topic
+                          and getattr(m.properties, "UserProperty", None)]
+            assert len(with_props) == n // 5, f"user properties lost: {len(with_props)}"
+            late = clients.connected(mesh.nodes[dst], protocol=V5, clean=True)
+            late.subscribe(topic, 1)
+            retained = late.expect_messages(1, timeout=30)
+            assert retained[0].payload == b"last" and retained[0].retain
+    finally:
+        for pub in pubs:
+            pub.sock.close()
+        clients.close_all()
+        mesh.stop()
