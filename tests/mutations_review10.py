@@ -9,6 +9,7 @@ from typing import Any
 X = "tests/cluster/test_review10_crossings.py"
 FWD = X + "::test_the_forward_cache_follows_a_peer_subscribing_and_unsubscribing"
 MIXED = X + "::test_interleaved_qos0_and_qos1_runs_survive_a_flap"
+FULL = X + "::test_a_full_link_drops_and_counts_each_entry_of_its_runs"
 PURE = X + "::test_a_pure_python_router_and_a_compiled_one_exchange_the_same_entries"
 P = "tests/broker/test_review10_puback_runs.py"
 FSYNC = P + "::test_fsync_failing_mid_burst_acks_only_what_is_stored"
@@ -30,6 +31,11 @@ def review10_mutations(mutation: Any) -> tuple[Any, ...]:
           "CLUSTER_PURE_PYTHON=1): every entry of a run written with the run's first seq",
           "cluster/sendrun.py", "        parts.append(items[i + 1])\n        seq += 1\n",
           "        parts.append(items[i + 1])\n", (PURE,)),
+        m("review10-link-bound-without-overhead", "cluster/link.py deliver: the queue bound "
+          "compared with the body alone while the entry counts body + 64 (main before review10: "
+          "the queue ends up to 64 bytes past link_max_queued_bytes)", "cluster/link.py",
+          "        if self.queued_bytes + size > self._max_bytes:",
+          "        if self.queued_bytes + len(body) > self._max_bytes:", (FULL,)),
         m("review10-failed-qos1-acked", "broker/ingest.py _on_durable: a QoS 1 publish whose "
           "write or fsync failed is routed and acknowledged in the PUBACK run like a stored "
           "one", "broker/ingest.py", "                if exc is not None:\n",

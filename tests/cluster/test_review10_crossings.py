@@ -204,3 +204,58 @@ def test_a_pure_python_router_and_a_compiled_one_exchange_the_same_entries(
             pub.sock.close()
         clients.close_all()
         mesh.stop()
+
+
+def test_a_full_link_drops_and_counts_each_entry_of_its_runs(tmp_path: Path,
+                                                            clients: ClientFactory) -> None:
+    """With the link to router 1 losing every byte, link_window 50 and link_max_queued_bytes
+    32 KiB: 2,000 QoS 0 publishes go onto runs until the bound, then each one that does not fit
+    is dropped and counted, once (meshmq_link_dropped_total{reason="queue_full"}), with the
+    log line naming the key. Every publish is accounted for exactly once (sent, queued or
+    dropped), the queue never holds more than the bound, and after the link flaps the queued
+    ones arrive, in order, and nothing else."""
+    n, bound = 2000, 32 * 1024
+    mesh = Cluster(tmp_path, n=2, overrides={"mqtt": {"max_queued_messages": 10_000},
+                                             "cluster": {"link_window": 50,
+                                                         "link_max_queued_bytes": bound}})
+    proxy = TcpProxy(mesh.mesh_ports[1])
+    mesh.dial_via(0, 1, proxy.port)
+    pub = None
+    try:
+        mesh.start()
+        topic = f"u/{unique('full')}/t"
+        sub = clients.connected(mesh.nodes[1], protocol=V5, clean=True)
+        sub.subscribe(topic, 0)
+        mesh.wait_routes(1, 1)
+        pub = R.RawClient(mesh.nodes[0].host, mesh.nodes[0].port, timeout=30)
+        pub.send(R.connect(unique("full-pub")))
+        pub.expect(R.CONNACK)
+        proxy.blackhole()
+        pub.send(b"".join(R.publish(topic, f"{i:05d}" + "x" * 100, qos=0) for i in range(n)))
+        _publish_acked(pub, f"u/{unique('sentinel')}/t", ["s"], 1)  # all n routed by now
+        link = mesh.link(0, 1)
+        assert link["queued_bytes"] <= bound, link
+        assert link["unacked"] == 50, link
+        assert link["msgs_out"] + link["queued"] + link["dropped_full"] == n, link
+        assert link["dropped_full"] > 0, link
+        dropped = mesh.nodes[0].metric("meshmq_link_dropped_total", reason="queue_full")
+        assert dropped == link["dropped_full"], (dropped, link)
+        wait_for(lambda: "cluster.link_max_queued_bytes" in mesh.nodes[0].log_text(), 30,
+                 message="the full link's log line")
+        queued_first = 50 + 1  # the seq after the window: the first queued entry
+        queued = link["queued"]
+        proxy.cut()
+        wait_for(lambda: mesh.link(0, 1)["state"] != "up", 30, message="the link seen down")
+        proxy.heal()
+        got = sub.expect_messages(queued, timeout=60)
+        sub.expect_no_message(1.0)
+        want = [f"{i:05d}" for i in range(queued_first - 1, queued_first - 1 + queued)]
+        assert [m.payload[:5].decode() for m in got] == want
+        wait_for(lambda: mesh.link(0, 1)["queued_bytes"] == 0, 30, message="queue emptied")
+        assert mesh.link(0, 1)["dropped_reconnect"] == 50
+    finally:
+        if pub is not None:
+            pub.sock.close()
+        clients.close_all()
+        mesh.stop()
+        proxy.close()
