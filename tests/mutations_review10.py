@@ -12,6 +12,7 @@ MIXED = X + "::test_interleaved_qos0_and_qos1_runs_survive_a_flap"
 FULL = X + "::test_a_full_link_drops_and_counts_each_entry_of_its_runs"
 PURE = X + "::test_a_pure_python_router_and_a_compiled_one_exchange_the_same_entries"
 P = "tests/broker/test_review10_puback_runs.py"
+GONE = P + "::test_a_publisher_gone_with_acks_pending_loses_nothing_stored"
 FSYNC = P + "::test_fsync_failing_mid_burst_acks_only_what_is_stored"
 
 
@@ -36,6 +37,11 @@ def review10_mutations(mutation: Any) -> tuple[Any, ...]:
           "the queue ends up to 64 bytes past link_max_queued_bytes)", "cluster/link.py",
           "        if self.queued_bytes + size > self._max_bytes:",
           "        if self.queued_bytes + len(body) > self._max_bytes:", (FULL,)),
+        m("review10-gone-publisher-unrouted", "broker/ingest.py _on_durable: a stored "
+          "publish whose publisher has gone is not routed (stored, lost to subscribers)",
+          "broker/ingest.py", "                self.route(msg)\n                if msg.qos and",
+          "                if not conn or not conn.closing:\n                    self.route(msg)"
+          "\n                if msg.qos and", (GONE,)),
         m("review10-failed-qos1-acked", "broker/ingest.py _on_durable: a QoS 1 publish whose "
           "write or fsync failed is routed and acknowledged in the PUBACK run like a stored "
           "one", "broker/ingest.py", "                if exc is not None:\n",

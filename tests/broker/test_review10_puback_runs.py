@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from helpers import raw as R
+from helpers.clients import V5
 from helpers.devicelog import BrokerGroup, fetch_all
 from helpers.lazyfs import LazyFS
 
@@ -122,3 +123,30 @@ def test_fsync_failing_mid_burst_acks_only_what_is_stored(slow_disk_broker, raw,
                          version=version))
     ack = again.expect(R.PUBACK, timeout=max(1.0, deadline - time.monotonic()))
     assert ack.packet_id == 7 and (version == 4 or ack.reason_code == 0), ack
+
+
+def test_a_publisher_gone_with_acks_pending_loses_nothing_stored(slow_disk_broker, raw,
+                                                                  clients) -> None:
+    """A v5 publisher pipelines 1,000 QoS 1 publishes over slow fsyncs and drops its socket at
+    once, its acks still pending (the PUBACK runs have no one to go to). What was stored is
+    still routed: the subscriber gets exactly the log's records, in order; the broker serves
+    the next publisher."""
+    broker, _fs = slow_disk_broker
+    device = "rv10gone"
+    sub = clients.connected(broker, protocol=V5, clean=True)
+    sub.subscribe(f"devices/{device}/#", 1)
+    pub = raw(broker, version=5)
+    pub.connect("rv10-gone")
+    pub.send(b"".join(R.publish(f"devices/{device}/t", f"{i:04d}".encode(), qos=1,
+                                packet_id=i + 1, version=5) for i in range(1000)))
+    pub.close()
+    nxt = raw(broker, version=5)
+    nxt.connect("rv10-next")
+    nxt.send(R.publish(f"devices/{device}/t", b"next", qos=1, packet_id=1, version=5))
+    assert nxt.expect(R.PUBACK, timeout=60).reason_code == 0
+    got: list[bytes] = []
+    while not got or got[-1] != b"next":
+        got += [m.payload for m in sub.expect_messages(1, timeout=60)]
+    stored = [bytes(r.payload) for r in fetch_all(broker, device)]
+    assert got == stored, "what the log holds and what the subscriber got differ"
+    assert stored[:-1] == [f"{i:04d}".encode() for i in range(len(stored) - 1)]
