@@ -185,7 +185,8 @@ class MeshLink:
         """Queue an entry; False when the link is full (the caller decides: drop or refuse)."""
         if done is None and kind == _DELIVER:
             return self.deliver(qos, head, body, epoch)
-        if self.queued_bytes + len(body) > self._max_bytes:
+        # (the bound holds for what is counted: the body and the entry's overhead)
+        if self.queued_bytes + len(body) + ENTRY_OVERHEAD > self._max_bytes:
             return self._full(kind)
         out = Out(self.next_seq, kind, qos, head, body, done, epoch, retry)
         if done is not None:
@@ -204,7 +205,7 @@ class MeshLink:
         (cluster/sendrun.py), a new one when there is none, it has another QoS or is full.
         ``enqueue``'s path for them, called directly by ``Mesh.forward``."""
         size = len(body) + ENTRY_OVERHEAD
-        if self.queued_bytes + len(body) > self._max_bytes:
+        if self.queued_bytes + size > self._max_bytes:
             return self._full(_DELIVER)
         run = self._open
         if (run is None or run.qos != qos or run.size >= MAX_RUN_BYTES
