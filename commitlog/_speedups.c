@@ -1080,17 +1080,14 @@ static int store_is_plain(PyTypeObject *tp)
     return 1;
 }
 
-/* d[name] += delta for an int value (the generic incr_attr's arithmetic) */
-static int dict_incr(PyObject *d, PyObject *name, PyObject *v, long long delta)
+/* d[name] = value, for the store's counters */
+static int dict_set_ll(PyObject *d, PyObject *name, long long value)
 {
-    long long x = PyLong_AsLongLong(v);
-    if (x == -1 && PyErr_Occurred())
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL)
         return -1;
-    PyObject *nv = PyLong_FromLongLong(x + delta);
-    if (nv == NULL)
-        return -1;
-    int rc = PyDict_SetItem(d, name, nv);
-    Py_DECREF(nv);
+    int rc = PyDict_SetItem(d, name, v);
+    Py_DECREF(v);
     return rc;
 }
 
@@ -1164,23 +1161,30 @@ static PyObject *c_append(PyObject *fallback, PyObject *const *args, size_t narg
     int on = PyObject_IsTrue(cache_on);
     if (on < 0)
         goto error;
-    Py_INCREF(dev); /* held while the dicts below may change */
+    /* Everything read is taken now, as numbers or strong references: the allocations below
+     * may run the cyclic GC, and with it any finalizer, so nothing borrowed is used past
+     * them. */
+    long long n_pend = PyLong_AsLongLong(pend_n), n_bound = PyLong_AsLongLong(pend_bound),
+              n_total = PyLong_AsLongLong(cache_total), n_cb = PyLong_AsLongLong(cache_bytes);
+    if (PyErr_Occurred())
+        goto error;
+    long long tl = PyUnicode_GET_LENGTH(topic);
+    long long size = HEADER_SIZE + PyBytes_GET_SIZE(kb) + tl + PyBytes_GET_SIZE(payload) +
+                     hsize;
+    Py_INCREF(dev);
+    Py_INCREF(pend_devs);
+    Py_INCREF(pend);
+    Py_INCREF(cache);
     /* From here on: the same steps as LogStore.append. */
     PyObject *offset = Py_NewRef(next);
     PyObject *nnext = PyNumber_Add(next, One);
-    if (nnext == NULL) {
-        Py_DECREF(offset);
-        Py_DECREF(dev);
-        goto error;
-    }
+    if (nnext == NULL)
+        goto fail_dev;
     Py_SETREF(SLOT(dev, dev_slots.next), nnext);
     rec = make_record(Py_NewRef(offset), Py_NewRef(ts), Py_NewRef(key), Py_NewRef(topic),
                       Py_NewRef(attrs), Py_NewRef(hdrs), Py_NewRef(payload));
-    if (rec == NULL) {
-        Py_DECREF(offset);
-        Py_DECREF(dev);
-        goto error;
-    }
+    if (rec == NULL)
+        goto fail_dev;
     /* Headers given as a tuple of (str, bytes) tuples (checked above) hold nothing that can
      * refer back to the record either: untracked as make_record does for no headers, so a
      * tail cache of such records costs the cyclic GC nothing (a list could be mutated). */
@@ -1193,33 +1197,30 @@ static PyObject *c_append(PyObject *fallback, PyObject *const *args, size_t narg
         if (pend_new == NULL || PyList_Append(pend_devs, dev))
             goto fail_dev;
         Py_SETREF(SLOT(dev, dev_slots.pend), Py_NewRef(pend_new));
-        pend = pend_new;
+        Py_SETREF(pend, Py_NewRef(pend_new));
     }
-    if (PyList_Append(pend, rec) || dict_incr(sd, s__pend_n, pend_n, 1))
-        goto fail_dev;
-    long long tl = PyUnicode_GET_LENGTH(topic);
-    long long size = HEADER_SIZE + PyBytes_GET_SIZE(kb) + tl + PyBytes_GET_SIZE(payload) +
-                     hsize;
-    if (dict_incr(sd, s__pend_bound, pend_bound, size + 3 * tl))
+    if (PyList_Append(pend, rec) || dict_set_ll(sd, s__pend_n, n_pend + 1) ||
+        dict_set_ll(sd, s__pend_bound, n_bound + size + 3 * tl))
         goto fail_dev;
     if (on) {
-        long long cb = PyLong_AsLongLong(cache_bytes);
-        PyObject *ncb = (cb == -1 && PyErr_Occurred()) ? NULL : PyLong_FromLongLong(cb + size);
-        if (ncb == NULL || PyList_Append(cache, rec))
-            goto fail_dev_ncb;
-        Py_SETREF(SLOT(dev, dev_slots.cache_bytes), ncb);
-        if (dict_incr(sd, s__cache_total, cache_total, size))
+        PyObject *ncb = PyLong_FromLongLong(n_cb + size);
+        if (ncb == NULL)
             goto fail_dev;
-        goto ok;
-    fail_dev_ncb:
-        Py_XDECREF(ncb);
-        goto fail_dev;
+        if (PyList_Append(cache, rec)) {
+            Py_DECREF(ncb);
+            goto fail_dev;
+        }
+        Py_SETREF(SLOT(dev, dev_slots.cache_bytes), ncb);
+        if (dict_set_ll(sd, s__cache_total, n_total + size))
+            goto fail_dev;
     }
-ok:
     result = offset;
     offset = NULL;
 fail_dev:
     Py_XDECREF(offset);
+    Py_DECREF(cache);
+    Py_DECREF(pend);
+    Py_DECREF(pend_devs);
     Py_DECREF(dev);
 error:
     Py_XDECREF(pend_new);
