@@ -20,7 +20,8 @@ from helpers.broker import REPO_ROOT
 _HEADER_PACKAGES = {"zlib.h": "zlib1g-dev", "lz4.h": "liblz4-dev", "zstd.h": "libzstd-dev",
                     "ssl.h": "libssl-dev"}
 _LIBC = {"stdint.h", "string.h", "stddef.h", "stdlib.h", "limits.h", "stdio.h", "errno.h",
-         "stdbool.h", "unistd.h", "Python.h"}
+         "stdbool.h", "unistd.h", "Python.h",
+         "structmember.h"}  # (Python's own headers, with Python.h in the python image)
 
 
 def _build_stage() -> str:
