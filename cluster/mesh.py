@@ -300,7 +300,7 @@ class Mesh:
     def _links_for(self, topic: str) -> tuple[MeshLink, ...]:
         """``forward``'s cache miss: the links of the peers with a matching filter (none for
         this router's own $SYS topics), cached until the next route change."""
-        peers = () if topic.startswith(_LOCAL_SYS) else self.routes.peers_for(topic)
+        peers = () if topic.startswith(_LOCAL_SYS) else self.routes.match_peers(topic)
         links = tuple(self.links[peer] for peer in peers)
         if len(self._forward_to) >= CACHE_MAX:
             self._forward_to.clear()

@@ -68,7 +68,8 @@ class RouteTable:
     def cache(self) -> dict:
         """A per-topic cache of the caller's, emptied with this table's own at every route
         change, so what the caller derives from ``peers_for`` (the mesh: the links a topic goes
-        to) is never stale. Bounded by its filler (``CACHE_MAX`` entries, as ``peers_for``)."""
+        to) is never stale. Bounded by its filler (``CACHE_MAX`` entries, as ``peers_for``), which
+        asks ``match_peers``: the topic is then cached once, in the caller's form."""
         cache: dict = {}
         self._caches.append(cache)
         return cache
@@ -82,12 +83,17 @@ class RouteTable:
         cached = self._peers_cache.get(topic)
         if cached is not None:
             return cached
-        subs = self.trie.match(topic).subs
-        peers = tuple(dict.fromkeys(peer for peer, _ in subs)) if subs else ()
+        peers = self.match_peers(topic)
         if len(self._peers_cache) >= CACHE_MAX:
             self._peers_cache.clear()
         self._peers_cache[topic] = peers
         return peers
+
+    def match_peers(self, topic: str) -> tuple[str, ...]:
+        """``peers_for`` without its cache: for a caller that caches what it derives from the
+        answer itself (``cache``), so a topic is not kept twice."""
+        subs = self.trie.match(topic).subs
+        return tuple(dict.fromkeys(peer for peer, _ in subs)) if subs else ()
 
     def groups_for(self, topic: str) -> list[SharedGroup]:
         """Shared groups with members on peers (``members``: peer id -> True)."""
