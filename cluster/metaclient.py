@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,21 @@ from typing import Any
 # raised ValueError and the stream never synced. A snapshot grows ~200 bytes a log, so 256 MiB
 # is ~1M logs; the line is held in memory once either way.
 LINE_LIMIT = 256 * 1024 * 1024
+
+log = logging.getLogger("cluster.metaclient")
+
+# The longest one proposal attempt waits before the same compare-and-set is proposed again.
+# pysyncobj can lose a command without ever calling back: a follower forwards it to the
+# leader it knows (``apply_command``) and keeps the callback until that leader answers or
+# the follower sees a new leader; a message dropped on a reconnecting link, or a leader that
+# lost it across a pause and stays leader, leaves it waiting for ever. One attempt waiting
+# out the whole ``append_timeout`` turned a Raft group that recovered in 2 s into a refusal
+# (seen in CI: voters SIGSTOPped, then resumed, the held placement refused at 60 s). Every
+# command is a compare-and-set (cluster/metastate.py), so a second proposal of one that did
+# commit answers "already so" with the record: retrying is safe, waiting is not. A commit
+# takes ~11 ms; 3 s is far past one on a loaded box, and past an election (0.2-0.5 s).
+ATTEMPT_TIMEOUT = 3.0
+_RETRY = 0.1  # seconds between proposals while Raft has no leader (an election takes ~0.5 s)
 
 
 class MetadataUnavailable(Exception):
@@ -184,3 +200,68 @@ async def follow(socket_path: str, section: str, kind: str,
                    "arrive with the next snapshot", what, why, reconnect,
                    extra={"socket": socket_path})
         await asyncio.sleep(reconnect)
+
+
+class Proposer:
+    """A module's proposals to this node's metadata process, each retried until Raft answers
+    or its deadline passes. One connection, however many proposals wait on it; a connection
+    that may be the one lost is dialled again once, not once per failed proposal.
+
+    Shared by the placer (cluster/raftplace.py) and the session registry
+    (cluster/sessionreg.py), which grew the same loop: an unknown outcome is proposed again
+    as the same compare-and-set, never taken as applied (etcd's clients retry the same way on
+    an ambiguous ``Txn``), and no attempt waits longer than ``ATTEMPT_TIMEOUT``."""
+
+    def __init__(self, socket_path: str, stats: dict[str, int],
+                 attempt_timeout: float = ATTEMPT_TIMEOUT) -> None:
+        self.socket_path = socket_path
+        self.stats = stats  # the caller's: "retries" is counted in it
+        self.attempt_timeout = attempt_timeout
+        self.client = MetadataClient(socket_path)
+        self._dialing = asyncio.Lock()
+
+    async def propose_until(self, cmd: list, deadline: float) -> tuple[bool, Any] | str:
+        """Propose ``cmd`` until Raft answers (applied, record) or ``deadline`` (monotonic)
+        passes: then why, a str, for the caller's refusal and log line."""
+        why = "no answer"
+        attempt = self.attempt_timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return why
+            client = self.client
+            try:
+                async with self._dialing:  # one connection, however many proposals wait
+                    if not client.connected:
+                        await asyncio.wait_for(client.connect(), left)
+                return await asyncio.wait_for(client.propose(cmd), min(left, attempt))
+            except MetadataUnavailable as err:
+                why = {"no_leader": "the metadata Raft group has no leader (no majority of "
+                                    "nodes reachable?)",
+                       "unknown_outcome": "the metadata Raft group lost its leader mid-"
+                                          "proposal"}.get(err.kind, f"metadata: {err}")
+                if err.kind not in ("no_leader", "queue_full"):
+                    self._redial(client)  # the connection may be the one lost
+            except TimeoutError:  # before OSError, its base class
+                # no answer in one attempt: Raft may have lost the command (see
+                # ATTEMPT_TIMEOUT); the connection itself is not suspect. The next attempt
+                # waits twice as long: an entry that truly takes longer to commit (a router
+                # registering 100k logs at once) must not be proposed again every 3 s
+                why = "the metadata Raft group did not commit in time (no majority?)"
+                attempt *= 2
+            except (OSError, ConnectionError) as err:
+                why = f"this node's metadata process is not reachable ({err!r})"
+                self._redial(client)
+            self.stats["retries"] += 1
+            log.debug("metadata proposal retried: %s", why, extra={"command": cmd[0]})
+            await asyncio.sleep(min(_RETRY, max(0.0, deadline - time.monotonic())))
+
+    def _redial(self, client: MetadataClient) -> None:
+        """Drop ``client``'s connection for a new one, once (the proposals that failed on it
+        together must not close each other's new connection)."""
+        if self.client is client:
+            client.close_now()
+            self.client = MetadataClient(self.socket_path)
+
+    def close_now(self) -> None:
+        self.client.close_now()

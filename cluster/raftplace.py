@@ -39,7 +39,7 @@ from typing import Any
 
 from broker.forwarding import OwnerNotStored
 from broker.message import Message
-from cluster.metaclient import MetadataClient, MetadataUnavailable, follow
+from cluster.metaclient import Proposer, follow
 from cluster.placement import Placement
 from cluster.settings import ClusterSettings, split_router_id
 from commitlog.store import LogWriteError
@@ -47,7 +47,6 @@ from commitlog.store import LogWriteError
 log = logging.getLogger("cluster.raftplace")
 
 Done = Callable[[BaseException | None, int], None]  # (error or None, offset): as Mesh.append_at
-_RETRY = 0.1  # seconds between proposals while Raft has no leader (an election takes ~0.5 s)
 _RECONNECT = 0.5  # seconds before the watch stream or the proposal socket is dialled again
 
 
@@ -223,8 +222,6 @@ class RaftPlacer:
         self.placement = feed.placement
         self._send = send  # forward to the leader: Mesh.append_at
         self._here = here  # append to this router's log, answered once durable
-        self.client = MetadataClient(feed.socket_path)
-        self._dialing = asyncio.Lock()
         self.held: dict[str, list[tuple[Message, int | None, Done]]] = {}
         # peers' APPENDs waiting for this router to hear of their log (``when_placed``)
         # (the epoch it names, run), in arrival order
@@ -233,6 +230,7 @@ class RaftPlacer:
         self.max_held = settings.placement_max_held
         self.stats = {"placed": 0, "placed_elsewhere": 0, "conflicts": 0, "held_full": 0,
                       "no_majority": 0, "retries": 0}
+        self.proposer = Proposer(feed.socket_path, self.stats)
         self.latency: list[float] = []  # seconds from the first held publish to the answer
         self._tasks: set[asyncio.Task] = set()
         feed.on_learned = self._learned
@@ -334,53 +332,15 @@ class RaftPlacer:
             done(PlacementRefused(why), -1)
 
     # -- proposals ---------------------------------------------------------------------------
-    async def _propose(self, cmd: list, deadline: float) -> tuple[bool, Any] | str:
-        """Propose ``cmd`` until Raft answers or ``deadline`` passes (then: why, a str). An
-        unknown outcome is retried as the same compare-and-set, never taken as applied."""
-        why = "no answer"
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return why
-            client = self.client
-            try:
-                async with self._dialing:  # one connection, however many proposals wait
-                    if not client.connected:
-                        await asyncio.wait_for(client.connect(), left)
-                return await asyncio.wait_for(client.propose(cmd), left)
-            except MetadataUnavailable as err:
-                why = {"no_leader": "the metadata Raft group has no leader (no majority of "
-                                    "nodes reachable?)",
-                       "unknown_outcome": "the metadata Raft group lost its leader mid-"
-                                          "proposal"}.get(err.kind, f"metadata: {err}")
-                if err.kind not in ("no_leader", "queue_full"):
-                    self._redial(client)  # the connection may be the one lost
-            except TimeoutError:  # before OSError, its base class
-                why = "the metadata Raft group did not commit in time (no majority?)"
-                continue
-            except (OSError, ConnectionError) as err:
-                why = f"this node's metadata process is not reachable ({err!r})"
-                self._redial(client)
-            self.stats["retries"] += 1
-            log.debug("placement proposal retried: %s", why, extra={"command": cmd[0]})
-            await asyncio.sleep(min(_RETRY, max(0.0, deadline - time.monotonic())))
-
     async def propose(self, cmd: list, timeout: float) -> tuple[bool, Any] | str:
         """Propose ``cmd`` (another module's compare-and-set: the replica manager's
         ``set_isr``) on this placer's connection, retried like a placement (unknown outcome:
         the same command again) until Raft answers or ``timeout`` passes (then: why)."""
-        return await self._propose(cmd, time.monotonic() + timeout)
-
-    def _redial(self, client: MetadataClient) -> None:
-        """Drop ``client``'s connection for a new one, once (the proposals that failed on it
-        together must not close each other's new connection)."""
-        if self.client is client:
-            client.close_now()
-            self.client = MetadataClient(self.feed.socket_path)
+        return await self.proposer.propose_until(cmd, time.monotonic() + timeout)
 
     async def _place(self, device: str, started: float) -> None:
         cmd = self._create_cmd(device)
-        answer = await self._propose(cmd, started + self.settings.append_timeout)
+        answer = await self.proposer.propose_until(cmd, started + self.settings.append_timeout)
         if isinstance(answer, str):
             self.stats["no_majority"] += 1
             log.error("device log not placed: %s; its publishes are refused as not stored "
@@ -416,7 +376,7 @@ class RaftPlacer:
         if not todo:
             return
         deadline = time.monotonic() + timeout
-        answers = await asyncio.gather(*(self._propose(self._create_cmd(d), deadline)
+        answers = await asyncio.gather(*(self.proposer.propose_until(self._create_cmd(d), deadline)
                                          for d in todo))
         left = 0
         for device, answer in zip(todo, answers, strict=True):
@@ -461,4 +421,4 @@ class RaftPlacer:
             self._refuse(device, "not stored: this router is shutting down")
         for device in list(self.peers_waiting):
             self._run_peers(device)  # fenced: not placed here
-        self.client.close_now()
+        self.proposer.close_now()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from cluster.metaclient import MetadataClient, MetadataUnavailable
+from cluster.metaclient import ATTEMPT_TIMEOUT, MetadataClient, MetadataUnavailable
 
 log = logging.getLogger("cluster.routerreg")
 
@@ -53,8 +53,11 @@ async def register(socket_path: str, router: str, incarnation: str, kept_logs: b
                 if not client.connected:
                     client = MetadataClient(socket_path)
                     await asyncio.wait_for(client.connect(), left)
+                # one attempt waits at most ATTEMPT_TIMEOUT: Raft can lose a command without
+                # answering (cluster/metaclient.py), and the command is a compare-and-set
                 _applied, rec = await asyncio.wait_for(client.propose(
-                    ["register_router", router, incarnation, _info(kept_logs, damaged)]), left)
+                    ["register_router", router, incarnation, _info(kept_logs, damaged)]),
+                    min(left, ATTEMPT_TIMEOUT))
                 if isinstance(rec, dict) and rec.get("incarnation") == incarnation:
                     log.info("router registered in Raft", extra={
                         "router": router, "incarnation": incarnation, "kept_logs": kept_logs})

@@ -33,11 +33,10 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from cluster.metaclient import MetadataClient, MetadataUnavailable, follow
+from cluster.metaclient import Proposer, follow
 
 log = logging.getLogger("cluster.sessionreg")
 
-_RETRY = 0.1  # seconds between proposals while Raft has no leader (an election takes ~0.5 s)
 _RECONNECT = 0.5  # seconds before the watch stream is dialled again
 
 
@@ -66,13 +65,15 @@ class SessionRegistry:
         # seen before this router's own, older, answer arrives)
         self.claiming: dict[str, int] = {}
         self.on_taken: Callable[[str, str, int], None] = lambda _c, _r, _e: None
-        self.client = MetadataClient(socket_path)
-        self._dialing = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._watching: asyncio.Task | None = None
         self.synced = asyncio.Event()
         self.stats = {"claims": 0, "claims_failed": 0, "taken_over": 0, "releases": 0,
                       "saves": 0, "saves_failed": 0, "retries": 0}
+        # proposals: an unknown outcome is proposed again, never taken as applied (as the
+        # placer does); those of one loop tick go out as one Raft entry (a burst of CONNECTs
+        # costs one commit)
+        self.proposer = Proposer(socket_path, self.stats)
         self.claim_latency: list[float] = []  # seconds per committed claim, last 256
 
     # -- the broker's calls --------------------------------------------------------------------
@@ -149,42 +150,8 @@ class SessionRegistry:
         self.stats["saves"] += 1
         done(None)
 
-    async def _propose(self, cmd: list, deadline: float) -> tuple[bool, Any] | str:
-        """Propose ``cmd`` until Raft answers or ``deadline`` passes (then: why, a str). An
-        unknown outcome is proposed again, never taken as applied (as cluster/raftplace.py
-        does for placements). Proposals of one loop tick go out as one Raft entry
-        (``MetadataClient`` batches them): a burst of CONNECTs costs one commit."""
-        why = "no answer"
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return why
-            client = self.client
-            try:
-                async with self._dialing:
-                    if not client.connected:
-                        await asyncio.wait_for(client.connect(), left)
-                return await asyncio.wait_for(client.propose(cmd), left)
-            except MetadataUnavailable as err:
-                why = {"no_leader": "the metadata Raft group has no leader (no majority of "
-                                    "nodes reachable?)",
-                       "unknown_outcome": "the metadata Raft group lost its leader mid-"
-                                          "proposal"}.get(err.kind, f"metadata: {err}")
-                if err.kind not in ("no_leader", "queue_full"):
-                    self._redial(client)
-            except TimeoutError:  # before OSError, its base class
-                why = "the metadata Raft group did not commit in time (no majority?)"
-                continue
-            except (OSError, ConnectionError) as err:
-                why = f"this node's metadata process is not reachable ({err!r})"
-                self._redial(client)
-            self.stats["retries"] += 1
-            await asyncio.sleep(min(_RETRY, max(0.0, deadline - time.monotonic())))
-
-    def _redial(self, client: MetadataClient) -> None:
-        if self.client is client:
-            client.close_now()
-            self.client = MetadataClient(self.socket_path)
+    def _propose(self, cmd: list, deadline: float) -> Any:
+        return self.proposer.propose_until(cmd, deadline)
 
     # -- the watch -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -221,4 +188,4 @@ class SessionRegistry:
     async def close(self) -> None:
         for task in [*self._tasks, *([self._watching] if self._watching else [])]:
             task.cancel()
-        self.client.close_now()
+        self.proposer.close_now()
