@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from broker.auth import topic_matches
 from broker.cursors import LogCursor
 from broker.devicelogs import record_message
-from broker.message import Message
+from broker.message import Message, new_message
 from broker.stats import DropReason
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ class LogCatchUp:
                         elif plan is False:
                             got = None
                         else:
-                            got = (record_message(rec, Message), *plan[1:])
+                            got = (record_message(rec, new_message), *plan[1:])
                     else:
                         got = match_record(session, rec, remote)
                     if got is not None:
@@ -331,7 +331,7 @@ def match_record(session: Session, rec: Record, remote: bool = False
             continue
         if sub.no_local:
             if msg is None:
-                msg = record_message(rec, Message)
+                msg = record_message(rec, new_message)
             if msg.origin == session.client_id:
                 continue
         if sub.qos > qos:
@@ -348,5 +348,5 @@ def match_record(session: Session, rec: Record, remote: bool = False
     if qos < 0:
         return None
     if msg is None:
-        msg = record_message(rec, Message)
+        msg = record_message(rec, new_message)
     return msg, qos, rap, None if ids is None else tuple(ids), position

@@ -15,7 +15,7 @@ from typing import Any
 
 from broker.connection import Connection
 from broker.ingest import forwarded_properties
-from broker.message import Message
+from broker.message import Message, new_message
 from broker.protocol.errors import ProtocolError
 from broker.protocol.packets import Publish, PubRec
 from broker.protocol.properties import Prop
@@ -107,7 +107,7 @@ class PublishRoom:
             if interval is not None:
                 expiry_at = time.monotonic() + interval
             props = forwarded_properties(props)
-        msg = Message(pkt.topic, pkt.payload, qos, pkt.retain, props, expiry_at, conn.client_id)
+        msg = new_message(pkt.topic, pkt.payload, qos, pkt.retain, props, expiry_at, conn.client_id)
         logs = self.logs
         if logs is not None:
             key = logs.key_for(pkt.topic, pkt.retain)

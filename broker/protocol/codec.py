@@ -81,11 +81,13 @@ if os.environ.get("BROKER_PURE_PYTHON", "").strip() in ("", "0"):
         from broker.protocol import _speedups
     except ImportError:  # not built (optional extension): pure Python
         _speedups = None
-if _speedups is not None and not hasattr(_speedups, "publish_packet"):
+if _speedups is not None and not all(
+        hasattr(_speedups, name) for name in ("publish_packet", "publish_packet_pid",
+                                              "slot_maker")):
     # Built from an older _speedups.c (a checkout updated without ``pip install -e .``, a .so
     # copied from another tree): set aside whole, like one never built, so the node starts on
     # the pure-Python codec and its start-up warning says to rebuild, instead of every start
-    # dying here with an AttributeError (issue 25 added publish_packet).
+    # dying here with an AttributeError (issue 25 added these three).
     _speedups = None
 if _speedups is not None:
     _speedups.setup(Publish, PubAck)
@@ -95,6 +97,10 @@ SPEEDUPS: bool = _speedups is not None
 c_parse_run = _speedups.parse_run if _speedups else None
 #: ``publish_packet(topic, tail, b0, whole)``: the compiled PUBLISH encoder (None: pure Python)
 c_publish_packet = _speedups.publish_packet if _speedups else None
+#: ``publish_packet_pid(topic, payload, b0, pid)``: a whole v3.x QoS 1/2 PUBLISH (None: Python)
+c_publish_packet_pid = _speedups.publish_packet_pid if _speedups else None
+#: ``slot_maker(cls, template, fields, required)``: see broker/message.py (None: Python)
+c_slot_maker = _speedups.slot_maker if _speedups else None
 
 # --------------------------------------------------------------------------------------------------
 # Decoders: (data, body_start, end, level) -> packet. ``data[body_start:end]`` is exactly the
