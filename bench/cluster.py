@@ -193,6 +193,12 @@ class MeshNode(Broker):
                 if line.startswith("meshmq_messages_dropped_total{"):
                     reason = line.split('reason="', 1)[1].split('"', 1)[0]
                     out[reason] = out.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+                elif line.startswith(("meshmq_messages_received_total",
+                                      "meshmq_messages_sent_total")):
+                    # PUBLISHes the routers took from clients / wrote to clients: a stall
+                    # with these moving is the generator's, with these still the broker's
+                    key = "_in" if "received" in line.split(" ", 1)[0] else "_out"
+                    out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
 
     def status(self, timeout: float = 5.0) -> dict:
@@ -403,7 +409,16 @@ def run_pairs(cl: Cluster, mode: Mode, pairs: int = PAIRS) -> dict:
                     "error": res, "routes_ready": routes_ready,
                     "links": link_summary(cl.links()), "dropped": _dropped(cl),
                     "sent": ph.total(lg.SENT, ("pub0",)), "received": recv1,
-                    "generator_errors": ph.total(lg.ERR, ("pub0", "sub"))}
+                    "generator_errors": ph.total(lg.ERR, ("pub0", "sub")),
+                    "workers": [w for w in ph.worker_states()
+                                if w["ready"] != 1 or not w["alive"] or w["error"]]}
+        failed = [w for w in ph.worker_states(wait=0.0) if w["ready"] != 1 or not w["alive"]]
+        if failed:
+            # a generator process that died mid-run (a connection the broker closed: two
+            # publishers once shared client ids, and each takeover killed one) leaves a
+            # rate of the survivors: not a measurement of the asked pairs
+            return {"status": "failed", "error": f"{len(failed)} generator worker(s) failed "
+                    "during the run", "workers": ph.worker_states(wait=0.5)}
         share = (links1 - links0) / max(1, recv1 - recv0)
         return {**res, "crossed_link_share": round(share, 3), "pairs": pairs,
                 "routes_ready": routes_ready}

@@ -364,7 +364,7 @@ async def w_idle_subs(p: dict, arr, base: int) -> dict:
 async def w_pub0(p: dict, arr, base: int) -> dict:
     """QoS 0 publishers: keep ``sent - received/fanout <= window`` using the subscribers' slots."""
     topics = p["topics"]
-    conns = await _connect_many(p["port"], f"{p['tag']}-pub", len(topics), None)
+    conns = await _connect_many(p["port"], f"{p['tag']}-pub{base}", len(topics), None)
     payload = b"x" * p["payload_len"]
     per = p["batch"]
     batches = [mp.publish(t, payload) * per for t in topics]
@@ -412,7 +412,7 @@ async def w_pub0(p: dict, arr, base: int) -> dict:
 
 async def w_pubn(p: dict, arr, base: int) -> dict:
     """A QoS 1/2 publisher: ack-clocked window."""
-    conn = await open_conn(p["port"], f"{p['tag']}-pub")
+    conn = await open_conn(p["port"], f"{p['tag']}-pub{base}")
     pump = AckPump(conn, arr, base, p["topic"], b"x" * p["payload_len"], p["qos"], p["window"],
                    tuple(p["recv_slots"]))
     conn.set_handler(_ignore)

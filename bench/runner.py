@@ -122,6 +122,19 @@ class Phase:
     def go(self) -> None:
         self.arr[lg.GO] = 1
 
+    def worker_states(self, wait: float = 0.5) -> list[dict]:
+        """Each worker's kind, READY slot (-1: it failed), whether its process lives and the
+        error it reported (waiting up to ``wait`` s for reports): for a stalled run's report
+        (which side stopped), and to refuse a rate measured with a worker gone."""
+        self._drain(wait)
+        out = []
+        for i, ((kind, _), proc) in enumerate(zip(self.specs, self.procs, strict=False)):
+            base = lg.HEADER_SLOTS + lg.WORKER_SLOTS * i
+            out.append({"kind": kind, "ready": self.arr[base + lg.READY],
+                        "alive": proc.is_alive(),
+                        "error": self.reports.get(base, {}).get("error")})
+        return out
+
     def cpu(self) -> list[float]:
         return [cpu_seconds([p.pid]) for p in self.procs]
 

@@ -124,6 +124,23 @@ def test_scale_group_runs_every_router_count(tmp_path: Path) -> None:
     assert "1 node, routers = 3: 4 pub -> 4 sub" in (out / "cluster-latest.md").read_text()
 
 
+def test_two_publisher_processes_keep_their_connections(tmp_path: Path) -> None:
+    """40 pairs: two publisher processes (bench.scale.generator_shape). Their client ids must
+    differ: two shared "pr-pub-<i>", each CONNECT took the other's session over (MQTT's
+    takeover), the closed side's process died on its next write, and the run measured the
+    survivors, or stalled with none (5 of 32 runs on the 16-core machine)."""
+    out = tmp_path / "res"
+    r = subprocess.run(
+        [sys.executable, "-m", "bench.cluster", "--quick", "--groups", "scale",
+         "--routers", "1", "--pairs", "40", "--warmup", "0.3", "--duration", "0.5",
+         "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads((out / "cluster-latest.json").read_text())
+    res = {run["workload"]: run["result"] for run in doc["runs"]}["scale_r1"]
+    assert res["status"] == "ok" and res["pairs"] == 40, res
+
+
 def test_scale_generator_grows_with_the_pairs() -> None:
     """One publisher process per 32 pairs (two subscriber processes each): 32 pairs keep the
     historic shape, 128 pairs on a 16-core box get four publishers."""
