@@ -18,7 +18,9 @@ copied to a temporary directory (tracked and untracked files, and the compiled e
 built in place; never .venv, .git or caches): the working tree is never touched. In the copy
 the named tests run with this interpreter (``-x``); a non-zero exit with failed tests is
 "caught", exit 0 is "NOT CAUGHT", anything else (collection error, no tests) is "error".
-Exit status: 0 when every mutation was caught, 1 otherwise.
+A mutation of a C source (the ``_speedups.c`` fast paths) rebuilds the copy's extensions
+(``setup.py build_ext --inplace --force``) before its tests run; a plant that does not
+compile is "error". Exit status: 0 when every mutation was caught, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -474,6 +476,16 @@ def run_one(m: Mutation, timeout: float) -> tuple[str, str, float]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("MESHMQ_")}
         env["PYTHONPATH"] = str(tree)
         env.pop("TEST_SOAK", None)
+        if m.path.endswith(".c"):
+            # the copy carries the .so files built from the unplanted source: rebuild them
+            # from the planted one, or the plant would never run (it was how C plants were
+            # made by hand until this)
+            built = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace",
+                                    "-q", "--force"], cwd=tree, env=env, capture_output=True,
+                                   text=True, timeout=600)
+            if built.returncode != 0:
+                why = (built.stderr.strip().splitlines() or [""])[-1]
+                return "error", f"the planted C did not build: {why[:160]}", 0.0
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
                "-o", "addopts=--import-mode=importlib", *m.tests]
         t0 = time.monotonic()

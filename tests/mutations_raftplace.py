@@ -65,10 +65,11 @@ def raftplace_mutations(mutation: Any) -> tuple[Any, ...]:
           "            self.placement.update(device, self.me, 0)\n"
           "            self._learned(device)\n            return\n",
           (V_NO_MAJORITY, NO_MAJORITY)),
-        m("raftplace-unknown-outcome-refused", "cluster/raftplace.py _propose: an unknown "
-          "outcome (the Raft leader lost mid-proposal) ends the proposal: the publish is "
-          "refused though the same compare-and-set would place it a moment later",
-          "cluster/raftplace.py",
+        m("raftplace-unknown-outcome-refused", "cluster/metaclient.py Proposer.propose_until "
+          "(the placer's proposals): an unknown outcome (the Raft leader lost mid-proposal) "
+          "ends the proposal: the publish is refused though the same compare-and-set would "
+          "place it a moment later",
+          "cluster/metaclient.py",
           '                if err.kind not in ("no_leader", "queue_full"):\n'
           "                    self._redial(client)  # the connection may be the one lost\n",
           '                if err.kind not in ("no_leader", "queue_full"):\n'

@@ -113,11 +113,11 @@ def review4_mutations(mutation: Any) -> tuple[Any, ...]:
           "                self._fail_waiters(dev, dev.durable_end, dev.next, exc)\n",
           "                self._fail_waiters(dev, dev.high_watermark, dev.next, exc)\n",
           (HWFULL,)),
-        m("review4-placement-gives-up-on-lost-metadata", "cluster/raftplace.py: a proposal "
-          "whose metadata process connection is lost (killed -9, restarted by its node) is "
-          "taken as failed: the held publishes are refused although Raft could still place "
-          "the log within cluster.append_timeout",
-          "cluster/raftplace.py",
+        m("review4-placement-gives-up-on-lost-metadata", "cluster/metaclient.py Proposer (the "
+          "placer's proposals): a proposal whose metadata process connection is lost (killed "
+          "-9, restarted by its node) is taken as failed: the held publishes are refused "
+          "although Raft could still place the log within cluster.append_timeout",
+          "cluster/metaclient.py",
           "                why = f\"this node's metadata process is not reachable ({err!r})\"\n"
           "                self._redial(client)\n",
           "                why = f\"this node's metadata process is not reachable ({err!r})\"\n"
