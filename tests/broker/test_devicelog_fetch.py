@@ -57,10 +57,12 @@ def _populate(broker) -> None:
 @pytest.fixture(scope="module")
 def fbroker(tmp_path_factory):
     group = BrokerGroup()
-    proc = group.start(tmp_path_factory.mktemp("fetch"))
-    _populate(proc)
-    yield proc
-    group.stop_all()
+    try:  # (stopped also when the start or _populate fails: no broker left running)
+        proc = group.start(tmp_path_factory.mktemp("fetch"))
+        _populate(proc)
+        yield proc
+    finally:
+        group.stop_all()
 
 
 def _cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

@@ -41,9 +41,10 @@ RULES = [
 def lbroker(tmp_path_factory):
     """One broker for the module: default log rules plus a live-only ``live/#``."""
     group = BrokerGroup()
-    proc = group.start(tmp_path_factory.mktemp("replay"), rules=RULES)
-    yield proc
-    group.stop_all()
+    try:  # (stopped also when the start fails: no broker left running)
+        yield group.start(tmp_path_factory.mktemp("replay"), rules=RULES)
+    finally:
+        group.stop_all()
 
 
 @pytest.fixture
