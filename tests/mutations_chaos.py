@@ -57,7 +57,12 @@ def chaos_mutations(mutation: Any) -> tuple[Any, ...]:
           "cluster/link.py",
           "            resend.append(out)\n            unacked += out.count\n",
           "            unacked += out.count\n",
-          (PROBE,)),
+          # the chaos probe alone never caught it: its logged deliveries lost with the link
+          # come back through the receiver's offset-gap read (cluster/routegap.py) and its
+          # lost APPENDs end unanswered or refused, never as a violation; an unlogged QoS 1
+          # stream through a blackholed link has no such second path
+          (PROBE, "tests/cluster/test_link_faults.py::"
+                  "test_a_cut_link_heals_and_delivers_each_qos1_message_exactly_once[unlogged]")),
         m("chaos-ack-before-hw",
           "broker/devicelogs.py _seal: each device's publishes answered before the flush, "
           "not when the high-water mark passes them (issue 24's 'ack before the high-water "
