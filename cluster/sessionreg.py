@@ -151,7 +151,16 @@ class SessionRegistry:
         done(None)
 
     def _propose(self, cmd: list, deadline: float) -> Any:
-        return self.proposer.propose_until(cmd, deadline)
+        # Neither a claim nor a save is a compare-and-set: a claim takes the next epoch each
+        # time (a second one names this router as the previous holder, and the real one's
+        # handover is skipped), and a save has no order against a newer save of the same
+        # session (a late repeat would put the older state back). So neither is proposed
+        # again while its first attempt may still commit (metaclient.Proposer.propose_until,
+        # ``bounded``); only a release (a CAS on its epoch) is. review11 made both CAS with a
+        # claim id and a writer sequence, which changes the Raft commands: left for a
+        # version-gated change (a voter of the previous build would refuse the new forms
+        # during a rolling restart, and the voters' states would differ).
+        return self.proposer.propose_until(cmd, deadline, bounded=cmd[0] == "release_session")
 
     # -- the watch -----------------------------------------------------------------------------
     def start(self) -> None:
