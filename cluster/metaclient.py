@@ -102,6 +102,18 @@ class MetadataClient:
                     waiter.set_exception(MetadataUnavailable(
                         reply.get("failed", "error"), reply.get("error", "")))
         fut.add_done_callback(answered)
+
+        def abandoned(_waiter: asyncio.Future) -> None:
+            # every caller of this batch stopped waiting (an attempt timed out: the Proposer
+            # proposes the command again, on a new request): its answer may never come
+            # (pysyncobj keeps a dropped forward's callback until the leader changes), so it
+            # is forgotten now; a late answer finds no request and is ignored. Kept, one
+            # request per timed-out attempt piled up for as long as the leader stayed.
+            if not fut.done() and all(w.done() for _, w in batch):
+                self._pending.pop(rid, None)
+                fut.cancel()
+        for _, waiter in batch:
+            waiter.add_done_callback(abandoned)
         self._send({"op": "propose", "id": rid, "cmds": [c for c, _ in batch]})
 
     def _new_id(self) -> int:
@@ -131,6 +143,12 @@ class MetadataClient:
                 if not fut.done():
                     fut.set_exception(lost)
             self._pending.clear()
+
+    @property
+    def waiting(self) -> int:
+        """Requests sent and still awaiting their answer (bounded by the callers waiting:
+        one abandoned by all of them is forgotten, ``_flush``)."""
+        return len(self._pending)
 
     @property
     def connected(self) -> bool:

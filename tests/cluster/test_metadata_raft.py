@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from helpers.broker import free_port, wait_for
 
-from cluster.metaclient import MetadataClient, MetadataUnavailable, watch
+from cluster.metaclient import MetadataClient, MetadataUnavailable, Proposer, watch
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -227,3 +227,43 @@ def test_the_state_survives_a_restart_of_every_voter(voters: list[Voter]) -> Non
     for v in voters:
         wait_for(lambda v=v: "r1" in v.snapshot()["logs"], timeout=30)
         assert v.snapshot()["sessions"]["cid"]["router"] == "n2/0"
+
+
+# Review of f34ef22 (review11): a proposal attempt that times out is proposed again on a new
+# request, so the old request's answer may never come (pysyncobj keeps a dropped forward's
+# callback until the Raft leader changes). The router's bookkeeping of it (MetadataClient's
+# requests awaiting an answer) must not outlive its callers: on a long stall every timed-out
+# attempt left one behind, holding its commands (a session's saved state among them). The
+# voter the router talks to is frozen (SIGSTOP) so nothing is answered.
+
+
+def test_attempts_that_timed_out_leave_no_request_behind(voters: list[Voter]) -> None:
+    leader_of_group(voters)
+    v = voters[0]
+    stats = {"retries": 0}
+
+    async def run() -> tuple[object, int, int]:
+        proposer = Proposer(v.sock, stats, attempt_timeout=0.3)
+        try:
+            # connected and answered once, before the freeze
+            first = await proposer.propose_until(["claim_session", "r11c", "n0/0"],
+                                                 time.monotonic() + 20)
+            assert not isinstance(first, str), first
+            assert v.proc is not None
+            v.proc.send_signal(signal.SIGSTOP)
+            try:
+                answer = await proposer.propose_until(
+                    ["save_session", "r11c", "n0/0", 1, "x" * 1000], time.monotonic() + 3.0)
+                return answer, proposer.client.waiting, stats["retries"]
+            finally:
+                v.proc.send_signal(signal.SIGCONT)
+        finally:
+            proposer.close_now()
+    answer, waiting, retries = asyncio.run(run())
+    assert isinstance(answer, str), f"nothing can answer a frozen process, got {answer!r}"
+    assert retries >= 2, f"the attempts must have timed out and been retried ({retries})"
+    assert waiting == 0, (
+        f"{waiting} requests whose callers all stopped waiting are still kept for an answer "
+        f"that may never come")
+
+
