@@ -18,4 +18,31 @@ def review11_mutations(mutation: Any) -> tuple[Any, ...]:
           "            if False:\n",
           ("tests/cluster/test_metadata_raft.py::"
            "test_attempts_that_timed_out_leave_no_request_behind",)),
+        m("review11-pid-topic-length-high-byte", "broker/protocol/_speedups.c "
+          "publish_packet_pid: the topic length's high byte shifted by 9 (topics of 256 bytes "
+          "and more get a wrong length)", "broker/protocol/_speedups.c",
+          "    hdr[hl++] = (unsigned char)(tl >> 8);\n    hdr[hl++] = (unsigned char)(tl & 255);"
+          "\n    PyObject *out = PyBytes_FromStringAndSize(NULL, hl + tl + 2 + n);\n",
+          "    hdr[hl++] = (unsigned char)(tl >> 9);\n    hdr[hl++] = (unsigned char)(tl & 255);"
+          "\n    PyObject *out = PyBytes_FromStringAndSize(NULL, hl + tl + 2 + n);\n",
+          ("tests/broker/test_review11_v3_whole_packet.py::"
+           "test_v3_qos1_and_2_copies_are_the_same_bytes_from_c_and_pure_python",)),
+        m("review11-maker-template-ref-kept", "broker/protocol/_speedups.c slot_maker: an "
+          "argument replaces the template's value in its slot without releasing it (every "
+          "made object leaks a reference to a shared None/0/\"\")",
+          "broker/protocol/_speedups.c",
+          "        Py_SETREF(*(PyObject **)((char *)obj + mk->field_offset[j]), "
+          "Py_NewRef(args[j]));\n",
+          "        *(PyObject **)((char *)obj + mk->field_offset[j]) = Py_NewRef(args[j]);\n",
+          ("tests/protocol/test_slot_maker.py::"
+           "test_made_objects_keep_no_reference_to_what_they_no_longer_hold",)),
+        m("review11-maker-untracked", "broker/protocol/_speedups.c slot_maker: a made object "
+          "is taken out of the GC (a cycle through it is never collected)",
+          "broker/protocol/_speedups.c",
+          "    if (obj == NULL)\n        return NULL;\n"
+          "    for (Py_ssize_t i = 0; i < mk->nslots; i++)\n",
+          "    if (obj == NULL)\n        return NULL;\n    PyObject_GC_UnTrack(obj);\n"
+          "    for (Py_ssize_t i = 0; i < mk->nslots; i++)\n",
+          ("tests/protocol/test_slot_maker.py::"
+           "test_a_made_object_in_a_reference_cycle_is_collected",)),
     )
