@@ -247,8 +247,9 @@ def placement_metrics(placer: Any) -> Iterable[Metric]:
                                     "served here (see the ERROR naming both routers).",
                                     value=stats["conflicts"])
     retries = CounterMetricFamily("meshmq_placement_proposal_retries", "Placement proposals "
-                                  "sent again: no Raft leader, or an unknown outcome (the "
-                                  "leader lost mid-proposal; the same compare-and-set again).",
+                                  "sent again: no Raft leader, an unknown outcome (the "
+                                  "leader lost mid-proposal), or no answer within one attempt "
+                                  "(3 s, doubling): the same compare-and-set again.",
                                   value=stats["retries"])
     held = GaugeMetricFamily("meshmq_placement_held", "Publishes waiting for their device "
                              "log to be placed by Raft (bounded by cluster.placement_max_held).",
