@@ -11,6 +11,17 @@ from typing import Any
 def review11_mutations(mutation: Any) -> tuple[Any, ...]:
     m = mutation
     return (
+        m("review11-session-commands-retried", "cluster/sessionreg.py _propose: a claim and a "
+          "save are proposed again after 3 s like a CAS (a slow claim commits twice and skips "
+          "the real holder's handover; a late save puts an older session state back)",
+          "cluster/sessionreg.py",
+          '        return self.proposer.propose_until(cmd, deadline, bounded=cmd[0] == '
+          '"release_session")\n',
+          "        return self.proposer.propose_until(cmd, deadline, bounded=True)\n",
+          ("tests/cluster/test_review11_retried_claims.py::"
+           "test_a_claim_retried_after_its_first_attempt_committed_still_hands_the_session_over",
+           "tests/cluster/test_review11_retried_claims.py::"
+           "test_a_save_retried_after_a_newer_one_committed_does_not_put_the_old_state_back")),
         m("review11-abandoned-requests-kept", "cluster/metaclient.py _flush: a request every "
           "caller stopped waiting for (a timed-out attempt) is kept until its answer comes",
           "cluster/metaclient.py",
