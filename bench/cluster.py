@@ -412,7 +412,7 @@ def run_pairs(cl: Cluster, mode: Mode, pairs: int = PAIRS) -> dict:
                     "generator_errors": ph.total(lg.ERR, ("pub0", "sub")),
                     "workers": [w for w in ph.worker_states()
                                 if w["ready"] != 1 or not w["alive"] or w["error"]]}
-        failed = [w for w in ph.worker_states(wait=0.0) if w["ready"] != 1 or not w["alive"]]
+        failed = ph.lost_workers()
         if failed:
             # a generator process that died mid-run (a connection the broker closed: two
             # publishers once shared client ids, and each takeover killed one) leaves a

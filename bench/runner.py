@@ -135,6 +135,12 @@ class Phase:
                         "error": self.reports.get(base, {}).get("error")})
         return out
 
+    def lost_workers(self) -> list[dict]:
+        """Workers gone mid-run (failed, or their process exited): a rate measured then is
+        the survivors', not the workload's (a publisher whose connections the broker took
+        over, as two workers sharing client ids once did: bench/loadgen.py)."""
+        return [w for w in self.worker_states(wait=0.0) if w["ready"] != 1 or not w["alive"]]
+
     def cpu(self) -> list[float]:
         return [cpu_seconds([p.pid]) for p in self.procs]
 
@@ -284,6 +290,9 @@ def _throughput(broker: Broker, mode: Mode, tag: str, *, qos: int, topics: list[
         res = _measure(ph, fields, "recv")
         if isinstance(res, str):
             return {"status": "stalled" if res.startswith("stalled") else "failed", "error": res}
+        if ph.lost_workers():
+            return {"status": "failed", "error": "a generator worker failed during the run",
+                    "workers": ph.worker_states()}
         d, cpu = res
         value = d["recv"] * scale
         return {"status": "ok", "value": value, "recv_per_s": d["recv"], "sent_per_s": d["sent"],
