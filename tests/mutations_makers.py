@@ -36,12 +36,6 @@ def makers_mutations(mutation: Any) -> tuple[Any, ...]:
           "    w[hl + tl] = (char)(pid >> 8);\n    w[hl + tl + 1] = (char)(pid & 255);\n",
           "    w[hl + tl + 1] = (char)(pid >> 8);\n    w[hl + tl] = (char)(pid & 255);\n",
           (SM,)),
-        m("makers-retain-dropped", "broker/delivery.py _write_publish: a v3.x QoS 1/2 copy "
-          "written whole loses its RETAIN flag", "broker/delivery.py",
-          "0x30 | (qos << 1) | (1 if d.retain else 0), d.pid)",
-          "0x30 | (qos << 1), d.pid)",
-          ("tests/broker/test_retained.py::"
-           "test_retained_delivered_on_subscribe_with_retain_flag",)),
         m("makers-bench-shared-pub-ids", "bench/loadgen.py w_pub0: every publisher process "
           "names its connections <tag>-pub-<i> (two processes take each other's sessions "
           "over)", "bench/loadgen.py",

@@ -53,10 +53,11 @@ def qos1_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/devicelogs.py",
           "        if key is _UNCACHED:\n            key = self.rules.key_for(topic)\n",
           "        if key is _UNCACHED:\n            key = None\n", (REPLAY,)),
-        m("qos1-parts-v3-retain-lost", "broker/message.py parts: a v3.x QoS 1/2 copy encoded "
-          "by the compiled encoder directly loses its RETAIN flag",
-          "broker/message.py", "0x30 | (qos << 1) | (1 if retain else 0),",
-          "0x30 | (qos << 1) | 0,", (RET,)),
+        m("qos1-parts-v3-retain-lost", "broker/delivery.py _write_publish: a v3.x QoS 1/2 copy "
+          "encoded by the compiled encoder directly loses its RETAIN flag (planted in "
+          "Message.parts until 2ae833d wrote these copies whole, from _write_publish)",
+          "broker/delivery.py", "0x30 | (qos << 1) | (1 if d.retain else 0), d.pid)",
+          "0x30 | (qos << 1), d.pid)", (RET,)),
         m("qos1-parts-v3-qos-bits", "broker/message.py parts: a v3.x QoS 1/2 copy encoded by "
           "the compiled encoder directly goes out with the QoS bits of QoS 0",
           "broker/message.py", "0x30 | (qos << 1) | (1 if retain else 0),",
