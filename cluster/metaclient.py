@@ -36,11 +36,11 @@ log = logging.getLogger("cluster.metaclient")
 # lost it across a pause and stays leader, leaves it waiting for ever. One attempt waiting
 # out the whole ``append_timeout`` turned a Raft group that recovered in 2 s into a refusal
 # (seen in CI: voters SIGSTOPped, then resumed, the held placement refused at 60 s). A
-# placement, an ISR change, a release or a save is a compare-and-set (cluster/metastate.py),
-# so a second proposal of one that did commit answers "already so" with the record: retrying
-# is safe, waiting is not. (``claim_session`` is not one: see ``propose_until``'s
-# ``bounded``.) A commit takes ~11 ms; 3 s is far past one on a loaded box, and past an
-# election (0.2-0.5 s).
+# placement, an ISR change, a registration or a release is a compare-and-set
+# (cluster/metastate.py), so a second proposal of one that did commit answers "already so"
+# with the record: retrying is safe, waiting is not. (A session claim or save is not one:
+# see ``propose_until``'s ``bounded``.) A commit takes ~11 ms; 3 s is far past one on a
+# loaded box, and past an election (0.2-0.5 s).
 ATTEMPT_TIMEOUT = 3.0
 _RETRY = 0.1  # seconds between proposals while Raft has no leader (an election takes ~0.5 s)
 
@@ -246,7 +246,8 @@ class Proposer:
         passes: then why, a str, for the caller's refusal and log line. ``bounded=False``:
         one attempt may wait until the deadline, for a command whose repeat is not "already
         so" (``claim_session`` takes a new epoch each time, and the repeat's answer names
-        this router as the previous holder, which would skip the real one's handover)."""
+        this router as the previous holder, which would skip the real one's handover;
+        ``save_session`` has no order against a newer save: cluster/sessionreg.py)."""
         why = "no answer"
         attempt = self.attempt_timeout if bounded else float("inf")
         while True:
