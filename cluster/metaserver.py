@@ -59,7 +59,10 @@ log = logging.getLogger("meshmq.metadata")
 
 # pysyncobj's failure codes, named for a router's log and for its retry decision: every one
 # but QUEUE_FULL/REQUEST_DENIED can hide a committed command (an unknown outcome), which is
-# why every command is a compare-and-set that a retry cannot apply twice (metastate.py).
+# why the commands are compare-and-sets a retry cannot apply twice (metastate.py), but for
+# the session registry's claim and save: a retry of one of those after an unknown outcome can
+# still apply twice (a second epoch; a save after a newer one), known and left for a
+# version-gated change of their form (cluster/sessionreg.py ``_propose``).
 _FAILURES = {FAIL_REASON.QUEUE_FULL: "queue_full", FAIL_REASON.MISSING_LEADER: "no_leader",
              FAIL_REASON.DISCARDED: "unknown_outcome", FAIL_REASON.NOT_LEADER: "unknown_outcome",
              FAIL_REASON.LEADER_CHANGED: "unknown_outcome",
