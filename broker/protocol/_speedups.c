@@ -294,6 +294,26 @@ static PyObject *py_parse_run(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 
+/* The bytes of a PUBLISH before its topic: the first byte ``b0``, the remaining length
+   ``rl`` (1 to 4 bytes) and the topic's length ``tl`` (2 bytes), into ``hdr`` (8 bytes);
+   returns how many. Shared by publish_packet and publish_packet_pid. */
+static int publish_header(unsigned char *hdr, long b0, Py_ssize_t rl, Py_ssize_t tl)
+{
+    int hl = 0;
+    hdr[hl++] = (unsigned char)b0;
+    Py_ssize_t v = rl;
+    do {
+        unsigned char b = v & 127;
+        v >>= 7;
+        if (v)
+            b |= 128;
+        hdr[hl++] = b;
+    } while (v);
+    hdr[hl++] = (unsigned char)(tl >> 8);
+    hdr[hl++] = (unsigned char)(tl & 255);
+    return hl;
+}
+
 /* publish_packet(topic: str, tail: bytes, b0: int, whole: bool)
 
    The bytes of one PUBLISH around its packet identifier, as codec.publish_parts encodes
@@ -334,18 +354,7 @@ static PyObject *py_publish_packet(PyObject *self, PyObject *const *args, Py_ssi
         return NULL;
     }
     unsigned char hdr[8];
-    int hl = 0;
-    hdr[hl++] = (unsigned char)b0;
-    Py_ssize_t v = rl;
-    do {
-        unsigned char b = v & 127;
-        v >>= 7;
-        if (v)
-            b |= 128;
-        hdr[hl++] = b;
-    } while (v);
-    hdr[hl++] = (unsigned char)(tl >> 8);
-    hdr[hl++] = (unsigned char)(tl & 255);
+    int hl = publish_header(hdr, b0, rl, tl);
     Py_ssize_t size = hl + tl + (whole ? n : 0);
     PyObject *head = PyBytes_FromStringAndSize(NULL, size);
     if (head == NULL) {
@@ -408,18 +417,7 @@ static PyObject *py_publish_packet_pid(PyObject *self, PyObject *const *args, Py
         return NULL;
     }
     unsigned char hdr[8];
-    int hl = 0;
-    hdr[hl++] = (unsigned char)b0;
-    Py_ssize_t v = rl;
-    do {
-        unsigned char b = v & 127;
-        v >>= 7;
-        if (v)
-            b |= 128;
-        hdr[hl++] = b;
-    } while (v);
-    hdr[hl++] = (unsigned char)(tl >> 8);
-    hdr[hl++] = (unsigned char)(tl & 255);
+    int hl = publish_header(hdr, b0, rl, tl);
     PyObject *out = PyBytes_FromStringAndSize(NULL, hl + tl + 2 + n);
     if (out == NULL) {
         PyBuffer_Release(&view);
