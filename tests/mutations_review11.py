@@ -11,6 +11,14 @@ from typing import Any
 def review11_mutations(mutation: Any) -> tuple[Any, ...]:
     m = mutation
     return (
+        m("attempts-unbounded", "cluster/metaclient.py Proposer.propose_until: one attempt "
+          "waits until the deadline (a proposal Raft dropped refuses the held publishes at "
+          "append_timeout: the CI failure of 2026-11-26)", "cluster/metaclient.py",
+          "                return await asyncio.wait_for(client.propose(cmd), min(left, "
+          "attempt))\n",
+          "                return await asyncio.wait_for(client.propose(cmd), left)\n",
+          ("tests/cluster/test_proposal_attempts.py::"
+           "test_a_proposal_raft_never_answers_is_proposed_again_before_the_deadline",)),
         m("review11-session-commands-retried", "cluster/sessionreg.py _propose: a claim and a "
           "save are proposed again after 3 s like a CAS (a slow claim commits twice and skips "
           "the real holder's handover; a late save puts an older session state back)",
