@@ -294,6 +294,24 @@ static PyObject *py_parse_run(PyObject *self, PyObject *const *args, Py_ssize_t 
 }
 
 
+/* The topic (args[0], a str: its UTF-8 and length, at most 65535 bytes) and the first
+   byte (args[2]) of a PUBLISH to encode; -1 with an exception set. Shared by publish_packet
+   and publish_packet_pid. */
+static int publish_topic_b0(PyObject *const *args, const char **tb, Py_ssize_t *tl, long *b0)
+{
+    *tb = PyUnicode_AsUTF8AndSize(args[0], tl);
+    if (*tb == NULL)
+        return -1;
+    *b0 = PyLong_AsLong(args[2]);
+    if (*b0 == -1 && PyErr_Occurred())
+        return -1;
+    if (*tl > 65535) {
+        PyErr_SetString(PyExc_ValueError, "topic longer than 65535 bytes");
+        return -1;
+    }
+    return 0;
+}
+
 /* The bytes of a PUBLISH before its topic: the first byte ``b0``, the remaining length
    ``rl`` (1 to 4 bytes) and the topic's length ``tl`` (2 bytes), into ``hdr`` (8 bytes);
    returns how many. Shared by publish_packet and publish_packet_pid. */
@@ -329,19 +347,13 @@ static PyObject *py_publish_packet(PyObject *self, PyObject *const *args, Py_ssi
         return NULL;
     }
     Py_ssize_t tl;
-    const char *tb = PyUnicode_AsUTF8AndSize(args[0], &tl);
-    if (tb == NULL)
-        return NULL;
-    long b0 = PyLong_AsLong(args[2]);
-    if (b0 == -1 && PyErr_Occurred())
+    const char *tb;
+    long b0;
+    if (publish_topic_b0(args, &tb, &tl, &b0) < 0)
         return NULL;
     int whole = PyObject_IsTrue(args[3]);
     if (whole < 0)
         return NULL;
-    if (tl > 65535) {
-        PyErr_SetString(PyExc_ValueError, "topic longer than 65535 bytes");
-        return NULL;
-    }
     /* a payload that is not bytes (a memoryview of a log read) becomes bytes once here */
     PyObject *tail = PyBytes_Check(args[1]) ? Py_NewRef(args[1]) : PyBytes_FromObject(args[1]);
     if (tail == NULL)
@@ -389,21 +401,15 @@ static PyObject *py_publish_packet_pid(PyObject *self, PyObject *const *args, Py
         return NULL;
     }
     Py_ssize_t tl;
-    const char *tb = PyUnicode_AsUTF8AndSize(args[0], &tl);
-    if (tb == NULL)
-        return NULL;
-    long b0 = PyLong_AsLong(args[2]);
-    if (b0 == -1 && PyErr_Occurred())
+    const char *tb;
+    long b0;
+    if (publish_topic_b0(args, &tb, &tl, &b0) < 0)
         return NULL;
     long pid = PyLong_AsLong(args[3]);
     if (pid == -1 && PyErr_Occurred())
         return NULL;
     if (pid < 1 || pid > 65535 || !((b0 >> 1) & 3)) {
         PyErr_SetString(PyExc_ValueError, "publish_packet_pid: QoS 1/2 and a pid of 1..65535");
-        return NULL;
-    }
-    if (tl > 65535) {
-        PyErr_SetString(PyExc_ValueError, "topic longer than 65535 bytes");
         return NULL;
     }
     Py_buffer view;
