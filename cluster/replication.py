@@ -86,6 +86,8 @@ class _Led:
     published: int = -1  # the mark last given to the store
     # (durable end, when) of recent durable moves: the replication latency histogram
     moves: deque = field(default_factory=lambda: deque(maxlen=64))
+    # [from, to) of the tail this leader inherited uncommitted, until its mark passes it
+    inherited: tuple[int, int] | None = None
 
 
 @dataclass
@@ -291,13 +293,12 @@ class ReplicaManager:
         log.info("leading device log", extra={"device": device, "router": self.me,
                                               "epoch": epoch, "isr": sorted(state.isr)})
         if self.on_inherited is not None and start > inherited:
-            route = self.on_inherited
-
-            def committed(exc: BaseException | None, lo: int = inherited,
-                          hi: int = start) -> None:
-                if exc is None:
-                    route(device, lo, hi)
-            self.committer.when_high_watermark(device, start - 1, committed)
+            # Not a commit waiter (store.when_high_watermark): those are acks, and a mark held
+            # past cluster.append_timeout fails them all (_check). This tail has no publisher
+            # left to retry it, so it waits as long as this epoch lasts and is routed whenever
+            # the mark passes it (the chaos suite's kill-leader: a follower that came back
+            # after the timeout left it committed and delivered to nobody)
+            led.inherited = (inherited, start)
         self._publish_hw(device, led)
         return True
 
@@ -328,6 +329,10 @@ class ReplicaManager:
             # the followers parked meanwhile learn the new mark now, not at the end of their
             # wait (a follower's mark is where a new leader's starts after a failover)
             self._answer_parked(device, led)
+        if led.inherited is not None and self.store.high_watermark(device) >= led.inherited[1]:
+            (lo, hi), led.inherited = led.inherited, None
+            if self.on_inherited is not None:
+                self.on_inherited(device, lo, hi)
 
     def _answer_parked(self, device: str, led: _Led) -> None:
         parked = self.parked.pop(device, None)

@@ -35,6 +35,17 @@ def integration_mutations(mutation: Any) -> tuple[Any, ...]:
           "route_inherited(node, device, lo, hi)\n",
           "", ("tests/cluster/test_replication.py::test_a_record_its_dead_leader_never_routed_"
                "reaches_subscribers_from_the_new_one",)),
+        m("integration-inherited-tail-refused-like-acks", "cluster/replication.py _check: a "
+          "new leader's inherited tail is given up with the acks its held mark refuses at "
+          "cluster.append_timeout (the follower back later commits it, delivered to nobody: "
+          "CI, 2026-11-26)", "cluster/replication.py",
+          "        failed = self.store.fail_high_watermark_waiters(device, "
+          "NotEnoughReplicas(why))\n",
+          "        led.inherited = None\n"
+          "        failed = self.store.fail_high_watermark_waiters(device, "
+          "NotEnoughReplicas(why))\n",
+          ("tests/cluster/test_replication.py::test_a_record_its_dead_leader_never_routed_"
+           "reaches_subscribers_from_the_new_one[back-after-timeout]",)),
         m("integration-refused-record-never-routed", "broker/ingest.py _on_durable: a record "
           "whose ack was refused (not enough in-sync replicas) but which stays in the log is "
           "never routed when the high-water mark passes it later (a stored message missed by "
