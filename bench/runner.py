@@ -199,6 +199,7 @@ def _cpu_stats(s0: dict, s1: dict) -> dict:
         "broker_cpu": round(broker, 3),
         "gen_cpu_total": round(sum(gen) / dt, 3),
         "gen_cpu_busiest": round(max(gen) / dt, 3) if gen else 0.0,
+        "gen_cpu_each": [round(g / dt, 3) for g in gen],  # per worker, in Phase.add order
         # Busy cores on the whole machine not explained by broker + generator (kernel softirq,
         # other people's jobs): a large value means the run was disturbed.
         "other_cpu": round(max(0.0, busy - steal - broker - sum(gen) / dt), 3),
