@@ -208,9 +208,7 @@ class ReplicaManager:
         led.state.replicas_changed(replicas, time.monotonic())
         store = self.store
         if self.acks_all and len(before) == 1 and len(replicas) > 1:
-            hw = led.state.advance(store.durable_end(device))
-            store.set_high_watermark(device, hw)
-            led.published = hw
+            self._move_mark(device, led, led.state.advance(store.durable_end(device)))
         elif len(before) > 1 and len(replicas) == 1:
             store.set_high_watermark(device, None)  # the single-node rule again
         log.info("device log replicas changed (reassignment): %s -> %s", before, replicas,
@@ -320,8 +318,7 @@ class ReplicaManager:
         """Recompute the mark from what the leader knows; move the store's (readers, acks)."""
         hw = led.state.advance(self.store.durable_end(device))  # on_fetch may have moved it
         if hw > led.published and self.acks_all and len(led.replicas) > 1:
-            led.published = hw
-            self.store.set_high_watermark(device, hw)
+            self._move_mark(device, led, hw)
             now = time.monotonic()
             moves = led.moves
             while moves and moves[0][0] <= hw:
@@ -330,9 +327,28 @@ class ReplicaManager:
             # wait (a follower's mark is where a new leader's starts after a failover)
             self._answer_parked(device, led)
         if led.inherited is not None and self.store.high_watermark(device) >= led.inherited[1]:
-            (lo, hi), led.inherited = led.inherited, None
-            if self.on_inherited is not None:
-                self.on_inherited(device, lo, hi)
+            self._route_inherited(device, led)  # (the single-node rule: the mark is the end)
+
+    def _move_mark(self, device: str, led: _Led, hw: int) -> None:
+        """Give the store the mark ``hw``; an inherited tail it passes is routed first. Moving
+        the store's mark runs the commit waiters below it, which route this epoch's records
+        (acks, then their delivery): the inherited tail is older than all of them, and a
+        session that got a newer record of the device first drops an older one as a copy
+        below its position (broker/delivery.py), so it is routed at the tail's end, where
+        its records are readable and nothing of this epoch is yet (found by the
+        frozen-leader test under load: h9 routed behind the new leader's probe, lost)."""
+        inh = led.inherited
+        if inh is not None and hw >= inh[1] > led.published:
+            led.published = inh[1]
+            self.store.set_high_watermark(device, inh[1])
+            self._route_inherited(device, led)
+        led.published = hw
+        self.store.set_high_watermark(device, hw)
+
+    def _route_inherited(self, device: str, led: _Led) -> None:
+        (lo, hi), led.inherited = led.inherited, None
+        if self.on_inherited is not None:
+            self.on_inherited(device, lo, hi)
 
     def _answer_parked(self, device: str, led: _Led) -> None:
         parked = self.parked.pop(device, None)

@@ -46,6 +46,15 @@ def integration_mutations(mutation: Any) -> tuple[Any, ...]:
           "NotEnoughReplicas(why))\n",
           ("tests/cluster/test_replication.py::test_a_record_its_dead_leader_never_routed_"
            "reaches_subscribers_from_the_new_one[back-after-timeout]",)),
+        m("integration-inherited-tail-after-new-epoch", "cluster/replication.py _move_mark: "
+          "the store's mark moves past a new leader's inherited tail and this epoch's records "
+          "at once, so their commit waiters route the new records before the tail, which the "
+          "subscriber then drops as copies below its position (found under load by the "
+          "frozen-leader test)", "cluster/replication.py",
+          "        if inh is not None and hw >= inh[1] > led.published:\n",
+          "        if False:\n",
+          ("tests/cluster/test_replication.py::test_a_record_its_dead_leader_never_routed_"
+           "reaches_subscribers_from_the_new_one[back-at-once]",)),
         m("integration-refused-record-never-routed", "broker/ingest.py _on_durable: a record "
           "whose ack was refused (not enough in-sync replicas) but which stays in the log is "
           "never routed when the high-water mark passes it later (a stored message missed by "

@@ -375,9 +375,21 @@ def test_a_record_its_dead_leader_never_routed_reaches_subscribers_from_the_new_
                      message="n1 elected leader (the only live ISR member)")
         finally:
             os.kill(n2, signal.SIGCONT)
+        # a record of the new epoch, stored at n1 behind the held mark: committed in the same
+        # move of the mark as the orphan, and routed by its own commit waiter, which must not
+        # overtake the orphan (the subscriber would drop the older one as a copy below its
+        # position: found by the frozen-leader test under load)
+        appends = cluster.nodes[1].metric("meshmq_log_appends_total")
+        fresh = raw(cluster.nodes[1], version=5)
+        fresh.connect(unique("fresh"), keepalive=0)
+        fresh.send(R.publish(f"devices/{device}/t", b"fresh", qos=1, packet_id=1, version=5))
+        wait_for(lambda: cluster.nodes[1].metric("meshmq_log_appends_total") > appends, 30,
+                 interval=0.02, message="n1 stored the fresh record")
         time.sleep(back_after)
         cluster.nodes[0].start()  # back as a follower: the ISR is whole, the mark passes
         got = sub.expect(R.PUBLISH, timeout=90)
         assert bytes(got.payload) == b"orphan", got
+        got = sub.expect(R.PUBLISH, timeout=30)
+        assert bytes(got.payload) == b"fresh", got
     finally:
         cluster.stop()
