@@ -29,6 +29,7 @@ from broker.protocol.reasons import Reason
 from broker.pubacks import pubacks
 from broker.stats import DropReason
 from commitlog.store import LogTruncatedError, LogWriteError
+from commitlog.waiters import Watch
 
 log = logging.getLogger("broker.router")  # the router's log lines keep the router's name
 
@@ -111,7 +112,7 @@ class IngestRoom:
                 # later (nothing stored is lost to a subscriber; at least once, as a resend of
                 # it is stored again)
                 self.logs.committer.when_high_watermark(
-                    msg.device, msg.offset, partial(self._committed_later, msg))
+                    msg.device, msg.offset, Watch(partial(self._committed_later, msg)))
             if conn is None and packet_id is not None:  # stored for a peer router
                 self.remote.stored(packet_id, msg, exc)
                 continue
@@ -168,10 +169,10 @@ class IngestRoom:
         (its retained part too), in the log's order for that device (waiters fire in offset
         order). Truncated instead (``exc``): it was never committed, nothing to route."""
         if isinstance(exc, NotCommittedYet) and self.logs is not None:
-            # the mark is still stuck (the leader refuses what waits on it each
-            # cluster.append_timeout): keep waiting, the record is still in the log
+            # (a Watch is left waiting by a leader refusing the acks its stuck mark holds;
+            # kept for a failure of that kind from elsewhere: still in the log, wait on)
             self.logs.committer.when_high_watermark(
-                msg.device, msg.offset, partial(self._committed_later, msg))
+                msg.device, msg.offset, Watch(partial(self._committed_later, msg)))
             return
         if exc is not None:
             return

@@ -2553,11 +2553,12 @@ class LogStore:
         that cannot move the mark in time (the ISR below ``min_insync_replicas``, followers
         unreachable) refuses the acks instead of leaving them hanging. Their records stay in
         the log and may become visible later (at least once, as with Kafka's
-        NOT_ENOUGH_REPLICAS_AFTER_APPEND). Returns how many were failed."""
+        NOT_ENOUGH_REPLICAS_AFTER_APPEND). Returns how many were failed. A ``Watch`` is no
+        ack and keeps waiting (commitlog/waiters.py)."""
         dev = self._devices.get(key)
         if dev is None or not self._waiters.count or key not in self._waiters.by_key:
             return 0
-        gone = self._waiters.take_between(key, dev.high_watermark, 1 << 62)
+        gone = self._waiters.take_acks_after(key, dev.high_watermark)
         call_all(gone, exc)
         return len(gone)
 

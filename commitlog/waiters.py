@@ -93,6 +93,38 @@ class HighWaterWaiters:
         return gone
 
 
+    def take_acks_after(self, key: str, end: int) -> list[WaiterCallback]:
+        """Remove and return the callbacks of ``key`` whose target is past ``end``, but for
+        ``Watch`` ones, which stay (in their places: the order of targets holds)."""
+        lst = self.by_key.get(key)
+        if not lst or lst[-1][0] <= end:
+            return []
+        i = bisect.bisect_right(lst, end, key=lambda t: t[0])
+        gone = [t[2] for t in lst[i:] if type(t[2]) is not Watch]
+        if gone:
+            lst[i:] = [t for t in lst[i:] if type(t[2]) is Watch]
+            self.count -= len(gone)
+            if not lst:
+                del self.by_key[key]
+        return gone
+
+
+class Watch:
+    """A waiter that is no acknowledgement: a record routed once it is committed (one whose
+    ack was refused, broker/ingest.py). A leader that refuses the acks its stuck mark holds
+    (``LogStore.fail_high_watermark_waiters``) leaves it waiting, in its place; a truncation
+    or a rolled-back write still fails it. (Failed and registered again each refusal, it was
+    counted as a refused ack every 0.25 s for as long as the mark stayed stuck.)"""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: WaiterCallback) -> None:
+        self.call = call
+
+    def __call__(self, exc: BaseException | None) -> object:
+        return self.call(exc)
+
+
 def call_all(cbs: list[WaiterCallback], exc: BaseException | None) -> None:
     """Run callbacks; one raising is logged and does not stop the others."""
     for cb in cbs:

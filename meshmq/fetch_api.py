@@ -161,6 +161,7 @@ from commitlog.fetch import encode_fetch_raw
 from commitlog.record import HEADER as RECORD_HEADER
 from commitlog.record import U32, CorruptRecordError
 from commitlog.store import LogStore, OffsetOutOfRangeError
+from commitlog.waiters import Watch
 
 __all__ = [
     "register_fetch_routes",
@@ -689,10 +690,14 @@ async def _wait_for_data(store: LogStore, targets: list[tuple[str, int]],
         if not fut.done():
             fut.set_result(None)
 
+    # no ack: a leader refusing the acks its stuck mark holds leaves the poll waiting (it
+    # was woken with nothing to read, and counted as a refused ack)
+    poll = Watch(wake)
+
     handles = []
     try:
         for device, off in targets:
-            handles.append(store.when_high_watermark(device, off + 1, wake))
+            handles.append(store.when_high_watermark(device, off + 1, poll))
             if fut.done():
                 break
         if not fut.done():

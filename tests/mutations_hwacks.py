@@ -48,4 +48,13 @@ def hwacks_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/devicelogs.py",
           "        while queue and not queue[0].left:\n            queue.popleft()\n",
           "        if queue:\n            queue.popleft()\n", (SETTLE,)),
+        m("hwacks-stall-refuses-watches", "commitlog/store.py fail_high_watermark_waiters: a "
+          "stuck mark's refusal fails the Watch waiters too (a refused record waiting to be "
+          "routed once committed, a fetch long poll), each counted as a refused ack at every "
+          "check for as long as the mark stays stuck", "commitlog/store.py",
+          "        gone = self._waiters.take_acks_after(key, dev.high_watermark)\n",
+          "        gone = self._waiters.take_between(key, dev.high_watermark, 1 << 62)\n",
+          ("tests/commitlog/test_commitlog_replication_hooks.py",
+           "tests/cluster/test_replication.py::test_without_min_insync_replicas_a_publish_is_"
+           "refused_never_acked")),
     )

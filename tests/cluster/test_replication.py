@@ -172,6 +172,7 @@ def test_without_min_insync_replicas_a_publish_is_refused_never_acked(trio: Clus
         # follower routers), so the refusal names the cause however slow the box is
         wait_for(lambda: _owner(trio, 0, device)["isr"] == ["n0/0"], 60,
                  message="the leader shrinks the ISR to itself")
+        refused = trio.nodes[0].metric("meshmq_replica_acks_refused_total")
         ack = _publish(pub, device, b"refused", 2)
         assert ack.reason_code == 0x80, f"a publish without min_insync_replicas got {ack!r}"
         why = ack.properties.get(R.REASON_STRING, "")
@@ -192,6 +193,10 @@ def test_without_min_insync_replicas_a_publish_is_refused_never_acked(trio: Clus
                 continue
             assert got.type != R.PUBLISH or not got.payload.startswith(b"refused"), \
                 f"a subscriber got a record above the high-water mark: {got!r}"
+        # each refusal counted once, however long the mark stays stuck: the refused records
+        # now wait to be routed once committed, and that wait is no ack, refused again at
+        # every check (four a second: 2 + 16 here before)
+        assert trio.nodes[0].metric("meshmq_replica_acks_refused_total") == refused + 2
     finally:
         _thawed(followers)
     wait_for(lambda: len(_owner(trio, 0, device)["isr"]) == 3, 60,
