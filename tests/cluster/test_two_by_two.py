@@ -81,5 +81,13 @@ def test_a_persistent_session_follows_its_client_across_routers(
         c = clients.connected(mesh.nodes[round_ % 2], cid, protocol=V5, clean=False,
                               connect=connect)
         assert c.session_present
-        assert c.expect_message(timeout=10).payload == f"m{round_}".encode()
+        got = c.expect_message(timeout=10)
+        if round_ and got.payload == f"m{round_ - 1}".encode():
+            # the last round's message again, resent (DUP): its PUBACK and the DISCONNECT were
+            # still unread in the old router's socket when this connection took the session
+            # over (seen with 4 test workers on 2 cores: the old connection's bytes_in was its
+            # CONNECT alone). At least once, as with Mosquitto's takeover; never lost
+            assert got.dup, got
+            got = c.expect_message(timeout=10)
+        assert got.payload == f"m{round_}".encode()
         c.disconnect()
