@@ -179,7 +179,8 @@ class MeshLink:
             log, logging.WARNING, f"link to {peer}: queue full (cluster.link_max_queued_bytes)",
             burst=1, window=5.0)
         # A full spell's first dropped DELIVER went through _full (counted, logged): the rest
-        # of the spell is only counted, in ``deliver``, until one fits again. A peer that
+        # of the spell is only counted, in ``deliver`` (every 1024th through _full again, for
+        # the rate-limited line), until one fits again. A peer that
         # stopped reading meets every message routed to it here, and the rate-limited log
         # call per drop cost the healthy links' router 0.3 us a message (bench stall_full)
         self._dropping = False
@@ -211,10 +212,10 @@ class MeshLink:
         ``enqueue``'s path for them, called directly by ``Mesh.forward``."""
         size = len(body) + ENTRY_OVERHEAD
         if self.queued_bytes + size > self._max_bytes:
-            if self._dropping:
+            if self._dropping and self.stats["dropped_full"] & 1023:
                 self.stats["dropped_full"] += 1
                 return False
-            return self._full(_DELIVER)
+            return self._full(_DELIVER)  # (and every 1024th drop: a long spell still logs)
         self._dropping = False
         run = self._open
         if (run is None or run.qos != qos or run.size >= MAX_RUN_BYTES

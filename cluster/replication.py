@@ -338,12 +338,22 @@ class ReplicaManager:
         its records are readable and nothing of this epoch is yet (found by the
         frozen-leader test under load: h9 routed behind the new leader's probe, lost)."""
         inh = led.inherited
-        if inh is not None and hw >= inh[1] > led.published:
-            led.published = inh[1]
-            self.store.set_high_watermark(device, inh[1])
-            self._route_inherited(device, led)
-        led.published = hw
-        self.store.set_high_watermark(device, hw)
+        if inh is not None:
+            lo, hi = inh
+            cut = hw if hw < hi else hi
+            if cut > lo and cut > led.published:
+                # the part of the tail the mark passes is routed now, even short of its end:
+                # a next leader learns this mark and inherits only what lies above it
+                # (review12: a mark stopped inside the tail, then a leader change, and the
+                # records below it were committed and routed by nobody)
+                led.published = cut
+                self.store.set_high_watermark(device, cut)
+                led.inherited = (cut, hi) if cut < hi else None
+                if self.on_inherited is not None:
+                    self.on_inherited(device, lo, cut)
+        if hw > led.published:
+            led.published = hw
+            self.store.set_high_watermark(device, hw)
 
     def _route_inherited(self, device: str, led: _Led) -> None:
         (lo, hi), led.inherited = led.inherited, None

@@ -51,8 +51,8 @@ def fetcher_mutations(mutation: Any) -> tuple[Any, ...]:
           (f"{HOOKS}::test_the_commit_names_the_logs_whose_durable_end_moved",)),
         m("fetcher-store-fail-too-few", "failing the waiters leaves some above the mark "
           "waiting forever", "commitlog/store.py",
-          "self._waiters.take_between(key, dev.high_watermark, 1 << 62)",
-          "self._waiters.take_between(key, dev.high_watermark + 1, 1 << 62)",
+          "self._waiters.take_acks_after(key, dev.high_watermark)",
+          "self._waiters.take_acks_after(key, dev.high_watermark + 1)",
           (f"{HOOKS}::test_failing_the_waiters_refuses_only_what_is_above_the_mark",)),
         m("fetcher-feed-ignores-incarnation", "a router leads a log Raft gave to its previous "
           "run (restarted under the same id): two leaders", "cluster/raftplace.py",
