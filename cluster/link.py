@@ -178,11 +178,11 @@ class MeshLink:
         self._full_log = RateLimitedLog(
             log, logging.WARNING, f"link to {peer}: queue full (cluster.link_max_queued_bytes)",
             burst=1, window=5.0)
-        # A full spell's first dropped DELIVER went through _full (counted, logged): the rest
-        # of the spell is only counted, in ``deliver`` (every 1024th through _full again, for
-        # the rate-limited line), until one fits again. A peer that
-        # stopped reading meets every message routed to it here, and the rate-limited log
-        # call per drop cost the healthy links' router 0.3 us a message (bench stall_full)
+        # A full spell's first dropped DELIVER went through _full (counted, logged); the rest
+        # of the spell is only counted, in ``deliver``, every 1024th through _full again for
+        # the rate-limited line, until one fits again. A peer that stopped reading meets
+        # every message routed to it here, and a log call per drop cost the router of the
+        # healthy links 0.7 us a message (bench stall_full, 2026-11-27)
         self._dropping = False
 
     # -- sending ----------------------------------------------------------------------------

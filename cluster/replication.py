@@ -330,12 +330,13 @@ class ReplicaManager:
             self._route_inherited(device, led)  # (the single-node rule: the mark is the end)
 
     def _move_mark(self, device: str, led: _Led, hw: int) -> None:
-        """Give the store the mark ``hw``; an inherited tail it passes is routed first. Moving
-        the store's mark runs the commit waiters below it, which route this epoch's records
-        (acks, then their delivery): the inherited tail is older than all of them, and a
-        session that got a newer record of the device first drops an older one as a copy
-        below its position (broker/delivery.py), so it is routed at the tail's end, where
-        its records are readable and nothing of this epoch is yet (found by the
+        """Give the store the mark ``hw``; the part of an inherited tail it passes is routed
+        first. Moving the store's mark runs the commit waiters below it, which route this
+        epoch's records (acks, then their delivery): the inherited tail is older than all of
+        them, and a session that got a newer record of the device first drops an older one
+        as a copy below its position (broker/delivery.py). So the mark stops at the tail's
+        end (or at ``hw`` inside it), where the tail's records are readable and nothing of
+        this epoch is yet, the tail is routed, then the mark moves on (found by the
         frozen-leader test under load: h9 routed behind the new leader's probe, lost)."""
         inh = led.inherited
         if inh is not None:

@@ -92,7 +92,6 @@ class HighWaterWaiters:
             del self.by_key[key]
         return gone
 
-
     def take_acks_after(self, key: str, end: int) -> list[WaiterCallback]:
         """Remove and return the callbacks of ``key`` whose target is past ``end``, but for
         ``Watch`` ones, which stay (in their places: the order of targets holds)."""
