@@ -168,13 +168,7 @@ class IngestRoom:
         """A record whose ack was refused (NotCommittedYet) is committed after all: routed now
         (its retained part too), in the log's order for that device (waiters fire in offset
         order). Truncated instead (``exc``): it was never committed, nothing to route."""
-        if isinstance(exc, NotCommittedYet) and self.logs is not None:
-            # (a Watch is left waiting by a leader refusing the acks its stuck mark holds;
-            # kept for a failure of that kind from elsewhere: still in the log, wait on)
-            self.logs.committer.when_high_watermark(
-                msg.device, msg.offset, Watch(partial(self._committed_later, msg)))
-            return
-        if exc is not None:
+        if exc is not None:  # (never a refusal: a Watch outlives those, commitlog/waiters.py)
             return
         try:
             if msg.retain:
