@@ -232,6 +232,39 @@ class Connection(asyncio.Protocol):
             self._queued = True
             self.router.want_flush(self)
 
+    def write_run(self, datas: list[bytes], nbytes: int) -> int:
+        """Queue a run of QoS 0 packets (``nbytes`` in all) as ``write`` would one by one,
+        each only while the connection is not ``congested`` before it; returns how many were
+        taken (the rest are the caller's slow-consumer drops). One call per subscriber per
+        run instead of a congestion check and a ``write`` per message (broker/publishrun.py)."""
+        if self._write_paused:
+            return 0
+        out_bytes = self._out_bytes
+        limit = self.write_limit
+        take = len(datas)
+        if out_bytes + nbytes - len(datas[-1]) > limit:  # the bound falls inside the run
+            take = 0
+            for data in datas:
+                if out_bytes > limit:
+                    break
+                out_bytes += len(data)
+                take += 1
+            if not take:
+                return 0
+            datas = datas[:take]
+        else:
+            out_bytes += nbytes
+        out = self._out
+        if out is None:
+            self._out = list(datas)
+        else:
+            out.extend(datas)
+        self._out_bytes = out_bytes
+        if not self._queued and not self.closing:
+            self._queued = True
+            self.router.want_flush(self)
+        return take
+
     def send(self, packet: Packet) -> None:
         data = self.proto.send(packet)
         self.stats.packets_out[packet.type] += 1

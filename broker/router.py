@@ -15,6 +15,7 @@ routing, logs, scheduling and iobufs apart; Mosquitto has one ``handle_*.c`` per
 |---|---|
 | ``handle_connect.py`` | CONNECT (auth, takeover, claim, CONNACK), PINGREQ, AUTH, DISCONNECT |
 | ``handle_publish.py`` | a client's PUBLISH: the checks, then ingest or the owner router |
+| ``publishrun.py`` | a run of plain QoS 0 publishes on one topic, routed once |
 | ``handle_acks.py`` | PUBACK, PUBREC, PUBCOMP from subscribers, PUBREL from publishers |
 | ``handle_subscribe.py`` | SUBSCRIBE (retained, offset replays), UNSUBSCRIBE |
 | ``ingest.py`` | log or route, append, settle once durable, publisher acks, wills |
@@ -61,6 +62,7 @@ from broker.protocol.errors import ProtocolError, UnsupportedProtocolVersion
 from broker.protocol.packets import Connack, Packet, PacketType
 from broker.protocol.reasons import Reason
 from broker.pubdedupe import for_router
+from broker.publishrun import PublishRunRoom
 from broker.replay import Replays
 from broker.retained import RetainedStore
 from broker.retainpace import RetainedPacer
@@ -76,17 +78,17 @@ from commitlog.groupcommit import GroupCommitter
 log = logging.getLogger("broker.router")
 
 # Inside one long read, write what is routed so far once this much time has passed (checked every
-# _FLUSH_CHECK packets): it bounds how long a subscriber's message waits behind the rest of the
+# _FLUSH_EVERY packets): it bounds how long a subscriber's message waits behind the rest of the
 # read, while a short read still costs one write per connection per tick.
 FLUSH_AFTER_S = 0.002
-_FLUSH_CHECK = 15  # mask: every 16 packets
+_FLUSH_EVERY = 16
 _PUBLISH = PacketType.PUBLISH
 _PUBACK = PacketType.PUBACK
 _HELD_TYPES = (PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE)
 
 
-class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, DeliveryRoom,
-             SessionEndRoom):
+class Router(ConnectRoom, PublishRoom, PublishRunRoom, AckRoom, SubscribeRoom, IngestRoom,
+             DeliveryRoom, SessionEndRoom):
     """State, dispatch and flush; the rooms (mixins, see the module docstring) do the rest."""
 
     def __init__(
@@ -297,10 +299,18 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
         flush_at = 0.0
         long_read = False
         freed: Session | None = None  # a QoS 1 ack made window room: refill once, after the read
-        for i, packet in enumerate(packets):
+        # Before no_run a run (broker/publishrun.py) was looked for and refused, so those go
+        # one by one without looking again; all of them where an ACL or a cluster forwarder
+        # rules runs out (no per-packet look at all).
+        no_run = 0 if self._acl is None and self.forwarder is None else len(packets)
+        last = len(packets) - 1
+        check_at = _FLUSH_EVERY - 1  # (a run moves i past several at once)
+        walk = enumerate(packets)
+        for i, packet in walk:
             if conn.closing:
                 return
-            if i & _FLUSH_CHECK == _FLUSH_CHECK:
+            if i >= check_at:
+                check_at = i + _FLUSH_EVERY
                 # A read after a stall can hold thousands of packets (uvloop reads up to
                 # 256 KiB): without this, every subscriber's first message would wait until
                 # the whole read is processed, tens of milliseconds at ~8 us a message.
@@ -316,6 +326,13 @@ class Router(ConnectRoom, PublishRoom, AckRoom, SubscribeRoom, IngestRoom, Deliv
             ptype = packet.type
             packets_in[ptype] += 1
             if ptype == _PUBLISH:
+                if i >= no_run and not packet.qos and i < last:
+                    end = self._publish_run(conn, packets, i)
+                    if end > 0:  # routed up to end: step over them (itertools' consume)
+                        skip = end - i - 1
+                        next(itertools.islice(walk, skip, skip), None)
+                        continue
+                    no_run = -end
                 self._on_publish(conn, packet)
             elif ptype == _PUBACK:
                 # A subscriber acks in batches: one _pump moving 100 queued messages after the

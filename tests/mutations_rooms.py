@@ -21,8 +21,8 @@ def rooms_mutations(mutation: Any) -> tuple[Any, ...]:
           (f"{LINT}::test_nothing_outside_the_router_touches_its_private_names",)),
         m("rooms-router-grows", "router.py grows past 500 lines (200 lines of new logic "
           "planted in it instead of a room)", "broker/router.py",
-          "_FLUSH_CHECK = 15  # mask: every 16 packets\n",
-          "_FLUSH_CHECK = 15  # mask: every 16 packets\n" + "# more logic\n" * 200,
+          "_FLUSH_EVERY = 16\n",
+          "_FLUSH_EVERY = 16\n" + "# more logic\n" * 200,
           (f"{LINT}::test_router_py_stays_small",)),
         m("rooms-import-cycle", "session.py names the router's type again (a TYPE_CHECKING "
           "import: the broker/ circle comes back)", "broker/session.py",

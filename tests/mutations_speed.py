@@ -14,6 +14,10 @@ RETAIN = (f"{SHAPES}::test_qos0_copies_carry_the_retain_flag_only_for_what_was_s
           "[4]")
 MPS = f"{SHAPES}::test_a_qos0_copy_larger_than_the_clients_maximum_packet_size_is_not_sent"
 GUARD = "tests/bench/test_cost_guard.py::test_hot_paths_within_their_cost_budget"
+RUN = "tests/broker/test_publish_run.py"
+RUN_ALL = f"{RUN}::test_every_subscriber_gets_a_run_as_it_would_one_message_at_a_time[runs]"
+RUN_ID = RUN_ALL.replace("[runs]", "[sub-id]")
+RUN_STALL = f"{RUN}::test_a_stalled_subscriber_of_runs_gets_an_ordered_prefix_then_what_follows"
 
 
 def speed_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -40,4 +44,35 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "            self._write_publish(session, conn,\n"
           "                                Delivery(msg, 0, retain, sub_ids, None, position))\n",
           (GUARD,)),
+        m("speed-run-loses-its-last", "broker/publishrun.py _publish_run: the run routed "
+          "without its last message (each run loses one, the dispatch loop steps over it)",
+          "broker/publishrun.py",
+          "        run = packets[start:end]\n",
+          "        run = packets[start:end - 1]\n",
+          (RUN_ALL,)),
+        m("speed-run-ignores-no-local", "broker/publishrun.py _run_plan: No Local not honoured "
+          "(the publisher is written its own run)",
+          "broker/publishrun.py",
+          "            if sub.no_local and cid == origin:\n",
+          "            if False:\n",
+          (RUN_ALL,)),
+        m("speed-run-drops-sub-ids", "broker/publishrun.py _run_plan: a v5 subscription with an "
+          "identifier takes the run's plain shape (its copies lose the identifier)",
+          "broker/publishrun.py",
+          "            if tconn.out_aliases is not None or (v5 and sub.sub_id):\n",
+          "            if tconn.out_aliases is not None:\n",
+          (RUN_ID,)),
+        m("speed-run-no-size-limit", "broker/publishrun.py _publish_run: the subscriber's "
+          "Maximum Packet Size not checked for a run",
+          "broker/publishrun.py",
+          "            if limit:\n                fits =",
+          "            if False:\n                fits =",
+          (RUN_ALL,)),
+        m("speed-run-past-the-bound", "broker/connection.py write_run: the part of a run past "
+          "the write buffer bound is counted as dropped but written anyway (memory unbounded, "
+          "and drops that were delivered)",
+          "broker/connection.py",
+          "            datas = datas[:take]\n",
+          "            pass\n",
+          (RUN_STALL,)),
     )
