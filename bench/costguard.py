@@ -24,7 +24,7 @@ Workloads (each a fixed script):
   run of one topic, routed once (broker/publishrun.py), as the bench's qos0 is.
 - ``qos0mix``: ``qos0`` with two topics alternating in each read: no run forms, every message
   takes the per-packet path (``_on_publish`` -> ``route`` -> ``_write_qos0``), the path of a
-  device that publishes seldom, of several topics, and of every cluster router.
+  device that publishes seldom or several topics at once.
 - ``qos1``: 1 publisher -> 1 subscriber, QoS 1 on a device topic: logged, fsynced, acked.
 - ``fanout``: 1 publisher -> 50 subscribers of one QoS 0 topic (the cost is per *delivery*).
 - ``catchup``: ``qos1`` with the subscriber behind: its queue holds ``CATCHUP_QUEUE`` and its
@@ -37,9 +37,9 @@ Workloads (each a fixed script):
   (loopback TCP, the real handshake, frames and window); 1 QoS 0 publisher on router 0 -> 1
   subscriber on router 1, so every message is parsed and routed on router 0, crosses the link
   as a DELIVER entry (encode, window, ACK) and is decoded, routed and written on router 1.
-  Both routers' work is counted (one thread); ``crossing`` minus ``qos0mix`` is what a
-  crossing adds on top of a local delivery, printed as such (``qos0mix``, not ``qos0``: a
-  cluster router has a forwarder, so its publishes take the per-packet path, not runs).
+  Both routers' work is counted (one thread); ``crossing`` minus ``qos0`` is what a crossing
+  adds on top of a local delivery, printed as such (router 0 routes each read as a run and
+  forwards it as one, ``Forwarder.forward_run``, as ``qos0`` routes it).
 
 The budget (``bench/cost_budget.json``) holds the accepted cost of each; ``--check`` fails
 (exit 1) naming each workload whose count rose more than ``TOLERANCE`` above it; a change that
@@ -421,8 +421,8 @@ def main(argv: list[str] | None = None, report: Callable[[str], None] = print) -
         report(f"{w}: " + ", ".join(
             f"{v:.1f} {k}" + (f" (budget {b[k]:.1f})" if k in b else "")
             for k, v in sorted(c.items())) + " per message")
-    if "crossing" in costs and "qos0mix" in costs:  # issue 25: what a crossing adds
-        local = costs["qos0mix"]
+    if "crossing" in costs and "qos0" in costs:  # issue 25: what a crossing adds
+        local = costs["qos0"]
         report("a crossing adds, over a local QoS 0 delivery: " + ", ".join(
             f"{costs['crossing'][k] - local[k]:.1f} {k}" for k in sorted(local)))
     if args.update:

@@ -67,6 +67,14 @@ class Forwarder(Protocol):
         """After local delivery of a message published (or stored) here: once to each peer
         router with a matching subscription; never called for a message from a peer."""
 
+    def forward_run(self, topic: str, payloads: list[bytes], origin: str | None) -> None:
+        """``forward`` for a run of plain QoS 0 messages on one unlogged topic (no properties,
+        no expiry; broker/publishrun.py), in order."""
+
+    def plain_runs(self) -> bool:
+        """Whether such a run may be routed as one now (False while a peer's shared groups
+        need a share picked per message)."""
+
     def owner_of(self, device: str) -> str | None:
         """The router owning a device log, None when it is this router."""
 

@@ -11,8 +11,10 @@ subscriber in one call (``Connection.write_run``): what stays per message is the
 (shared by every subscriber of one protocol level) and a list append.
 
 Only the plain case takes this room: QoS 0, not retained, no properties, one topic; no ACL, no
-cluster forwarder, no device log, no shared group, no offset replay, no outbound alias or v5
-subscription identifier, no session with two matching filters. Anything else answers "no
+device log, no shared group (here or, in a cluster, on a peer), no offset replay, no outbound
+alias or v5 subscription identifier, no session with two matching filters. In a cluster the run
+is then forwarded as one too (``Forwarder.forward_run``: each peer's link gets its entries in
+order, after local delivery, as ``route`` forwards each message). Anything else answers "no
 plan" and the run goes packet by packet through ``_on_publish``, which stays the reference:
 what a run writes, counts and drops is what that path would, in the same order per
 subscriber (tests/broker/test_publish_run.py compares the two on the wire).
@@ -47,6 +49,8 @@ class PublishRunRoom:
         caller does not look for a run again before ``end`` (after a run of one: before
         ``start + NO_RUN_SKIP``)."""
         first = packets[start]
+        if first.retain or first.properties is not None:
+            return -(start + 1)  # (its QoS is 0: the dispatch loop looked)
         topic = first.topic
         end = start + 1
         stop = min(len(packets), start + RUN_MAX)
@@ -69,8 +73,6 @@ class PublishRunRoom:
             return end  # not connected yet: ``_on_publish`` ignores each
         stats.messages_in += n
         stats.messages_in_qos[0] += n
-        if not plan:
-            return end
         plain = plain5 = None
         written = 0
         for tconn, limit, v5 in plan:
@@ -101,6 +103,9 @@ class PublishRunRoom:
             stats.packets_out[first.type] += written
             stats.messages_out += written
             stats.messages_out_qos[0] += written
+        forwarder = self.forwarder
+        if forwarder is not None:  # after local delivery, as ``route`` forwards
+            forwarder.forward_run(topic, [p.payload for p in run], conn.client_id)
         return end
 
     def _run_plan(self, conn: Connection, topic: str) -> list[tuple[Connection, int, bool]] | None:
@@ -108,7 +113,10 @@ class PublishRunRoom:
         (connection, its session's Maximum Packet Size or 0, v5): what ``_on_publish`` and
         ``route`` decide for each message of the run, decided once. None when some part of
         that path is not the plain one (see the module docstring): the caller then takes it.
-        (An ACL or a cluster forwarder rules runs out before this is called: router.py.)"""
+        (An ACL rules runs out before this is called: router.py.)"""
+        forwarder = self.forwarder
+        if forwarder is not None and not forwarder.plain_runs():
+            return None
         if topic.count("/") >= self.mqtt.max_topic_levels:
             return None
         logs = self.logs

@@ -300,9 +300,9 @@ class Router(ConnectRoom, PublishRoom, PublishRunRoom, AckRoom, SubscribeRoom, I
         long_read = False
         freed: Session | None = None  # a QoS 1 ack made window room: refill once, after the read
         # Before no_run a run (broker/publishrun.py) was looked for and refused, so those go
-        # one by one without looking again; all of them where an ACL or a cluster forwarder
-        # rules runs out (no per-packet look at all).
-        no_run = 0 if self._acl is None and self.forwarder is None else len(packets)
+        # one by one without looking again; all of them where an ACL rules runs out (no
+        # per-packet look at all).
+        no_run = 0 if self._acl is None else len(packets)
         last = len(packets) - 1
         check_at = _FLUSH_EVERY - 1  # (a run moves i past several at once)
         walk = enumerate(packets)

@@ -297,6 +297,33 @@ class Mesh:
         for link in links:  # a full link counts and logs what it drops (MeshLink.enqueue)
             link.deliver(msg.qos, head, body, epoch)
 
+    def forward_run(self, topic: str, payloads: list[bytes], origin: str | None) -> None:
+        """``forward`` for a run of plain QoS 0 messages on an unlogged topic, no properties,
+        no expiry (broker/publishrun.py): the links looked up once, each entry encoded by
+        the same C call, in order on every link (a run is asked for only while no peer has
+        shared-group members: ``plain_runs``)."""
+        links = self._forward_to.get(topic)
+        if links is None:
+            links = self._links_for(topic)
+        if not links:
+            return
+        body_of = frames.c_entry_body
+        if body_of is None:  # (no compiler: the per-message path)
+            for payload in payloads:
+                self.forward(Message(topic, payload, 0, False, None, None, origin))
+            return
+        entries = [body_of(topic, payload, 0, False, origin, None, -1, None, None)
+                   for payload in payloads]
+        for link in links:
+            deliver = link.deliver
+            for head, body in entries:
+                deliver(0, head, body, 0)
+
+    def plain_runs(self) -> bool:
+        """Whether a run of plain QoS 0 publishes may be routed as one: not while a peer has
+        members of a shared group, whose share is picked per message (cluster/shares.py)."""
+        return not self.routes.has_groups
+
     def _links_for(self, topic: str) -> tuple[MeshLink, ...]:
         """``forward``'s cache miss: the links of the peers with a matching filter (none for
         this router's own $SYS topics), cached until the next route change."""

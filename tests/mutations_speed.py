@@ -17,6 +17,9 @@ GUARD = "tests/bench/test_cost_guard.py::test_hot_paths_within_their_cost_budget
 RUN = "tests/broker/test_publish_run.py"
 RUN_ALL = f"{RUN}::test_every_subscriber_gets_a_run_as_it_would_one_message_at_a_time[runs]"
 RUN_ID = RUN_ALL.replace("[runs]", "[sub-id]")
+RUN_KEPT = f"{RUN}::test_a_retained_publish_that_would_start_a_run_is_kept_as_retained"
+CROSS = ("tests/cluster/test_review10_crossings.py::"
+         "test_a_pure_python_router_and_a_compiled_one_exchange_the_same_entries")
 RUN_STALL = f"{RUN}::test_a_stalled_subscriber_of_runs_gets_an_ordered_prefix_then_what_follows"
 
 
@@ -75,4 +78,17 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "            datas = datas[:take]\n",
           "            pass\n",
           (RUN_STALL,)),
+        m("speed-run-first-unchecked", "broker/publishrun.py _publish_run: the first packet of a "
+          "run is not checked for RETAIN or properties (a retained publish is routed as a "
+          "plain one and never kept; a property is lost)",
+          "broker/publishrun.py",
+          "        if first.retain or first.properties is not None:\n",
+          "        if False:\n",
+          (RUN_KEPT, RUN_ALL)),
+        m("speed-run-not-forwarded", "broker/publishrun.py _publish_run: a cluster router's run "
+          "is delivered locally but never forwarded to the peers with subscribers",
+          "broker/publishrun.py",
+          "            forwarder.forward_run(topic, [p.payload for p in run], conn.client_id)\n",
+          "            pass\n",
+          (CROSS,)),
     )

@@ -98,6 +98,9 @@ def test_every_subscriber_gets_a_run_as_it_would_one_message_at_a_time(start_bro
         got = _payloads(subs[name], N)
         assert [p.payload for p in got] == payloads, name
         assert all(p.topic == topic and p.qos == 0 and not p.retain for p in got), name
+        if name == "v5":  # the message with a property, alone in its place
+            assert [i for i, p in enumerate(got) if p.properties] == [120], got[120]
+            assert got[120].properties[R.USER_PROPERTY] in ([("k", "v")], ("k", "v")), got[120]
         if name == "v5-id":
             assert all(p.properties.get(R.SUBSCRIPTION_IDENTIFIER) in (7, [7])
                        for p in got), got[:2]
@@ -157,3 +160,23 @@ def test_a_stalled_subscriber_of_runs_gets_an_ordered_prefix_then_what_follows(
                                           reason="slow_consumer") == n,
              timeout=10, message=f"{len(seen)} read + slow-consumer drops == {n}")
     assert len(seen) < n / 2  # the premise: the bound cut most of it
+
+
+def test_a_retained_publish_that_would_start_a_run_is_kept_as_retained(start_broker, raw):
+    """The first packet of a would-be run is checked like the rest: a retained publish (or one
+    with properties) followed by plain ones on its topic is not routed as part of their run
+    (the run path neither keeps nor flags retained messages)."""
+    broker = start_broker(**LIVE)
+    topic = "live/" + unique("kept")
+    pub = raw(broker, version=4)
+    pub.connect(unique("pub"))
+    pub.send(R.publish(topic, b"kept", retain=True)
+             + b"".join(R.publish(topic, b"p%d" % i) for i in range(20)))
+    pub.send(R.pingreq())
+    pub.expect(R.PINGRESP)
+    late = raw(broker, version=4)
+    late.connect(unique("late"))
+    late.send(R.subscribe(1, [(topic, 0)]))
+    (kept,) = _payloads(late, 1)
+    assert (kept.payload, kept.retain) == (b"kept", True), kept
+    pub.publish(topic, b"", retain=True)
