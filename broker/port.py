@@ -98,6 +98,10 @@ class RouterPort(Protocol):
     def route(self, msg: Message, forward: bool = True) -> None:
         """Deliver ``msg`` to every matching session (and peers, when ``forward``)."""
 
+    def route_run(self, msgs: list[Message]) -> bool:
+        """Route a peer's run of plain QoS 0 messages (one topic, one origin) as one; False
+        when it cannot be, with nothing done (broker/publishrun.py)."""
+
     def deliver(self, session: Session, msg: Message, granted: int, retain: bool,
                 sub_ids: tuple[int, ...] | None, group: SharedGroup | None = None,
                 position: bool = False, live: bool = False) -> None:

@@ -28,12 +28,13 @@ from typing import Any
 from broker.connection import Connection
 from broker.protocol import codec
 from broker.protocol.codec import publish_packet0
-from broker.protocol.packets import Publish
+from broker.protocol.packets import PacketType, Publish
 from broker.stats import DropReason
 
 # The longest run routed in one go: the dispatch loop checks its 2 ms flush clock between runs
 # (router.py FLUSH_AFTER_S), so this bounds how long a subscriber waits behind one run.
 RUN_MAX = 64
+_PUBLISH = PacketType.PUBLISH
 # After a look that found no run (the next packet is another topic), the next this many packets
 # go one by one without looking: a stream of alternating topics pays for a look once in 8
 # packets, not on each (costguard's qos0mix: +90 instructions a message when looking on each).
@@ -62,17 +63,46 @@ class PublishRunRoom:
             end += 1
         if end - start < 2:
             return -(start + NO_RUN_SKIP)
-        plan = self._run_plan(conn, topic)
+        plan = self._run_plan(conn.client_id, topic)
         if plan is None:
             return -end
         run = packets[start:end]
         n = end - start
         stats = self.stats
-        stats.packets_in[first.type] += n - 1  # the first was counted by the dispatch loop
+        stats.packets_in[_PUBLISH] += n - 1  # the first was counted by the dispatch loop
         if conn.session is None:
             return end  # not connected yet: ``_on_publish`` ignores each
         stats.messages_in += n
         stats.messages_in_qos[0] += n
+        if plan:
+            self._write_run(plan, topic, run)
+        forwarder = self.forwarder
+        if forwarder is not None:  # after local delivery, as ``route`` forwards
+            forwarder.forward_run(topic, [p.payload for p in run], conn.client_id)
+        return end
+
+    def route_run(self, msgs: list[Any]) -> bool:
+        """Route messages a peer router forwarded (``route(msg, forward=False)`` for each), a
+        run of plain QoS 0 ones on one topic from one origin, as one: what the receiving end
+        of a crossing does with a frame's run of plain DELIVERs (cluster/mesh.py
+        ``on_deliveries``). False, with nothing done, when the run's plan refuses it (the
+        caller routes each)."""
+        if self._acl is not None:
+            return False
+        first = msgs[0]
+        plan = self._run_plan(first.origin, first.topic, False)
+        if plan is None:
+            return False
+        if plan:
+            self._write_run(plan, first.topic, msgs)
+        return True
+
+    def _write_run(self, plan: list[tuple[Connection, int, bool]], topic: str,
+                   run: list[Any]) -> None:
+        """Each planned connection is written the run (publishes or messages: their
+        ``payload``), encoded once per protocol level."""
+        stats = self.stats
+        n = len(run)
         plain = plain5 = None
         written = 0
         for tconn, limit, v5 in plan:
@@ -100,34 +130,33 @@ class PublishRunRoom:
                 stats.dropped(DropReason.SLOW_CONSUMER, len(datas) - took)
             written += took
         if written:
-            stats.packets_out[first.type] += written
+            stats.packets_out[_PUBLISH] += written
             stats.messages_out += written
             stats.messages_out_qos[0] += written
-        forwarder = self.forwarder
-        if forwarder is not None:  # after local delivery, as ``route`` forwards
-            forwarder.forward_run(topic, [p.payload for p in run], conn.client_id)
-        return end
 
-    def _run_plan(self, conn: Connection, topic: str) -> list[tuple[Connection, int, bool]] | None:
-        """Every connection a plain QoS 0 message on ``topic`` from ``conn`` is written to, as
-        (connection, its session's Maximum Packet Size or 0, v5): what ``_on_publish`` and
-        ``route`` decide for each message of the run, decided once. None when some part of
-        that path is not the plain one (see the module docstring): the caller then takes it.
-        (An ACL rules runs out before this is called: router.py.)"""
-        forwarder = self.forwarder
-        if forwarder is not None and not forwarder.plain_runs():
-            return None
-        if topic.count("/") >= self.mqtt.max_topic_levels:
-            return None
-        logs = self.logs
-        if logs is not None and logs.key_for(topic, False) is not None:
-            return None
+    def _run_plan(self, origin: str | None, topic: str, local: bool = True
+                  ) -> list[tuple[Connection, int, bool]] | None:
+        """Every connection a plain QoS 0 message on ``topic`` from client ``origin`` is
+        written to, as (connection, its session's Maximum Packet Size or 0, v5): what
+        ``_on_publish`` and ``route`` decide for each message of the run, decided once. None
+        when some part of that path is not the plain one (see the module docstring): the
+        caller then takes it. (An ACL rules runs out before this is called.) ``local``: a
+        publish here; else a peer's DELIVER, for which ``route`` checks no topic depth and no
+        log, and picks no shared-group member (the first router to route it did)."""
+        if local:
+            forwarder = self.forwarder
+            if forwarder is not None and not forwarder.plain_runs():
+                return None
+            if topic.count("/") >= self.mqtt.max_topic_levels:
+                return None
+            logs = self.logs
+            if logs is not None and logs.key_for(topic, False) is not None:
+                return None
         match = self.trie.match(topic)
-        if match.groups:
+        if local and match.groups:
             return None
         subs = match.subs
         sessions = self.sessions
-        origin = conn.client_id
         plan = []
         seen = set() if len(subs) > 1 else None
         for cid, sub in subs:

@@ -441,16 +441,42 @@ class Mesh:
 
     def on_deliveries(self, link: MeshLink, msgs: list[Message]) -> None:
         """Plain DELIVERs the compiled codec decoded straight to messages (unlogged, no
-        expiry: ``MeshLink._on_entries_frame``), routed as ``on_entries`` routes them."""
+        expiry: ``MeshLink._on_entries_frame``), routed as ``on_entries`` routes them; a run
+        of QoS 0 ones on one topic from one client (a fast publisher's, forwarded as a run:
+        ``forward_run``) routed as one (``route_run``, broker/publishrun.py)."""
         route = self.router.route
-        for msg in msgs:
+        n = len(msgs)
+        i = 0
+        while i < n:
+            msg = msgs[i]
+            j = i + 1
+            if not msg.qos and not msg.retain:
+                topic, origin = msg.topic, msg.origin
+                while j < n:
+                    m = msgs[j]
+                    if m.qos or m.retain or m.topic != topic or m.origin != origin:
+                        break
+                    j += 1
             try:
-                route(msg, False)
+                if j - i > 1 and self.router.route_run(msgs[i:j]):
+                    i = j
+                    continue
             except Exception as err:  # noqa: BLE001 - as in on_entries: the link goes on
-                self.entry_failures += 1
-                self._entry_log("a mesh entry could not be applied, skipped (counted in "
-                                "meshmq_link_entry_failures_total): %r", err,
-                                extra={"peer": link.peer, "topic": msg.topic})
+                self._entry_failed(link, msg, err, j - i)
+                i = j
+                continue
+            for msg in msgs[i:j]:
+                try:
+                    route(msg, False)
+                except Exception as err:  # noqa: BLE001 - as in on_entries: the link goes on
+                    self._entry_failed(link, msg, err, 1)
+            i = j
+
+    def _entry_failed(self, link: MeshLink, msg: Message, err: Exception, n: int) -> None:
+        self.entry_failures += n
+        self._entry_log("a mesh entry could not be applied, skipped (counted in "
+                        "meshmq_link_entry_failures_total): %r", err,
+                        extra={"peer": link.peer, "topic": msg.topic})
 
     def _apply(self, link: MeshLink, router: Any, e: frames.Entry, now: float) -> None:
         expiry_at = None if e.expiry is None else now + e.expiry

@@ -20,6 +20,7 @@ RUN_ID = RUN_ALL.replace("[runs]", "[sub-id]")
 RUN_KEPT = f"{RUN}::test_a_retained_publish_that_would_start_a_run_is_kept_as_retained"
 CROSS = ("tests/cluster/test_review10_crossings.py::"
          "test_a_pure_python_router_and_a_compiled_one_exchange_the_same_entries")
+RUN_CROSS = "tests/cluster/test_run_crossing.py::test_a_run_crosses_the_mesh_whole_and_in_order"
 RUN_STALL = f"{RUN}::test_a_stalled_subscriber_of_runs_gets_an_ordered_prefix_then_what_follows"
 
 
@@ -90,5 +91,18 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/publishrun.py",
           "            forwarder.forward_run(topic, [p.payload for p in run], conn.client_id)\n",
           "            pass\n",
-          (CROSS,)),
+          (CROSS, f"{RUN_CROSS}[runs]")),
+        m("speed-peer-run-loses-its-last", "cluster/mesh.py on_deliveries: a peer's run of "
+          "plain DELIVERs routed without its last message",
+          "cluster/mesh.py",
+          "                if j - i > 1 and self.router.route_run(msgs[i:j]):\n",
+          "                if j - i > 1 and self.router.route_run(msgs[i:j - 1]):\n",
+          (f"{RUN_CROSS}[runs]",)),
+        m("speed-run-ignores-peer-groups", "broker/publishrun.py _run_plan: a run is routed as one "
+          "while a peer has shared-group members (their share never picked: the peer's "
+          "member gets nothing)",
+          "broker/publishrun.py",
+          "            if forwarder is not None and not forwarder.plain_runs():\n",
+          "            if False:\n",
+          (f"{RUN_CROSS}[peer-shared-group]",)),
     )
