@@ -102,7 +102,6 @@ class PublishRunRoom:
         """Each planned connection is written the run (publishes or messages: their
         ``payload``), encoded once per protocol level."""
         stats = self.stats
-        n = len(run)
         plain = plain5 = None
         written = 0
         for tconn, limit, v5 in plan:
@@ -117,14 +116,12 @@ class PublishRunRoom:
                              if encode is not None else
                              [publish_packet0(topic, p.payload, False, None, 4) for p in run])
                 datas = plain
-            if limit:
-                fits = [d for d in datas if len(d) <= limit]
-                if len(fits) != n:
-                    # "treated as if sent" [MQTT-3.1.2-25]: dropped in order, as one by one
-                    stats.dropped(DropReason.TOO_LARGE, n - len(fits))
-                    if not fits:
-                        continue
-                    datas = fits
+            if limit and max(map(len, datas)) > limit:
+                # some are too large for this client ("treated as if sent", [MQTT-3.1.2-25]):
+                # one by one in deliver's order, congestion before size, so each drop has
+                # the reason the per-packet path gives it (rare: no run's cost to save)
+                written += self._write_one_by_one(tconn, datas, limit)
+                continue
             took = tconn.write_run(datas, sum(map(len, datas)))
             if took < len(datas):
                 stats.dropped(DropReason.SLOW_CONSUMER, len(datas) - took)
@@ -133,6 +130,24 @@ class PublishRunRoom:
             stats.packets_out[_PUBLISH] += written
             stats.messages_out += written
             stats.messages_out_qos[0] += written
+
+    def _write_one_by_one(self, tconn: Connection, datas: list[bytes], limit: int) -> int:
+        """``deliver`` -> ``_write_qos0`` for each of a run's packets; returns how many were
+        written."""
+        slow = large = taken = 0
+        for data in datas:
+            if tconn.congested:
+                slow += 1
+            elif len(data) > limit:
+                large += 1
+            else:
+                tconn.write(data)
+                taken += 1
+        if slow:
+            self.stats.dropped(DropReason.SLOW_CONSUMER, slow)
+        if large:
+            self.stats.dropped(DropReason.TOO_LARGE, large)
+        return taken
 
     def _run_plan(self, origin: str | None, topic: str, local: bool = True
                   ) -> list[tuple[Connection, int, bool]] | None:

@@ -308,12 +308,13 @@ class Mesh:
         if not links:
             return
         body_of = frames.c_entry_body
-        if body_of is None:  # (no compiler: the per-message path)
-            for payload in payloads:
+        entries = None if body_of is None else [
+            body_of(topic, payload, 0, False, origin, None, -1, None, None)
+            for payload in payloads]
+        if entries is None or None in entries:  # (no compiler, or a payload not bytes: the
+            for payload in payloads:            # per-message path, as ``forward`` falls back)
                 self.forward(Message(topic, payload, 0, False, None, None, origin))
             return
-        entries = [body_of(topic, payload, 0, False, origin, None, -1, None, None)
-                   for payload in payloads]
         for link in links:
             deliver = link.deliver
             for head, body in entries:

@@ -18,6 +18,8 @@ RUN = "tests/broker/test_publish_run.py"
 RUN_ALL = f"{RUN}::test_every_subscriber_gets_a_run_as_it_would_one_message_at_a_time[runs]"
 RUN_ID = RUN_ALL.replace("[runs]", "[sub-id]")
 RUN_KEPT = f"{RUN}::test_a_retained_publish_that_would_start_a_run_is_kept_as_retained"
+RUN_REASONS = (f"{RUN}::test_drops_of_a_congested_subscriber_with_a_size_limit_keep_their_"
+               "reasons[run]")
 CROSS = ("tests/cluster/test_review10_crossings.py::"
          "test_a_pure_python_router_and_a_compiled_one_exchange_the_same_entries")
 RUN_CROSS = "tests/cluster/test_run_crossing.py::test_a_run_crosses_the_mesh_whole_and_in_order"
@@ -66,11 +68,11 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "            if tconn.out_aliases is not None or (v5 and sub.sub_id):\n",
           "            if tconn.out_aliases is not None:\n",
           (RUN_ID,)),
-        m("speed-run-no-size-limit", "broker/publishrun.py _publish_run: the subscriber's "
+        m("speed-run-no-size-limit", "broker/publishrun.py _write_run: the subscriber's "
           "Maximum Packet Size not checked for a run",
           "broker/publishrun.py",
-          "            if limit:\n                fits =",
-          "            if False:\n                fits =",
+          "            if limit and max(map(len, datas)) > limit:\n",
+          "            if False:\n",
           (RUN_ALL,)),
         m("speed-run-past-the-bound", "broker/connection.py write_run: the part of a run past "
           "the write buffer bound is counted as dropped but written anyway (memory unbounded, "
@@ -105,4 +107,13 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "            if forwarder is not None and not forwarder.plain_runs():\n",
           "            if False:\n",
           (f"{RUN_CROSS}[peer-shared-group]",)),
+        m("speed-run-size-before-congestion", "broker/publishrun.py _write_one_by_one: a run's "
+          "too-large packet is judged by size before congestion (a drop while congested "
+          "counted as too_large: review13)",
+          "broker/publishrun.py",
+          "            if tconn.congested:\n                slow += 1\n"
+          "            elif len(data) > limit:\n                large += 1\n",
+          "            if len(data) > limit:\n                large += 1\n"
+          "            elif tconn.congested:\n                slow += 1\n",
+          (RUN_REASONS,)),
     )

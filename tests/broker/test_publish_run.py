@@ -180,3 +180,39 @@ def test_a_retained_publish_that_would_start_a_run_is_kept_as_retained(start_bro
     (kept,) = _payloads(late, 1)
     assert (kept.payload, kept.retain) == (b"kept", True), kept
     pub.publish(topic, b"", retain=True)
+
+
+@pytest.mark.parametrize("runs", [False, True], ids=["per-packet", "run"])
+def test_drops_of_a_congested_subscriber_with_a_size_limit_keep_their_reasons(
+        start_broker, raw, runs):
+    """A subscriber past its write buffer bound whose Maximum Packet Size some of a run's
+    packets exceed: the per-packet path checks congestion before size, so a too-large message
+    that comes while it is congested is a slow-consumer drop; a run must count the same
+    (review13: runs counted every too-large one as too_large first)."""
+    b = start_broker(mqtt={"write_buffer_limit": 1000}, **LIVE)
+    topic, other = "live/" + unique("r"), "live/" + unique("nobody")
+    sub = raw(b, version=5)
+    sub.connect(unique("sub"), properties={R.MAXIMUM_PACKET_SIZE: 1100})
+    sub.send(R.subscribe(1, [(topic, 0)], version=5))
+    sub.expect(R.SUBACK)
+    pub = raw(b, version=4)
+    pub.connect(unique("pub"))
+
+    def drops() -> tuple[float, float]:
+        return (b.metric("meshmq_messages_dropped_total", reason="slow_consumer"),
+                b.metric("meshmq_messages_dropped_total", reason="too_large"))
+
+    before = drops()
+    out = []
+    for payload in (b"A" * 600, b"B" * 600, b"C" * 1500, b"D" * 600):
+        out.append(R.publish(topic, payload))
+        if not runs:  # a publish nobody gets between each: no run forms
+            out.append(R.publish(other, b"x"))
+    pub.send(b"".join(out))
+    pub.send(R.pingreq())
+    pub.expect(R.PINGRESP)
+    assert [p.payload[:1] for p in _payloads(sub, 2)] == [b"A", b"B"]
+    sub.expect_none(0.3)
+    wait_for(lambda: tuple(a - z for a, z in zip(drops(), before, strict=True)) == (2, 0),
+             timeout=10,
+             message="C and D counted as slow-consumer drops (congested before C's size)")
