@@ -316,9 +316,7 @@ class Mesh:
                 self.forward(Message(topic, payload, 0, False, None, None, origin))
             return
         for link in links:
-            deliver = link.deliver
-            for head, body in entries:
-                deliver(0, head, body, 0)
+            link.deliver_run(0, entries, 0)
 
     def plain_runs(self) -> bool:
         """Whether a run of plain QoS 0 publishes may be routed as one: not while a peer has

@@ -44,6 +44,11 @@ def review10_mutations(mutation: Any) -> tuple[Any, ...]:
           "                self.stats[\"dropped_full\"] += 1\n",
           "            if self._dropping and self.stats[\"dropped_full\"] & 1023:\n"
           "                pass\n", (FULL,)),
+        m("link-full-run-uncounted", "cluster/link.py deliver_run: a run dropped whole by a "
+          "full link counts one drop, not each of its entries",
+          "cluster/link.py",
+          "                stats[\"dropped_full\"] = end\n",
+          "                stats[\"dropped_full\"] = count + 1\n", (FULL,)),
         m("review10-gone-publisher-unrouted", "broker/ingest.py _on_durable: a stored "
           "publish whose publisher has gone is not routed (stored, lost to subscribers)",
           "broker/ingest.py", "                self.route(msg)\n                if msg.qos and",
