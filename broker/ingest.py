@@ -88,6 +88,8 @@ class IngestRoom:
             self.not_stored(conn, pkt.packet_id, pkt.qos, err)
             return
         conn.unsettled += 1
+        if key == RETAIN_ONLY:  # routed once durable: later publishes wait (router.py)
+            self._retain_waits.add(conn)
         if pkt.qos == 2:
             conn.session.own_incoming_qos2()[pkt.packet_id] = False
         if logs.held > HELD_LIMIT and conn.unsettled >= PAUSE_MIN_UNSETTLED \
@@ -100,6 +102,7 @@ class IngestRoom:
         stored: ``exc``): route them and answer their publishers, in log order."""
         settled: list[Connection] = []
         paused = self._paused_publishers  # almost always empty: one truth test per message
+        retain_waits = self._retain_waits  # (likewise)
         later = isinstance(exc, NotCommittedYet) and self.logs is not None
         # A run of plain PUBACKs (QoS 1, reason 0, no properties) to one publisher, in log
         # order: written as one buffer when the run ends (another publisher, another kind of
@@ -119,6 +122,8 @@ class IngestRoom:
             if conn is not None:
                 conn.unsettled -= 1
                 if not conn.unsettled:
+                    if retain_waits:
+                        retain_waits.discard(conn)
                     if conn.pending is not None:
                         settled.append(conn)
                     if paused and conn in paused:

@@ -145,6 +145,9 @@ class Router(ConnectRoom, PublishRoom, PublishRunRoom, AckRoom, SubscribeRoom, I
         self.positions = DeliveredPositions(self.sessions, self.catchup, self.replays, stats,
                                             self.mqtt.max_lagging_devices)
         self._paused_publishers: set[Connection] = set()
+        # Connections with a retained publish on an unlogged topic waiting for the disk
+        # (broker/ingest.py _append): their later publishes wait behind it (see _handle_packets)
+        self._retain_waits: set[Connection] = set()
         self.forwarder: Forwarder | None = None  # set by the node wiring in a cluster
         # None, or a callable answering None or why QoS>=1 publishes to device logs are
         # refused now (broker/writegate.py; a cluster router's leader lease, cluster/lease.py)
@@ -242,6 +245,7 @@ class Router(ConnectRoom, PublishRoom, PublishRunRoom, AckRoom, SubscribeRoom, I
 
     def connection_lost(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        self._retain_waits.discard(conn)
         session = conn.session
         if session is not None:
             self._connected -= 1
@@ -306,6 +310,7 @@ class Router(ConnectRoom, PublishRoom, PublishRunRoom, AckRoom, SubscribeRoom, I
         last = len(packets) - 1
         check_at = _FLUSH_EVERY - 1  # (a run moves i past several at once)
         walk = enumerate(packets)
+        retain_waits = self._retain_waits  # almost always empty: one truth test a publish
         for i, packet in walk:
             if conn.closing:
                 return
@@ -326,6 +331,18 @@ class Router(ConnectRoom, PublishRoom, PublishRunRoom, AckRoom, SubscribeRoom, I
             ptype = packet.type
             packets_in[ptype] += 1
             if ptype == _PUBLISH:
+                if retain_waits and conn in retain_waits:
+                    # A retained publish on an unlogged topic is routed once its retained
+                    # record is durable; what this client publishes after it would be routed
+                    # at once, ahead of it: [MQTT-4.6.0-6] wants its subscribers to see one
+                    # topic's messages in the order sent. So the rest waits, as a SUBSCRIBE
+                    # behind unsettled publishes does (released when all are settled, by
+                    # whichever path settles the last one).
+                    if conn.unsettled:
+                        packets_in[ptype] -= 1
+                        self._hold(conn, packets[i:])
+                        break
+                    retain_waits.discard(conn)
                 if i >= no_run and not packet.qos and i < last:
                     end = self._publish_run(conn, packets, i)
                     if end > 0:  # routed up to end: step over them (itertools' consume)

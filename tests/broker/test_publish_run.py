@@ -216,3 +216,44 @@ def test_drops_of_a_congested_subscriber_with_a_size_limit_keep_their_reasons(
     wait_for(lambda: tuple(a - z for a, z in zip(drops(), before, strict=True)) == (2, 0),
              timeout=10,
              message="C and D counted as slow-consumer drops (congested before C's size)")
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+def test_a_retained_publish_keeps_its_place_among_the_live_ones(start_broker, raw, qos):
+    """[MQTT-4.6.0-6]: one topic's messages reach a subscriber in the order their client sent
+    them. A retained publish on an unlogged topic is routed once its retained record is
+    durable; the plain ones its client sends after it (a run, here) wait behind it instead of
+    overtaking it (they did, before and after the runs: found writing this file)."""
+    broker = start_broker(**LIVE)
+    topic = "live/" + unique("order")
+    subs = []
+    for version in (4, 5):
+        c = raw(broker, version=version)
+        c.connect(unique(f"s{version}"))
+        c.send(R.subscribe(1, [(topic, 0)], version=version))
+        c.expect(R.SUBACK)
+        subs.append(c)
+    pub = raw(broker, version=4)
+    pub.connect(unique("pub"))
+    out, payloads = [], []
+    for i in range(60):
+        payload = b"m%02d" % i
+        if i in (20, 40):
+            out.append(R.publish(topic, payload, qos=qos, retain=True,
+                                 packet_id=i if qos else None))
+        else:
+            out.append(R.publish(topic, payload))
+        payloads.append(payload)
+    pub.send(b"".join(out))
+    for c in subs:
+        got = _payloads(c, len(payloads))
+        assert [p.payload for p in got] == payloads
+        assert not any(p.retain for p in got)  # live copies [MQTT-3.3.1-9]
+    if qos:
+        assert sorted(pub.expect(R.PUBACK).packet_id for _ in range(2)) == [20, 40]
+    late = raw(broker, version=4)
+    late.connect(unique("late"))
+    late.send(R.subscribe(1, [(topic, 0)]))
+    (kept,) = _payloads(late, 1)
+    assert (kept.payload, kept.retain) == (b"m40", True), kept
+    pub.publish(topic, b"", retain=True)
