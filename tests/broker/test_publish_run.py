@@ -51,6 +51,15 @@ def _payloads(c: R.RawClient, n: int, timeout: float = 20) -> list[R.Packet]:
     return got
 
 
+def _retained_on_subscribe(broker, raw, topic: str) -> R.Packet:
+    """The first PUBLISH a new v3.1.1 subscriber of ``topic`` gets: the retained message."""
+    late = raw(broker, version=4)
+    late.connect(unique("late"))
+    late.send(R.subscribe(1, [(topic, 0)]))
+    (kept,) = _payloads(late, 1)
+    return kept
+
+
 @pytest.mark.parametrize("extra", ["runs", "sub-id", "overlap"])
 def test_every_subscriber_gets_a_run_as_it_would_one_message_at_a_time(start_broker, raw,
                                                                         extra):
@@ -174,10 +183,7 @@ def test_a_retained_publish_that_would_start_a_run_is_kept_as_retained(start_bro
              + b"".join(R.publish(topic, b"p%d" % i) for i in range(20)))
     pub.send(R.pingreq())
     pub.expect(R.PINGRESP)
-    late = raw(broker, version=4)
-    late.connect(unique("late"))
-    late.send(R.subscribe(1, [(topic, 0)]))
-    (kept,) = _payloads(late, 1)
+    kept = _retained_on_subscribe(broker, raw, topic)
     assert (kept.payload, kept.retain) == (b"kept", True), kept
     pub.publish(topic, b"", retain=True)
 
@@ -251,9 +257,6 @@ def test_a_retained_publish_keeps_its_place_among_the_live_ones(start_broker, ra
         assert not any(p.retain for p in got)  # live copies [MQTT-3.3.1-9]
     if qos:
         assert sorted(pub.expect(R.PUBACK).packet_id for _ in range(2)) == [20, 40]
-    late = raw(broker, version=4)
-    late.connect(unique("late"))
-    late.send(R.subscribe(1, [(topic, 0)]))
-    (kept,) = _payloads(late, 1)
+    kept = _retained_on_subscribe(broker, raw, topic)
     assert (kept.payload, kept.retain) == (b"m40", True), kept
     pub.publish(topic, b"", retain=True)
