@@ -37,12 +37,15 @@ def deliverfence_mutations(mutation: Any) -> tuple[Any, ...]:
           "        if True:\n",
           (f"{U}::test_a_newer_delivery_reads_back_before_it_passes_and_fences_the_old_leader",)),
         m("fence-copies-below-position", "a session takes a routed copy below its position in "
-          "that device log (a re-elected leader's re-routing from its checkpointed mark): an "
-          "older message after a newer one",
+          "that device log (a restarted leader routes a resend it finds stored by its previous "
+          "run again; a re-elected leader's re-routing from its checkpointed mark): an older "
+          "message after a newer one",
           "broker/delivery.py",
           "below its position.\n                return\n",
           "below its position.\n                pass\n",
-          ("tests/chaos/test_chaos_run.py::test_replicated_schedule",
+          (f"{T}::test_a_resend_routed_again_by_a_restarted_leader_is_not_delivered_below_"
+           "the_position",
+           "tests/chaos/test_chaos_run.py::test_replicated_schedule",
            f"{T}::test_a_restarted_leader_s_copies_of_old_messages_are_not_delivered_again")),
         m("fence-resend-scan-committed", "a restarted leader's resend check reads only committed "
           "records: a resent APPEND whose first copy is above the high-water mark is stored "

@@ -1,7 +1,7 @@
 """A subscriber across a change of a device log's leader: every message once per session,
 never an older one after a newer one (cluster/deliverfence.py, broker/delivery.py).
 
-Two seams, each made deterministic on a 3-node Raft cluster:
+Three seams, each made deterministic (a 3-node Raft cluster, the third a 2-node static one):
 
 * **a frozen leader's queued DELIVERs**: node 0 leads the log, its link to node 2 (the
   subscriber's) loses every byte while messages are committed (node 1 still fetches), then
@@ -14,8 +14,14 @@ Two seams, each made deterministic on a 3-node Raft cluster:
   logs; it routes what it cannot know its previous process routed, from its checkpointed
   high-water mark (long before its log end), so copies of old messages reach the subscriber
   after newer ones. The subscriber's router must drop what is below the session's position.
+* **a restarted leader's re-routing of a resend**: node 0's router is killed (-9) after it
+  routed a publish whose PUBACK its publisher never read; restarted, it finds the publisher's
+  resend in its log (broker/pubdedupe.py) and, since its previous run may have died before
+  routing it, routes it again. The subscriber on node 1 had it, and a newer message since:
+  the copy is below its position and must not be handed on. (Recovery no longer re-routes
+  from a checkpointed mark, so this seam is the one that reaches that check today.)
 
-Both check the subscriber's stream by payload: each expected message present, and strictly
+All three check the subscriber's stream by payload: each expected message present, and strictly
 increasing (a repeat of an older message after a newer one fails: per-device order).
 """
 
@@ -206,5 +212,70 @@ def test_a_restarted_leader_s_copies_of_old_messages_are_not_delivered_again(
             assert pub.puback_code(pub.publish(topic, p, 1)) == 0
         got += _collect(sub, after, settle=2.0)
         _check_stream(want + after, got)
+    finally:
+        cluster.stop()
+
+
+def test_a_resend_routed_again_by_a_restarted_leader_is_not_delivered_below_the_position(
+        tmp_path, clients: ClientFactory, raw) -> None:
+    """A restarted leader routes a resent publish it finds stored by its previous run again
+    (broker/ingest.py ``_resend_committed``: that run may have died before routing it); the
+    subscriber had it, and newer messages of the device since: the copy is below the session's
+    position there and must not be handed on (broker/delivery.py). Node 0 leads the log
+    (static placement); the subscriber is on node 1, connected throughout."""
+    cluster = Cluster(tmp_path, n=2)
+    try:
+        cluster.start()
+        n0, n1 = cluster.nodes
+        device = cluster.device_owned_by(0, unique("rr"))
+        topic = f"devices/{device}/t"
+        sub = clients.connected(n1, protocol=V5)
+        sub.subscribe(f"devices/{device}/#", 1)
+        cluster.wait_routes(1, 1)
+        cid = unique("rrpub")
+        pub = raw(n0)
+        pub.connect(cid, clean=False)
+        want = [f"a{i}" for i in range(6)]
+        for i, p in enumerate(want[:-1]):
+            assert pub.publish(topic, p, 1, packet_id=1 + i).reason_code in (None, 0)
+        # a5: stored, committed and routed (the subscriber gets it), its PUBACK never read:
+        # the router is killed -9 as if between routing it and acknowledging it
+        pub.send(R.publish(topic, "a5", qos=1, packet_id=6))
+        got = _collect(sub, want, settle=0)
+        pub.abort()
+        since = cluster.link(1, 0)["since"]
+        old = cluster.router_pid(0)
+        os.kill(old, signal.SIGKILL)
+        cluster.wait_router_restarted(0, old)
+        # node 1's link to the new incarnation up: the subscriber's position in node 0's log
+        # is read back from there (broker/positions.py owner_back), nothing new; the read
+        # goes live at the log end
+        wait_for(lambda: cluster.link(1, 0)["state"] == "up"
+                 and cluster.link(1, 0)["since"] > since, 60, message="n1's link to n0 back")
+        wait_for(lambda: n1.metric("meshmq_sessions_lagging") == 0, 30,
+                 message="the subscriber's read of node 0's log at its end")
+        # a newer message, live: the read's seam is passed (broker/catchup.py divert), so
+        # what follows is checked against the position alone
+        other = raw(n0)
+        other.connect(unique("rrother"))
+        assert other.publish(topic, "b0", 1, packet_id=1).reason_code in (None, 0)
+        got += _collect(sub, ["b0"], settle=0)
+        arrived = cluster.link(1, 0)["msgs_in"]
+        # the publisher resends a5 (DUP=1, same packet id): found in the log, acknowledged
+        # with its offset, and routed again (stored before this router started)
+        hits = n0.metric("meshmq_publish_dedupe_total", result="hit")
+        again = raw(n0)
+        again.connect(cid, clean=False)
+        again.send(R.publish(topic, "a5", qos=1, dup=True, packet_id=6))
+        ack = again.expect(R.PUBACK, timeout=30, skip=(R.PUBLISH,))
+        assert ack.packet_id == 6 and ack.reason_code in (None, 0), ack
+        assert n0.metric("meshmq_publish_dedupe_total", result="hit") == hits + 1
+        # b1 goes on the same link after the copy of a5: once it is in, the copy has been
+        # decided on node 1
+        assert other.publish(topic, "b1", 1, packet_id=2).reason_code in (None, 0)
+        got += _collect(sub, ["b1"], settle=1.0)
+        # the copy of a5 did reach node 1 (else this test would check nothing)
+        assert cluster.link(1, 0)["msgs_in"] == arrived + 2, cluster.link(1, 0)
+        _check_stream(want + ["b0", "b1"], got)
     finally:
         cluster.stop()
