@@ -289,6 +289,43 @@ class DeviceLogs:
         each read (here or another)."""
         return LogCursor(device, next_offset, self.remote_owner)
 
+    def append_run(self, key: str, msgs: list[Message], conn: Connection,
+                   packet_ids: list[int]) -> None:
+        """``append(key, msg, conn, packet_id, None)`` for each of a run of plain messages
+        (not retained, no properties, no expiry) from one publisher (broker/loggedrun.py): one
+        timestamp, the header and the batch's group made once. Raises LogWriteError at the
+        first message the log does not take: those before it are held (their ``offset`` set),
+        it and the rest are not."""
+        committer = self.committer
+        first = 0
+        if not committer.flush_scheduled or committer.failure is not None:
+            # the first through the committer: it schedules this tick's flush, or refuses
+            # while the log is failing
+            self.append(key, msgs[0], conn, packet_ids[0], None)
+            first = 1
+        ts = time.time_ns() // 1000
+        batch = self._batch
+        if not batch:
+            self._batch_ts = ts
+        origin = ((_H_ORIGIN, conn.client_id.encode()),) if conn.session.has_no_local else ()
+        plain = origin or None  # (no header at all, as append writes a plain record)
+        group = batch.get(key)
+        if group is None:
+            group = batch[key] = []
+        append = self.store.append
+        held = 0
+        try:
+            for i in range(first, len(msgs)):
+                msg = msgs[i]
+                publisher = msg.publisher
+                msg.offset = append(key, ts, msg.topic, 1, plain if publisher is None else
+                                    (*origin, (H_PUBLISHER, publisher)), msg.payload)
+                msg.device = key
+                group.append((conn, packet_ids[i], msg))
+                held += 1
+        finally:
+            self.held += held
+
     def _seal(self) -> None:
         """Before-flush hook: each device's publishes of this write wait for its high-water
         mark to pass the last of them: one waiter per device (see the module docstring)."""

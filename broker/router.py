@@ -55,6 +55,7 @@ from broker.handle_publish import PublishRoom
 from broker.handle_subscribe import SubscribeRoom
 from broker.ingest import IngestRoom
 from broker.limits import RouterLimits
+from broker.loggedrun import LoggedRunRoom
 from broker.lograte import RateLimitedLog
 from broker.logrules import LogRules
 from broker.positions import DeliveredPositions
@@ -87,8 +88,8 @@ _PUBACK = PacketType.PUBACK
 _HELD_TYPES = (PacketType.SUBSCRIBE, PacketType.UNSUBSCRIBE)
 
 
-class Router(ConnectRoom, PublishRoom, PublishRunRoom, AckRoom, SubscribeRoom, IngestRoom,
-             DeliveryRoom, SessionEndRoom):
+class Router(ConnectRoom, PublishRoom, PublishRunRoom, LoggedRunRoom, AckRoom, SubscribeRoom,
+             IngestRoom, DeliveryRoom, SessionEndRoom):
     """State, dispatch and flush; the rooms (mixins, see the module docstring) do the rest."""
 
     def __init__(
@@ -343,9 +344,11 @@ class Router(ConnectRoom, PublishRoom, PublishRunRoom, AckRoom, SubscribeRoom, I
                         self._hold(conn, packets[i:])
                         break
                     retain_waits.discard(conn)
-                if i >= no_run and not packet.qos and i < last:
-                    end = self._publish_run(conn, packets, i)
-                    if end > 0:  # routed up to end: step over them (itertools' consume)
+                if i >= no_run and i < last and packet.qos < 2:
+                    # a run of QoS 0 publishes routed once, or of QoS 1 ones stored once
+                    end = (self._logged_run(conn, packets, i) if packet.qos else
+                           self._publish_run(conn, packets, i))
+                    if end > 0:  # up to end: step over them (itertools' consume)
                         skip = end - i - 1
                         next(itertools.islice(walk, skip, skip), None)
                         continue
