@@ -34,7 +34,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from broker.auth import topic_matches
 from broker.cursors import LogCursor
@@ -84,6 +84,12 @@ class LogCatchUp:
         self.lagging: set[Session] = set()  # sessions with at least one cursor behind
         self._scheduled: set[Session] = set()
         self._limit_logged = 0.0
+        # Set by the router: ``deliver(session, msg, 1, False, sub_ids, None, False, False)``
+        # for each of a run of plain QoS 1 messages read from this router's log that the
+        # session's window has room for, as (session, its connection, messages, sub_ids)
+        # (broker/loggedrun.py)
+        self.deliver_run: Callable[[Session, Any, list[Message], tuple[int, ...] | None],
+                                   None] | None = None
 
     # -- the router's hooks --------------------------------------------------------------
     def divert(self, session: Session, msg: Message, qos: int) -> bool:
@@ -151,6 +157,7 @@ class LogCatchUp:
         window = session.window
         source = self.source
         deliver = self._deliver
+        deliver_run = self.deliver_run
         stats = self.stats
         # The session's subscriptions cannot change while this runs (nothing in it awaits),
         # so which of them take a topic is the same for every record no subscription is
@@ -177,6 +184,12 @@ class LogCatchUp:
                 moved = True
                 remote = c.owner is not None
                 skew = CLOCK_SKEW_US if remote else 0
+                # Plain QoS 1 records (no header, not retained) of one plan, this router's
+                # log: collected and handed to the window as one (``deliver_run``, one
+                # write), up to the room the window has; the rest one by one as below
+                room = 0 if remote or deliver_run is None else window - len(inflight)
+                run: list[Message] = []
+                run_plan: tuple | None = None
                 while records:
                     rec = records.popleft()
                     budget -= 1
@@ -192,10 +205,29 @@ class LogCatchUp:
                             memo[rec.topic] = False if got is None else got
                         elif plan is False:
                             got = None
+                        elif room and rec.attrs == 1 and not rec.headers and plan[1] \
+                                and not plan[4]:
+                            if plan is not run_plan:
+                                if run:
+                                    deliver_run(session, conn, run, run_plan[3])
+                                    run = []
+                                run_plan = plan
+                            msg = new_message(rec.topic, bytes(rec.payload), 1, False, None,
+                                              None, None)
+                            msg.device = rec.key
+                            msg.offset = rec.offset
+                            run.append(msg)
+                            room -= 1
+                            if not room:
+                                break  # the window is full
+                            continue
                         else:
                             got = (record_message(rec, new_message), *plan[1:])
                     else:
                         got = match_record(session, rec, remote)
+                    if run:  # before this record: log order
+                        deliver_run(session, conn, run, run_plan[3])
+                        run = []
                     if got is not None:
                         msg = got[0]
                         if msg.expiry_at is not None and msg.expired(time.monotonic()):
@@ -208,6 +240,10 @@ class LogCatchUp:
                                     got[4], False)
                     if session.queue or len(inflight) >= window or conn.congested:
                         break
+                    if room:
+                        room = window - len(inflight)
+                if run:
+                    deliver_run(session, conn, run, run_plan[3])
             if not session.lag_behind:
                 self._all_caught_up(session)
                 return

@@ -100,6 +100,8 @@ class IngestRoom:
     def _on_durable(self, batch: list[PendingPublish], exc: BaseException | None) -> None:
         """One device's publishes of a group commit are below its high-water mark (or were not
         stored: ``exc``): route them and answer their publishers, in log order."""
+        if exc is None and len(batch) > 1 and self._settle_run(batch):
+            return  # a run of plain QoS 1 publishes: routed and acked as one (loggedrun.py)
         settled: list[Connection] = []
         paused = self._paused_publishers  # almost always empty: one truth test per message
         retain_waits = self._retain_waits  # (likewise)
@@ -162,6 +164,11 @@ class IngestRoom:
                 fail_client(self.stats, conn, err)  # resends; the rest of the batch goes on
         if run:
             self.send_pubacks(run_conn, run)
+        self.after_settle(settled)
+
+    def after_settle(self, settled: list[Connection]) -> None:
+        """A durable batch was settled: the held packets of its publishers that have nothing
+        unsettled any more, and the publishers paused by HELD_LIMIT once it is half free."""
         for conn in settled:  # their held SUBSCRIBE/UNSUBSCRIBE, now after the acks above
             self.release_held(conn)
         if self._paused_publishers and self.logs is not None \

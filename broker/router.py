@@ -143,6 +143,7 @@ class Router(ConnectRoom, PublishRoom, PublishRunRoom, LoggedRunRoom, AckRoom, S
                                       (self.mqtt.max_queued_messages,
                                        self.mqtt.max_queued_bytes),
                                       self.mqtt.max_lagging_devices, self.loop.call_soon)
+            self.catchup.deliver_run = self._deliver_read
         self.positions = DeliveredPositions(self.sessions, self.catchup, self.replays, stats,
                                             self.mqtt.max_lagging_devices)
         self._paused_publishers: set[Connection] = set()
