@@ -134,16 +134,29 @@ class LoggedRunRoom:
                            run: list[Publish], err: LogWriteError) -> None:
         """``append_run`` stored a prefix of the run, then could not store the next: that
         prefix is settled as usual, the one that failed is refused, and each after it takes
-        ``_append`` (stored if the log takes it now, else refused), as packet by packet."""
+        ``_append`` (stored if the log takes it now, else refused), as packet by packet.
+        Once the connection is closing (a 3.x publisher is closed, not refused) the rest is
+        not processed, as the dispatch loop stops there: nor counted (``_logged_run`` counted
+        the whole run as received up front)."""
         stored = 0
         while stored < len(msgs) and msgs[stored].offset >= 0:
             stored += 1
         conn.unsettled += stored
         self.not_stored(conn, run[stored].packet_id, 1, err)
-        for msg, pkt in zip(msgs[stored + 1:], run[stored + 1:], strict=True):
-            if conn.closing:  # a 3.x publisher is closed, not refused: the dispatch loop stops
-                return
+        rest = stored + 1
+        for msg, pkt in zip(msgs[rest:], run[rest:], strict=True):
+            if conn.closing:
+                break
             self._append(logs, key, msg, conn, pkt, None)
+            rest += 1
+        left = len(run) - rest
+        if left:  # never read, packet by packet: uncounted
+            stats = self.stats
+            stats.packets_in[_PUBLISH] -= left
+            stats.messages_in -= left
+            stats.messages_in_qos[1] -= left
+            if conn.level == 5:
+                conn.inbound_unacked -= left
 
     # -- the other end: a durable run routed and delivered as one -------------------------------
     def _settle_run(self, batch: list[PendingPublish]) -> bool:
