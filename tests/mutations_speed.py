@@ -25,6 +25,16 @@ CROSS = ("tests/cluster/test_review10_crossings.py::"
          "test_a_pure_python_router_and_a_compiled_one_exchange_the_same_entries")
 RUN_CROSS = "tests/cluster/test_run_crossing.py::test_a_run_crosses_the_mesh_whole_and_in_order"
 RUN_STALL = f"{RUN}::test_a_stalled_subscriber_of_runs_gets_an_ordered_prefix_then_what_follows"
+LRUN = "tests/broker/test_logged_run.py"
+LRUN_ALL = f"{LRUN}::test_a_logged_run_is_answered_delivered_and_stored_as_one_message_at_a_time"
+LRUN_V5 = f"{LRUN_ALL}[v5-publisher]"
+LRUN_NO_LOCAL = f"{LRUN}::test_no_local_holds_for_a_run_read_back_from_the_log"
+LRUN_DEDUPE = (f"{LRUN}::test_a_resend_of_a_run_message_is_answered_from_the_log_not_stored_"
+               "twice")
+# (root only: it mounts a tmpfs; skipped, so NOT CAUGHT, elsewhere)
+LRUN_FULL = f"{LRUN}::test_runs_into_a_full_volume_are_refused_one_by_one_never_acked"
+LRUN_GATE = f"{LRUN}::test_a_run_is_refused_by_the_shut_write_gate_as_its_first_publish_is"
+LRUN_OWNER = f"{LRUN}::test_a_run_on_a_log_another_node_leads_goes_to_its_leader"
 
 
 def speed_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -117,6 +127,93 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "            if len(data) > limit:\n                large += 1\n"
           "            elif tconn.congested:\n                slow += 1\n",
           (RUN_REASONS,)),
+        m("speed-logged-run-loses-its-last", "broker/loggedrun.py _logged_run: the run stored "
+          "without its last message (the dispatch loop steps over it: never stored, answered "
+          "or delivered)",
+          "broker/loggedrun.py",
+          "        run = packets[start:end]\n",
+          "        run = packets[start:end - 1]\n",
+          (LRUN_ALL,)),
+        m("speed-logged-run-append-loses-its-last", "broker/devicelogs.py append_run: the run's "
+          "last message not appended (counted as held by its publisher, never settled)",
+          "broker/devicelogs.py",
+          "            for i in range(first, len(msgs)):\n",
+          "            for i in range(first, len(msgs) - 1):\n",
+          (LRUN_ALL,)),
+        m("speed-logged-run-scan-ignores-topic", "broker/loggedrun.py _logged_run: the scan does "
+          "not end a run at another topic (stored and delivered under the run's topic)",
+          "broker/loggedrun.py",
+          "                    or p.properties is not None or p.topic != topic:\n",
+          "                    or p.properties is not None:\n",
+          (LRUN_ALL,)),
+        m("speed-logged-run-first-unchecked", "broker/loggedrun.py _logged_run: the first packet "
+          "of a run not checked for RETAIN or properties (a retained publish stored as a plain "
+          "one, never kept; a user property lost)",
+          "broker/loggedrun.py",
+          "        if first.retain or first.dup or first.properties is not None:\n",
+          "        if first.dup:\n",
+          (LRUN_ALL,)),
+        m("speed-logged-run-takes-dup", "broker/loggedrun.py _logged_run: the scan takes a DUP=1 "
+          "publish into a run (a resend is not looked up in the log: stored twice)",
+          "broker/loggedrun.py",
+          "            if p.__class__ is not Publish or p.qos != 1 or p.retain or p.dup \\\n",
+          "            if p.__class__ is not Publish or p.qos != 1 or p.retain \\\n",
+          (LRUN_DEDUPE,)),
+        m("speed-logged-run-first-dup", "broker/loggedrun.py _logged_run: a DUP=1 publish starts "
+          "a run (a resend is not looked up in the log: stored twice)",
+          "broker/loggedrun.py",
+          "        if first.retain or first.dup or first.properties is not None:\n",
+          "        if first.retain or first.properties is not None:\n",
+          (LRUN_DEDUPE,)),
+        m("speed-logged-run-no-publisher-id", "broker/loggedrun.py _logged_run: with publisher "
+          "dedupe on, a run's records carry no :pub header (its resends are never found: "
+          "stored twice)",
+          "broker/loggedrun.py",
+          "                msg.publisher = publisher_id(session, pid)\n",
+          "                pass\n",
+          (LRUN_DEDUPE,)),
+        m("speed-logged-run-no-origin", "broker/devicelogs.py append_run: no :origin header for "
+          "a publisher holding a No Local subscription (fed back from the log, it gets its own "
+          "messages)",
+          "broker/devicelogs.py",
+          "        origin = ((_H_ORIGIN, conn.client_id.encode()),) if conn.session.has_no_local "
+          "else ()\n",
+          "        origin = ()\n",
+          (LRUN_NO_LOCAL,)),
+        m("speed-logged-run-counted-twice", "broker/loggedrun.py _logged_run: the run's first "
+          "PUBLISH packet counted again (meshmq_packets_received_total off by one a run)",
+          "broker/loggedrun.py",
+          "        stats.packets_in[_PUBLISH] += n - 1",
+          "        stats.packets_in[_PUBLISH] += n",
+          (LRUN_V5,)),
+        m("speed-logged-run-gate-not-asked", "broker/loggedrun.py _logged_run_plan: the write "
+          "gate not asked (a run stored while the leader lease is out, instead of refused)",
+          "broker/loggedrun.py",
+          "        if gate is not None and (gate() is not None or self.gate_held.items):\n",
+          "        if False:\n",
+          (LRUN_GATE,)),
+        m("speed-logged-run-owner-not-asked", "broker/loggedrun.py _logged_run_plan: the log's "
+          "owner not asked (a cluster router appends a run to a log another router leads: a "
+          "second log, acknowledged there, never in the leader's)",
+          "broker/loggedrun.py",
+          "        if forwarder is not None and forwarder.owner_of(key) is not None:\n",
+          "        if False:\n",
+          (LRUN_OWNER,)),
+        m("speed-logged-run-failed-prefix-off-by-one", "broker/loggedrun.py _logged_run_failed: "
+          "the stored prefix counted one too long (the message the log refused is taken as "
+          "stored: never answered, its publisher's later packets held for ever; the next one "
+          "refused in its place)",
+          "broker/loggedrun.py",
+          "        stored = 0\n",
+          "        stored = 1\n",
+          (LRUN_FULL,)),
+        m("speed-logged-run-closed-rest-counted", "broker/loggedrun.py _logged_run_failed: the "
+          "rest of a run after its 3.x publisher was closed stays counted as received (never "
+          "read, packet by packet)",
+          "broker/loggedrun.py",
+          "        if left:  # never read, packet by packet: uncounted\n",
+          "        if False:\n",
+          (LRUN_FULL,)),
         m("retain-order-overtaken", "broker/router.py _handle_packets: what a client publishes "
           "after a retained publish on an unlogged topic is not held behind it (routed at "
           "once, ahead of the retained one still waiting for the disk)",
