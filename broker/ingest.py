@@ -92,10 +92,27 @@ class IngestRoom:
             self._retain_waits.add(conn)
         if pkt.qos == 2:
             conn.session.own_incoming_qos2()[pkt.packet_id] = False
-        if logs.held > HELD_LIMIT and conn.unsettled >= PAUSE_MIN_UNSETTLED \
-                and conn not in self._paused_publishers:
+        if logs.held > HELD_LIMIT:
+            self.pause_if_holding(conn)
+
+    def pause_if_holding(self, conn: Connection) -> None:
+        """Past HELD_LIMIT (appended, unsettled publishes): pause reading ``conn`` if it holds
+        PAUSE_MIN_UNSETTLED of them itself (the rest of its read goes on). Only a publisher
+        that holds memory is paused: one device whose mark is held must not stop the others'."""
+        if conn.unsettled >= PAUSE_MIN_UNSETTLED and conn not in self._paused_publishers:
             conn.transport.pause_reading()
             self._paused_publishers.add(conn)
+
+    def publisher_settled(self, conn: Connection, settled: list[Connection]) -> None:
+        """``conn`` has nothing unsettled any more (once a batch, not once a message): what
+        waited for that goes on."""
+        self._retain_waits.discard(conn)
+        if conn.pending is not None:
+            settled.append(conn)  # (released after the batch's acks: after_settle)
+        if conn in self._paused_publishers:
+            # nothing of its own held any more: it costs no memory (see PAUSE_MIN_UNSETTLED),
+            # whatever other devices still hold
+            self._resume_publisher(conn)
 
     def _on_durable(self, batch: list[PendingPublish], exc: BaseException | None) -> None:
         """One device's publishes of a group commit are below its high-water mark (or were not
@@ -103,8 +120,6 @@ class IngestRoom:
         if exc is None and len(batch) > 1 and self._settle_run(batch):
             return  # a run of plain QoS 1 publishes: routed and acked as one (loggedrun.py)
         settled: list[Connection] = []
-        paused = self._paused_publishers  # almost always empty: one truth test per message
-        retain_waits = self._retain_waits  # (likewise)
         later = isinstance(exc, NotCommittedYet) and self.logs is not None
         # A run of plain PUBACKs (QoS 1, reason 0, no properties) to one publisher, in log
         # order: written as one buffer when the run ends (another publisher, another kind of
@@ -124,14 +139,7 @@ class IngestRoom:
             if conn is not None:
                 conn.unsettled -= 1
                 if not conn.unsettled:
-                    if retain_waits:
-                        retain_waits.discard(conn)
-                    if conn.pending is not None:
-                        settled.append(conn)
-                    if paused and conn in paused:
-                        # nothing of its own held any more: it costs no memory (see
-                        # PAUSE_MIN_UNSETTLED), whatever other devices still hold
-                        self._resume_publisher(conn)
+                    self.publisher_settled(conn, settled)
                 if msg.qos == 2 and conn.closing and conn.session is not None:
                     # its resumed session must not keep the id pending forever
                     self.remote.settle_resumed_qos2(conn.session, packet_id, exc, msg)

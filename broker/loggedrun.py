@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from broker.connection import Connection, fail_client
 from broker.devicelogs import PendingPublish
-from broker.ingest import HELD_LIMIT, PAUSE_MIN_UNSETTLED
+from broker.ingest import HELD_LIMIT
 from broker.message import Delivery, Message, new_delivery, new_message
 from broker.protocol import codec
 from broker.protocol.packets import PacketType, Publish
@@ -100,10 +100,8 @@ class LoggedRunRoom:
             self._logged_run_failed(logs, key, msgs, conn, run, err)
             return end
         conn.unsettled += n
-        if logs.held > HELD_LIMIT and conn.unsettled >= PAUSE_MIN_UNSETTLED \
-                and conn not in self._paused_publishers:
-            conn.transport.pause_reading()  # (as _append: the rest of this read goes on)
-            self._paused_publishers.add(conn)
+        if logs.held > HELD_LIMIT:  # (as _append)
+            self.pause_if_holding(conn)
         return end
 
     def _logged_run_plan(self, conn: Connection, topic: str) -> str | None:
@@ -172,17 +170,10 @@ class LoggedRunRoom:
                     or msg.topic != topic or conn.ack_offsets:
                 return False
         settled: list[Connection] = []
-        paused = self._paused_publishers
-        retain_waits = self._retain_waits
         for conn, _, _ in batch:  # (as _on_durable, per message)
             conn.unsettled -= 1
             if not conn.unsettled:
-                if retain_waits:
-                    retain_waits.discard(conn)
-                if conn.pending is not None:
-                    settled.append(conn)
-                if paused and conn in paused:
-                    self._resume_publisher(conn)
+                self.publisher_settled(conn, settled)
         start = 0
         n = len(batch)
         while start < n:  # a stretch per publisher: its messages, then its acks

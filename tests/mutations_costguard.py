@@ -11,10 +11,15 @@ GUARD = "tests/bench/test_cost_guard.py::test_hot_paths_within_their_cost_budget
 def costguard_mutations(mutation: Any) -> tuple[Any, ...]:
     m = mutation
     return (
-        m("costguard-delivery-size-by-generator", "broker/delivery.py _write_publish: a v3.x "
-          "QoS 1/2 copy's size checked through a generator (a few calls more per delivery: "
-          "qos1 and catch-up +10 % or more)",
-          "broker/delivery.py",
-          "                if limit and len(data) > limit:\n",
-          "                if sum(len(x) for x in (data,)) > limit and limit:\n", (GUARD,)),
+        # (Was "costguard-delivery-size-by-generator", in _write_publish's v3.x QoS 1/2 branch:
+        # since the logged runs, broker/loggedrun.py, a v3.x QoS 1 copy on the qos1 and
+        # catch-up paths is encoded in _send_run, so the guard's workloads left that branch
+        # and the plant went uncaught; the slowdown is planted where the copies are now.)
+        m("costguard-send-run-by-generator", "broker/loggedrun.py _send_run: each v3.x QoS 1 "
+          "copy of a run collected through a generator (a few calls more per delivery: qos1 "
+          "and catch-up +10 % or more)",
+          "broker/loggedrun.py",
+          "            datas.append(encode(msg.topic, msg.payload, 0x32, pid))\n",
+          "            datas.extend(x for x in (encode(msg.topic, msg.payload, 0x32, pid),))\n",
+          (GUARD,)),
     )

@@ -37,7 +37,8 @@ _PUMP_MEMO = (
     "        memo: dict[str, tuple | bool] | None = (\n"
     "            None if any([sub.no_local for sub in subs]) else {})\n")
 _PUMP_HEAD = ("        window = session.window\n        source = self.source\n"
-              "        deliver = self._deliver\n        stats = self.stats\n" + _PUMP_MEMO +
+              "        deliver = self._deliver\n        deliver_run = self.deliver_run\n"
+              "        stats = self.stats\n" + _PUMP_MEMO +
               "        budget = _STEP\n        while budget > 0:\n            moved = False\n"
               "            for c in list(lag.values()):\n                if c.live:\n"
               "                    continue\n")

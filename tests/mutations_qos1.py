@@ -29,8 +29,8 @@ def qos1_mutations(mutation: Any) -> tuple[Any, ...]:
         m("qos1-pubacks-last-run-lost", "a durable batch's last run of PUBACKs is never "
           "written", "broker/ingest.py",
           "        if run:\n            self.send_pubacks(run_conn, run)\n"
-          "        for conn in settled:",
-          "        for conn in settled:", (PB_ORDER,)),
+          "        self.after_settle(settled)",
+          "        self.after_settle(settled)", (PB_ORDER,)),
         m("qos1-pubacks-byte-order", "the coalesced PUBACKs carry their packet ids byte-swapped",
           "broker/pubacks.py", "    if _SWAP:\n", "    if not _SWAP:\n", (PB_ORDER,)),
         m("qos1-pubacks-run-switch-drops", "the run of one publisher's PUBACKs is dropped when "

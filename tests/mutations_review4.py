@@ -25,63 +25,25 @@ HWLIM = ("tests/broker/test_review4_hwm_faults.py::"
          "test_one_held_device_past_the_held_limit_does_not_pause_other_devices_publishers")
 # broker/ingest.py as it was before review4's fix (both halves: either alone fixes the stall)
 _PAUSE_OLD = (
-    '        if logs.held > HELD_LIMIT and conn.unsettled >= PAUS'
-    'E_MIN_UNSETTLED \\\n'
-    '                and conn not in self._paused_publishers:\n'
-    '            conn.transport.pause_reading()\n'
-    '            self._paused_publishers.add(conn)\n'
-    '\n'
-    '    def _on_durable(self, batch: list[PendingPublish], exc: '
-    'BaseException | None) -> None:\n'
-    '        """One device\'s publishes of a group commit are belo'
-    'w its high-water mark (or were not\n'
-    '        stored: ``exc``): route them and answer their publis'
-    'hers, in log order."""\n'
-    '        settled: list[Connection] = []\n'
-    '        paused = self._paused_publishers  # almost always em'
-    'pty: one truth test per message\n'
-    '        retain_waits = self._retain_waits  # (likewise)\n'
-    '        later = isinstance(exc, NotCommittedYet) and self.lo'
-    'gs is not None\n'
-    '        # A run of plain PUBACKs (QoS 1, reason 0, no properties) to one publisher, in log\n'
-    '        # order: written as one buffer when the run ends (another publisher, another kind of\n'
-    '        # ack, the end of the batch), not one write per message (pubacks.py)\n'
-    '        run_conn: Connection | None = None\n'
-    '        run: list[int] = []\n'
-    '        for conn, packet_id, msg in batch:\n'
-    '            if later and msg.device is not None and msg.offs'
-    'et >= 0:\n'
-    '                # refused to its publisher, but still in the'
-    ' log: routed if the mark passes it\n'
-    '                # later (nothing stored is lost to a subscri'
-    'ber; at least once, as a resend of\n'
-    '                # it is stored again)\n'
-    '                self.logs.committer.when_high_watermark(\n'
-    '                    msg.device, msg.offset, Watch(partial(se'
-    'lf._committed_later, msg)))\n'
-    '            if conn is None and packet_id is not None:  # st'
-    'ored for a peer router\n'
-    '                self.remote.stored(packet_id, msg, exc)\n'
-    '                continue\n'
-    '            if conn is not None:\n'
-    '                conn.unsettled -= 1\n'
-    '                if not conn.unsettled:\n'
-    '                    if retain_waits:\n'
-    '                        retain_waits.discard(conn)\n'
-    '                    if conn.pending is not None:\n'
-    '                        settled.append(conn)\n'
-    '                    if paused and conn in paused:\n'
-    '                        # nothing of its own held any more: '
-    'it costs no memory (see\n'
-    '                        # PAUSE_MIN_UNSETTLED), whatever oth'
-    'er devices still hold\n'
-    '                        self._resume_publisher(conn)\n'
+    "        if conn.unsettled >= PAUSE_MIN_UNSETTLED and conn not in self._paused_publishers:\n"
+    "            conn.transport.pause_reading()\n"
+    "            self._paused_publishers.add(conn)\n"
+    "\n"
+    "    def publisher_settled(self, conn: Connection, settled: list[Connection]) -> None:\n"
+    '        """``conn`` has nothing unsettled any more (once a batch, not once a message): what\n'
+    '        waited for that goes on."""\n'
+    "        self._retain_waits.discard(conn)\n"
+    "        if conn.pending is not None:\n"
+    "            settled.append(conn)  # (released after the batch's acks: after_settle)\n"
+    "        if conn in self._paused_publishers:\n"
 )
-# the same text with both halves of review4's fix undone (derived, so the two stay in step)
+# the same text with both halves of review4's fix undone (derived, so the two stay in step);
+# since the logged runs (broker/loggedrun.py) both halves are methods that the per-message and
+# the run paths share (IngestRoom.pause_if_holding, publisher_settled)
 _PAUSE_NEW = _PAUSE_OLD.replace(
-    "        if logs.held > HELD_LIMIT and conn.unsettled >= PAUSE_MIN_UNSETTLED \\\n",
-    "        if logs.held > HELD_LIMIT \\\n", 1).replace(
-    "                    if paused and conn in paused:\n", "                    if False:\n", 1)
+    "        if conn.unsettled >= PAUSE_MIN_UNSETTLED and conn not in self._paused_publishers:\n",
+    "        if conn not in self._paused_publishers:\n", 1).replace(
+    "        if conn in self._paused_publishers:\n", "        if False:\n", 1)
 MOVES = "tests/cluster/test_review4_cursor_moves.py"
 
 
