@@ -14,6 +14,18 @@ RETAIN = (f"{SHAPES}::test_qos0_copies_carry_the_retain_flag_only_for_what_was_s
           "[4]")
 MPS = f"{SHAPES}::test_a_qos0_copy_larger_than_the_clients_maximum_packet_size_is_not_sent"
 GUARD = "tests/bench/test_cost_guard.py::test_hot_paths_within_their_cost_budget"
+LR = "tests/broker/test_logged_run_delivery.py"
+LR_SLOW = f"{LR}::test_a_slow_subscriber_with_a_small_window_gets_a_long_stream_once_in_order"
+LR_ROOM = f"{LR}::test_a_lagging_subscriber_whose_window_has_room_is_still_fed_in_log_order"
+LR_WRAP = f"{LR}::test_packet_ids_wrap_past_65535_around_ids_still_in_flight"
+LR_RESUME = f"{LR}::test_a_persistent_session_resumes_across_a_disconnect_and_a_restart"
+LR_MIXED = f"{LR}::test_mixed_subscribers_of_one_run_each_get_their_copy"
+LR_HEADERS = (f"{LR}::test_a_lagging_v5_subscriber_reads_back_what_is_not_plain_with_its_"
+              "properties")
+LR_ACL = f"{LR}::test_a_run_on_a_topic_the_subscriber_may_not_read_never_reaches_it"
+LR_SHARED = (f"{LR}::test_a_run_with_a_shared_group_member_reaches_every_member_and_the_"
+             "plain_subscriber")
+LR_REPLAY = f"{LR}::test_an_offset_subscription_reads_history_then_the_runs_once"
 RUN = "tests/broker/test_publish_run.py"
 RUN_ALL = f"{RUN}::test_every_subscriber_gets_a_run_as_it_would_one_message_at_a_time[runs]"
 RUN_ID = RUN_ALL.replace("[runs]", "[sub-id]")
@@ -223,4 +235,80 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "                    if False:\n"
           "                        packets_in[ptype] -= 1\n",
           (RETAIN_ORDER,)),
+        m("speed-logged-deliver-position-not-moved", "broker/loggedrun.py _deliver_run: the "
+          "part of a run sent in one write does not move the session's position in the device "
+          "log (a restart reads what it acked again)",
+          "broker/loggedrun.py",
+          "                    positions[msgs[0].device] = msgs[take - 1].offset + 1\n",
+          "                    pass\n",
+          (LR_RESUME,)),
+        m("speed-logged-deliver-window-unbounded", "broker/loggedrun.py _deliver_run: the "
+          "part sent in one write is the whole run, not what the window has room for "
+          "(max_inflight overrun)",
+          "broker/loggedrun.py",
+          "                take = session.window - len(session.inflight)\n",
+          "                take = len(msgs)\n",
+          (LR_SLOW,)),
+        m("speed-logged-deliver-lag-unchecked", "broker/loggedrun.py _deliver_run: a session "
+          "behind on the device is not left to its cursor: a run goes to its window's room "
+          "ahead of the older records its cursor has not read yet",
+          "broker/loggedrun.py",
+          "        elif lag:\n",
+          "        elif False:\n",
+          (LR_ROOM,)),
+        m("speed-logged-deliver-pid-collision", "broker/loggedrun.py _send_run: packet ids "
+          "allocated without stepping over the ids still in flight (after the 65535 -> 1 wrap "
+          "two messages in flight share an id, and one of them is lost from the window)",
+          "broker/loggedrun.py",
+          "            while pid in inflight:  # (Session.allocate_pid, inline: the window has "
+          "room)\n",
+          "            while False:\n",
+          (LR_WRAP,)),
+        m("speed-logged-deliver-read-loses-last-run", "broker/catchup.py pump: the last run of "
+          "plain records collected from a chunk is never handed to the window (its cursor "
+          "moved past them: lost)",
+          "broker/catchup.py",
+          "                if run:\n"
+          "                    deliver_run(session, conn, run, run_plan[3])\n"
+          "            if not session.lag_behind:\n",
+          "            if not session.lag_behind:\n",
+          (LR_SLOW,)),
+        m("speed-logged-deliver-read-takes-headers", "broker/catchup.py pump: a record with "
+          "headers (properties, expiry, origin) is taken into a read-back run as a plain "
+          "message (a v5 subscriber loses its user properties)",
+          "broker/catchup.py",
+          "elif room and rec.attrs == 1 and not rec.headers and plan[1] \\\n",
+          "elif room and rec.attrs == 1 and plan[1] \\\n",
+          (LR_HEADERS,)),
+        m("speed-logged-deliver-rest-dropped", "broker/loggedrun.py _deliver_run: the part of "
+          "a run past the one-write part stops after its first message whether or not the "
+          "session fell behind (the rest is neither queued nor left to a cursor: lost)",
+          "broker/loggedrun.py",
+          "            deliver(session, msgs[i], granted, False, sub_ids, None, False, True)\n"
+          "            if session.lag_behind:\n",
+          "            deliver(session, msgs[i], granted, False, sub_ids, None, False, True)\n"
+          "            return\n"
+          "            if session.lag_behind:\n",
+          (LR_SLOW, LR_MIXED)),
+        m("speed-logged-deliver-acl-unchecked", "broker/loggedrun.py _deliver_run: with an "
+          "ACL the run's one-write part is taken too (no read check per message: a denied "
+          "topic delivered through a wildcard subscription)",
+          "broker/loggedrun.py",
+          "        if self._acl is not None:\n",
+          "        if False:\n",
+          (LR_ACL,)),
+        m("speed-logged-deliver-groups-ignored", "broker/loggedrun.py _route_run: a run whose "
+          "topic a shared group matches is routed as one (the group's members never get "
+          "their shares)",
+          "broker/loggedrun.py",
+          "        if self.forwarder is not None or match.groups:\n",
+          "        if self.forwarder is not None:\n",
+          (LR_SHARED,)),
+        m("speed-logged-deliver-replay-ignored", "broker/loggedrun.py _route_run: a session "
+          "whose one subscription reads the log from an offset is handed the run live "
+          "(``accept_live`` not asked: what its replay cursor reads too comes twice)",
+          "broker/loggedrun.py",
+          "            cid, sub = subs[0]\n            if sub.replay is not None:\n",
+          "            cid, sub = subs[0]\n            if False:\n",
+          (LR_REPLAY,)),
     )
