@@ -232,8 +232,15 @@ class LoggedRunRoom:
                     entry[0] = sub.qos
                 if sub.sub_id not in entry[1]:  # each identifier once [MQTT-3.3.4-3]
                     entry[1].append(sub.sub_id)
+        failed: Exception | None = None
         for cid, (qos, ids) in merged.items():
-            self._deliver_run(sessions[cid], msgs, qos, tuple(i for i in ids if i) or None)
+            try:
+                self._deliver_run(sessions[cid], msgs, qos, tuple(i for i in ids if i) or None)
+            except Exception as err:  # noqa: BLE001 - one session's failure must not cost
+                failed = failed or err  # the others the run (route loses one message, not
+                # a run, for the sessions after it); raised after: its publisher is failed
+        if failed is not None:
+            raise failed
 
     def _deliver_run(self, session: Session, msgs: list[Message], granted: int,
                      sub_ids: tuple[int, ...] | None) -> None:

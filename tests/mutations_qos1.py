@@ -12,7 +12,7 @@ from typing import Any
 DF = "tests/commitlog/test_commitlog_disk_full.py"
 PB = "tests/broker/test_puback_batches.py"
 PB_ORDER = PB + "::test_pipelined_acks_one_per_publish_in_order"
-PB_TWO = PB + "::test_two_publishers_of_one_device_each_get_all_their_acks"
+PB_TWO = PB + "::test_two_publishers_of_one_device_each_get_all_their_acks[two-topics]"
 RET = "tests/broker/test_retained.py"
 REPLAY = "tests/broker/test_devicelog_replay.py::test_puback_offsets_and_earliest_replay_then_live"
 

@@ -12,7 +12,7 @@ MIXED = X + "::test_interleaved_qos0_and_qos1_runs_survive_a_flap"
 FULL = X + "::test_a_full_link_drops_and_counts_each_entry_of_its_runs"
 PURE = X + "::test_a_pure_python_router_and_a_compiled_one_exchange_the_same_entries"
 P = "tests/broker/test_review10_puback_runs.py"
-GONE = P + "::test_a_publisher_gone_with_acks_pending_loses_nothing_stored"
+GONE = P + "::test_a_publisher_gone_with_acks_pending_loses_nothing_stored[two-topics]"
 FSYNC = P + "::test_fsync_failing_mid_burst_acks_only_what_is_stored"
 
 

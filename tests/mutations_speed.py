@@ -38,6 +38,10 @@ CROSS = ("tests/cluster/test_review10_crossings.py::"
 RUN_CROSS = "tests/cluster/test_run_crossing.py::test_a_run_crosses_the_mesh_whole_and_in_order"
 RUN_STALL = f"{RUN}::test_a_stalled_subscriber_of_runs_gets_an_ordered_prefix_then_what_follows"
 LRUN = "tests/broker/test_logged_run.py"
+SETTLE_TWO = ("tests/broker/test_puback_batches.py::"
+              "test_two_publishers_of_one_device_each_get_all_their_acks[run]")
+SETTLE_GONE = ("tests/broker/test_review10_puback_runs.py::"
+               "test_a_publisher_gone_with_acks_pending_loses_nothing_stored[run]")
 LRUN_ALL = f"{LRUN}::test_a_logged_run_is_answered_delivered_and_stored_as_one_message_at_a_time"
 LRUN_V5 = f"{LRUN_ALL}[v5-publisher]"
 LRUN_NO_LOCAL = f"{LRUN}::test_no_local_holds_for_a_run_read_back_from_the_log"
@@ -311,4 +315,22 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "            cid, sub = subs[0]\n            if sub.replay is not None:\n",
           "            cid, sub = subs[0]\n            if False:\n",
           (LR_REPLAY,)),
+        # the run path's twins of qos1-pubacks-run-switch-drops and
+        # review10-gone-publisher-unrouted (those guard the per-message settle)
+        m("speed-settle-run-switch-drops", "broker/loggedrun.py _settle_run: a publisher's "
+          "stretch of a durable run is acked only when it is the batch's last (the acks of a "
+          "publisher followed by another in the batch are dropped)",
+          "broker/loggedrun.py",
+          "            if not conn.closing and conn.session is not None:\n"
+          "                self.send_pubacks(conn, [entry[1] for entry in stretch])\n",
+          "            if end == n and not conn.closing and conn.session is not None:\n"
+          "                self.send_pubacks(conn, [entry[1] for entry in stretch])\n",
+          (SETTLE_TWO,)),
+        m("speed-settle-run-gone-publisher-unrouted", "broker/loggedrun.py _settle_run: a "
+          "durable run whose publisher has gone is not routed (stored, lost to subscribers)",
+          "broker/loggedrun.py",
+          "                self._route_run([entry[2] for entry in stretch])\n",
+          "                if not conn.closing:\n"
+          "                    self._route_run([entry[2] for entry in stretch])\n",
+          (SETTLE_GONE,)),
     )

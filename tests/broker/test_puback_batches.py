@@ -68,10 +68,15 @@ def test_pipelined_acks_one_per_publish_in_order(broker, raw, version):
     pub.expect_none(0.3)
 
 
-def test_two_publishers_of_one_device_each_get_all_their_acks(broker, raw):
+@pytest.mark.parametrize("topics", [1, 2], ids=["run", "two-topics"])
+def test_two_publishers_of_one_device_each_get_all_their_acks(broker, raw, topics):
     """Two publishers writing the same device's topic in bursts side by side (their bursts
-    share group-commit batches): each gets every one of its acks, in its own order."""
-    topic = f"devices/{unique('acks2')}/t"
+    share group-commit batches): each gets every one of its acks, in its own order. ``run``:
+    one topic, so the batches settle as runs (broker/loggedrun.py ``_settle_run``);
+    ``two-topics``: the device's two topics alternate, so each message settles on its own
+    (``IngestRoom._on_durable``'s per-message loop)."""
+    device = unique('acks2')
+    names = [f"devices/{device}/t", f"devices/{device}/u"][:topics]
     pubs = [raw(broker, version=4) for _ in range(2)]
     for i, p in enumerate(pubs):
         p.connect(unique(f"acks2-{i}"))
@@ -80,10 +85,10 @@ def test_two_publishers_of_one_device_each_get_all_their_acks(broker, raw):
     for _burst in range(20):
         for i, p in enumerate(pubs):
             data = bytearray()
-            for _ in range(20):
+            for k in range(20):
                 pid = next_id[i]
                 next_id[i] += 1
-                data += R.publish(topic, b"x", qos=1, packet_id=pid)
+                data += R.publish(names[k % topics], b"x", qos=1, packet_id=pid)
                 expected[i].append((R.PUBACK, pid))
             p.send(bytes(data))
     for i, p in enumerate(pubs):

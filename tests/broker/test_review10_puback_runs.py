@@ -125,19 +125,22 @@ def test_fsync_failing_mid_burst_acks_only_what_is_stored(slow_disk_broker, raw,
     assert ack.packet_id == 7 and (version == 4 or ack.reason_code == 0), ack
 
 
+@pytest.mark.parametrize("topics", [1, 2], ids=["run", "two-topics"])
 def test_a_publisher_gone_with_acks_pending_loses_nothing_stored(slow_disk_broker, raw,
-                                                                  clients) -> None:
+                                                                  clients, topics) -> None:
     """A v5 publisher pipelines 1,000 QoS 1 publishes over slow fsyncs and drops its socket at
     once, its acks still pending (the PUBACK runs have no one to go to). What was stored is
     still routed: the subscriber gets exactly the log's records, in order; the broker serves
-    the next publisher."""
+    the next publisher. ``run``: one topic, settled as runs (broker/loggedrun.py);
+    ``two-topics``: the device's two topics alternate, settled message by message."""
     broker, _fs = slow_disk_broker
-    device = "rv10gone"
+    device = f"rv10gone{topics}"
     sub = clients.connected(broker, protocol=V5, clean=True)
     sub.subscribe(f"devices/{device}/#", 1)
     pub = raw(broker, version=5)
     pub.connect("rv10-gone")
-    pub.send(b"".join(R.publish(f"devices/{device}/t", f"{i:04d}".encode(), qos=1,
+    names = [f"devices/{device}/t", f"devices/{device}/u"][:topics]
+    pub.send(b"".join(R.publish(names[i % topics], f"{i:04d}".encode(), qos=1,
                                 packet_id=i + 1, version=5) for i in range(1000)))
     pub.close()
     nxt = raw(broker, version=5)
