@@ -16,17 +16,15 @@ full, and after a clean restart:
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
-import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from helpers.broker import wait_for
 from helpers.devicelog import BrokerGroup, ConnectionLost, Publisher
+from helpers.volume import fill_rest, tmpfs_volume
 
 from commitlog.store import LogStore
 
@@ -35,18 +33,7 @@ PAYLOAD = 700  # bytes: ~2,500 records would fill 2 MiB
 
 @pytest.fixture
 def tmpfs(tmp_path: Path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a 2 MiB tmpfs (the full-disk test runs as root in CI)")
-    vol = tmp_path / "vol"
-    vol.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(vol)],
-                         capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
-    try:
-        yield vol
-    finally:
-        subprocess.run(["umount", "-l", str(vol)], check=False)
+    yield from tmpfs_volume(tmp_path)
 
 
 @pytest.fixture
@@ -54,18 +41,6 @@ def brokers():
     group = BrokerGroup()
     yield group
     group.stop_all()
-
-
-def fill_rest(path: Path) -> None:
-    """Take every byte left on the volume (so the broker's probe write cannot succeed)."""
-    with open(path, "ab", buffering=0) as f:
-        chunk = b"\0" * 4096
-        while True:
-            try:
-                f.write(chunk)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                return
 
 
 def readyz(broker) -> tuple[int, dict]:

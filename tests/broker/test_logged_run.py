@@ -34,11 +34,9 @@ off (``_logged_run_plan`` answering None). The planted bugs these catch are
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +47,7 @@ from helpers.broker import BrokerProc, wait_for
 from helpers.clients import unique
 from helpers.cluster import Cluster
 from helpers.devicelog import fetch_all, log_list
+from helpers.volume import fill_rest, tmpfs_volume
 
 from commitlog.record import ATTR_QOS_MASK, ATTR_RETAIN
 from commitlog.store import LogStore
@@ -361,29 +360,7 @@ BIG = 700  # bytes: ~2,800 records fill 2 MiB
 
 @pytest.fixture
 def tmpfs(tmp_path: Path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a 2 MiB tmpfs (the full-disk tests run as root in CI)")
-    vol = tmp_path / "vol"
-    vol.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(vol)],
-                         capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
-    try:
-        yield vol
-    finally:
-        subprocess.run(["umount", "-l", str(vol)], check=False)
-
-
-def _fill_rest(path: Path) -> None:
-    """Take every byte left on the volume (the log's probe write cannot succeed)."""
-    with open(path, "ab", buffering=0) as f:
-        while True:
-            try:
-                f.write(b"\0" * 4096)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                return
+    yield from tmpfs_volume(tmp_path)
 
 
 def _big(tag: str, i: int) -> bytes:
@@ -438,7 +415,7 @@ def test_runs_into_a_full_volume_are_refused_one_by_one_never_acked(
         run("v5")
     # the last bytes taken: the log stays failing (its probe cannot write), a run is refused
     # whole, message by message, and the connection's next packet is not held behind it
-    _fill_rest(tmpfs / "topfill")
+    fill_rest(tmpfs / "topfill")
     wait_for(lambda: b.http_get("/readyz")[0] == 503, timeout=30,
              message="/readyz 503 while the log cannot write")
     assert all(rc == 0x80 for _, rc in run("v5")), "acknowledged on a full volume"

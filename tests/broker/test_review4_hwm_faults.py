@@ -12,9 +12,6 @@ connection are untouched meanwhile (and are the sentinel that the resend was rea
 
 from __future__ import annotations
 
-import errno
-import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -22,6 +19,7 @@ import pytest
 from helpers import raw as R
 from helpers.broker import wait_for
 from helpers.clients import unique
+from helpers.volume import fill_rest, tmpfs_volume
 
 from broker.ingest import HELD_LIMIT
 
@@ -97,29 +95,7 @@ def test_held_qos2_answered_once_on_the_resumed_connection(start_broker, raw,
 @pytest.fixture
 def tmpfs(tmp_path: Path):
     """A 2 MiB tmpfs for the commit log (root only; skipped with the reason otherwise)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a tmpfs (runs as root in CI)")
-    vol = tmp_path / "vol"
-    vol.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(vol)],
-                         capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
-    try:
-        yield vol
-    finally:
-        subprocess.run(["umount", "-l", str(vol)], check=False)
-
-
-def _fill(path: Path) -> None:
-    """Take every byte left on the volume."""
-    with open(path, "ab", buffering=0) as f:
-        while True:
-            try:
-                f.write(b"\0" * 4096)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                return
+    yield from tmpfs_volume(tmp_path)
 
 
 def test_a_full_disk_while_a_device_is_held_refuses_the_new_and_keeps_the_held(
@@ -151,7 +127,7 @@ def test_a_full_disk_while_a_device_is_held_refuses_the_new_and_keeps_the_held(
     assert first.packet_id == 3 and not first.reason_code, first
     sub.ack(sub.expect(R.PUBLISH, timeout=30))  # f1
 
-    _fill(tmpfs / "topfill")
+    fill_rest(tmpfs / "topfill")
     # larger than the page slack at the segment's end: this write needs new blocks (ENOSPC)
     big = b"x" * 16384
     pub.send(R.publish(held_topic, b"m2" + big, qos=1, packet_id=4, version=5))

@@ -20,6 +20,7 @@ import pytest
 from helpers.broker import BrokerProc, wait_for
 from helpers.clients import V5, Client
 from helpers.mosquitto import ALL_MOSQUITTOS, MosquittoProc
+from helpers.volume import tmpfs_volume
 
 pytestmark = pytest.mark.timeout(300)  # generous deadlines on a loaded box, never a timing check
 
@@ -195,21 +196,7 @@ def test_a_remote_sending_malformed_packets_is_dropped_and_retried(
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 2 MiB tmpfs for the commit log (as tests/broker/test_disk_full.py: needs root)."""
-    import os
-    import subprocess
-
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a 2 MiB tmpfs (the full-disk test runs as root in CI)")
-    vol = tmp_path / "vol"
-    vol.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(vol)],
-                         capture_output=True, text=True, check=False)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip() or res.returncode}")
-    try:
-        yield vol
-    finally:
-        subprocess.run(["umount", "-l", str(vol)], check=False)
+    yield from tmpfs_volume(tmp_path)
 
 
 def test_inbound_on_a_full_disk_is_never_acked_and_arrives_once_space_is_back(
