@@ -23,6 +23,12 @@
      (tests/cluster/test_cross_plain.py checks it against the Python path).
    - encode_run() is cluster/sendrun.py encode_run: a run of plain DELIVERs queued on one
      link, heads and bodies in one bytes object (the same bytes; test_cross_run.py).
+   - entry_items() is cluster/sendrun.py entry_items: a publisher's run of plain QoS 0
+     payloads on one topic as the flat items a link's Run holds, in one call (it was one
+     entry_body call and a Python step per entry on every crossing).
+   - plain_run_end() is cluster/sendrun.py plain_run_end: where the run of plain QoS 0
+     messages on one topic from one origin that starts at i ends, in the messages
+     decode_plain made (the receiving router routes such a run as one).
 
    CLUSTER_PURE_PYTHON=1, or a failed build, runs the Python code only. */
 
@@ -686,6 +692,166 @@ fail:
     return NULL;
 }
 
+/* entry_items(topic, payloads: list, qos, origin, epoch) -> (items, body bytes), or None
+   when a payload is not bytes
+
+   cluster/sendrun.py entry_items: for each payload, ``(flags, topic length), body, epoch``
+   (the body as entry_body makes it for a message of ``topic`` and ``origin`` with no
+   retain, properties, device, expiry or group), flat, as MeshLink.deliver_run appends them
+   to a Run; and the bodies' total length, which the link counts against its bound. One head
+   tuple serves every entry: they all have the same flags and topic length. */
+static PyObject *py_entry_items(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyUnicode_Check(args[0]) || !PyList_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "entry_items(topic: str, payloads: list, qos, origin, epoch)");
+        return NULL;
+    }
+    PyObject *payloads = args[1];
+    Py_ssize_t n = PyList_GET_SIZE(payloads);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(PyList_GET_ITEM(payloads, i)))
+            Py_RETURN_NONE;  /* a bytearray or memoryview payload: frames.entry_body does it */
+    }
+    const char *topic, *origin = NULL;
+    Py_ssize_t tlen, olen = 0;
+    long qos = PyLong_AsLong(args[2]);
+    if (qos == -1 && PyErr_Occurred())
+        return NULL;
+    if (qos < 0 || qos > 2) {
+        PyErr_SetString(PyExc_ValueError, "entry_items: qos is 0, 1 or 2");
+        return NULL;
+    }
+    if (utf8_of(args[0], &topic, &tlen, 65535) < 0)
+        return NULL;
+    unsigned flags = (unsigned)qos;
+    if (args[3] != Py_None) {
+        if (utf8_of(args[3], &origin, &olen, 65535) < 0)
+            return NULL;
+        flags |= F_ORIGIN;
+    }
+    PyObject *epoch = args[4];
+    if (!PyLong_Check(epoch)) {
+        PyErr_SetString(PyExc_TypeError, "entry_items: epoch is an int");
+        return NULL;
+    }
+    PyObject *head = Py_BuildValue("(In)", flags, tlen);
+    PyObject *items = head ? PyList_New(3 * n) : NULL;
+    if (items == NULL) {
+        Py_XDECREF(head);
+        return NULL;
+    }
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *payload = PyList_GET_ITEM(payloads, i);
+        Py_ssize_t plen = PyBytes_GET_SIZE(payload);
+        if (plen > 0xFFFFFFFFLL) {
+            PyErr_SetString(PyExc_OverflowError, "entry_items: payload over 4 GiB");
+            goto fail;
+        }
+        Py_ssize_t size = tlen + 4 + plen + (origin != NULL ? 2 + olen : 0);
+        PyObject *body = PyBytes_FromStringAndSize(NULL, size);
+        if (body == NULL)
+            goto fail;
+        unsigned char *w = (unsigned char *)PyBytes_AS_STRING(body);
+        memcpy(w, topic, tlen);
+        w += tlen;
+        w[0] = (unsigned char)(plen >> 24);
+        w[1] = (unsigned char)(plen >> 16);
+        w[2] = (unsigned char)(plen >> 8);
+        w[3] = (unsigned char)plen;
+        memcpy(w + 4, PyBytes_AS_STRING(payload), plen);
+        w += 4 + plen;
+        if (origin != NULL)
+            put_text(w, origin, olen);
+        PyList_SET_ITEM(items, 3 * i, Py_NewRef(head));
+        PyList_SET_ITEM(items, 3 * i + 1, body);
+        PyList_SET_ITEM(items, 3 * i + 2, Py_NewRef(epoch));
+        total += size;
+    }
+    Py_DECREF(head);
+    return Py_BuildValue("(Nn)", items, total);
+fail:
+    Py_DECREF(head);
+    Py_DECREF(items);  /* (a list's unset items are NULL: freed safely) */
+    return NULL;
+}
+
+/* plain_run_end(msgs: list, i) -> j
+
+   cluster/sendrun.py plain_run_end: with msgs[i] a QoS 0 message that is not retained, the
+   index after the last of the messages from i on that are too and have its topic and origin
+   (i + 1 when msgs[i] is not one). Only messages of the class decode_plain builds are read
+   here; any other object ends the run, as Python's comparison never would for these. */
+static PyObject *py_plain_run_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "plain_run_end(msgs: list, i)");
+        return NULL;
+    }
+    if (MessageType == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "plain_run_end: setup_message() was not called");
+        return NULL;
+    }
+    PyObject *msgs = args[0];
+    Py_ssize_t n = PyList_GET_SIZE(msgs);
+    Py_ssize_t i = PyLong_AsSsize_t(args[1]);
+    if (i == -1 && PyErr_Occurred())
+        return NULL;
+    if (i < 0 || i >= n) {
+        PyErr_SetString(PyExc_IndexError, "plain_run_end: i out of range");
+        return NULL;
+    }
+#define SLOT(m, off) (*(PyObject **)((char *)(m) + (off)))
+    PyObject *first = PyList_GET_ITEM(msgs, i);
+    Py_ssize_t j = i + 1;
+    if (!Py_IS_TYPE(first, MessageType))
+        return PyLong_FromSsize_t(j);
+    PyObject *topic = SLOT(first, off_topic), *origin = SLOT(first, off_origin);
+    PyObject *qos = SLOT(first, off_qos), *retain = SLOT(first, off_retain);
+    if (topic == NULL || origin == NULL || qos == NULL || retain == NULL)
+        return PyLong_FromSsize_t(j);
+    int t = PyObject_IsTrue(qos);
+    int r = t ? 0 : PyObject_IsTrue(retain);
+    if (t < 0 || r < 0)
+        return NULL;
+    if (t || r)
+        return PyLong_FromSsize_t(j);
+    for (; j < n; j++) {
+        PyObject *m = PyList_GET_ITEM(msgs, j);
+        if (!Py_IS_TYPE(m, MessageType))
+            break;
+        PyObject *mt = SLOT(m, off_topic), *mo = SLOT(m, off_origin);
+        PyObject *mq = SLOT(m, off_qos), *mr = SLOT(m, off_retain);
+        if (mt == NULL || mo == NULL || mq == NULL || mr == NULL)
+            break;
+        t = PyObject_IsTrue(mq);
+        if (t != 0) {
+            if (t < 0)
+                return NULL;
+            break;
+        }
+        r = PyObject_IsTrue(mr);
+        if (r != 0) {
+            if (r < 0)
+                return NULL;
+            break;
+        }
+        /* (decode_plain hands the same str object to repeated topics and origins: the
+           identity test inside RichCompareBool answers almost every one) */
+        int same = PyObject_RichCompareBool(mt, topic, Py_EQ);
+        if (same == 1)
+            same = PyObject_RichCompareBool(mo, origin, Py_EQ);
+        if (same != 1) {
+            if (same < 0)
+                return NULL;
+            break;
+        }
+    }
+#undef SLOT
+    return PyLong_FromSsize_t(j);
+}
+
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))py_setup, METH_FASTCALL,
      "setup(Entry): the entry class to build."},
@@ -699,6 +865,10 @@ static PyMethodDef methods[] = {
      "A run of entries queued on one link, encoded (cluster/sendrun.py)."},
     {"entry_body", (PyCFunction)(void (*)(void))py_entry_body, METH_FASTCALL,
      "frames.entry_body for a message without properties (see the C source)."},
+    {"entry_items", (PyCFunction)(void (*)(void))py_entry_items, METH_FASTCALL,
+     "A run of plain payloads on one topic as a link Run's items (cluster/sendrun.py)."},
+    {"plain_run_end", (PyCFunction)(void (*)(void))py_plain_run_end, METH_FASTCALL,
+     "Where a run of plain QoS 0 messages ends (cluster/sendrun.py)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -282,6 +282,12 @@ c_decode_plain = _speedups.decode_plain if _speedups else None
 # encode_run(seq, kind, items, with_epoch) -> bytes: a run of plain DELIVERs queued on one link
 # (cluster/sendrun.py, whose encode_run is the reference)
 c_encode_run = _speedups.encode_run if _speedups else None
+# entry_items(topic, payloads, qos, origin, epoch) -> (items, body bytes) | None: a
+# publisher's run of plain payloads as a link Run's items (Mesh.forward_run); and
+# plain_run_end(msgs, i) -> j: where a run of plain QoS 0 messages ends (Mesh.on_deliveries).
+# Python references in cluster/sendrun.py, used without the compiled codec.
+c_entry_items = _speedups.entry_items if _speedups else None
+c_plain_run_end = _speedups.plain_run_end if _speedups else None
 
 
 def epochs_mode(version: int) -> int:

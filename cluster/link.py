@@ -231,29 +231,49 @@ class MeshLink:
             self.mesh.want_flush(self)
         return True
 
-    def deliver_run(self, qos: int, entries: list[tuple[tuple[int, int], bytes]],
-                    epoch: int) -> None:
-        """``deliver`` for each of a run's entries (``Mesh.forward_run``), in order. While a
+    def deliver_run(self, qos: int, items: list, count: int, body_bytes: int) -> None:
+        """``deliver`` for each of a run's ``count`` entries (``Mesh.forward_run``), in order:
+        ``items`` flat, ``(flags, topic length), body, epoch`` each (``sendrun.entry_items``),
+        ``body_bytes`` the bodies' total length. When all of it fits under the bound they go
+        onto the open run in one step (the same seqs, run and bytes as one ``deliver`` each:
+        a call and a Python step per entry were most of what a crossing cost the sending
+        router); otherwise entry by entry, so as many as fit are queued, as before. While a
         spell of drops lasts and not even the run's smallest entry fits, its drops are
         counted at once, each 1024th still through ``_full`` as ``deliver`` does (a stalled
         peer cost the healthy links' router a call per dropped message: bench.cluster
         stall)."""
-        if self._dropping and self.queued_bytes + ENTRY_OVERHEAD + min(
-                len(body) for _head, body in entries) > self._max_bytes:
-            stats = self.stats
-            count = stats["dropped_full"]
-            end = count + len(entries)
-            logged = (count + 1023) & ~1023  # the next count whose drop goes through _full
-            if logged < end:
-                stats["dropped_full"] = logged
-                self._full(_DELIVER)
-                stats["dropped_full"] += end - logged - 1
-            else:
-                stats["dropped_full"] = end
+        size = body_bytes + ENTRY_OVERHEAD * count
+        if self.queued_bytes + size > self._max_bytes:
+            if self._dropping and self.queued_bytes + ENTRY_OVERHEAD + min(
+                    map(len, items[1::3])) > self._max_bytes:
+                stats = self.stats
+                dropped = stats["dropped_full"]
+                end = dropped + count
+                logged = (dropped + 1023) & ~1023  # the next count whose drop goes through _full
+                if logged < end:
+                    stats["dropped_full"] = logged
+                    self._full(_DELIVER)
+                    stats["dropped_full"] += end - logged - 1
+                else:
+                    stats["dropped_full"] = end
+                return
+            deliver = self.deliver
+            for k in range(0, 3 * count, 3):
+                deliver(qos, items[k], items[k + 1], items[k + 2])
             return
-        deliver = self.deliver
-        for head, body in entries:
-            deliver(qos, head, body, epoch)
+        self._dropping = False
+        run = self._open
+        if (run is None or run.qos != qos or run.size >= MAX_RUN_BYTES
+                or run.seq + run.count != self.next_seq):  # (never: a guard for the seqs)
+            run = self._open = Run(self.next_seq, qos)
+            self.unsent.append(run)
+        run.items += items
+        run.count += count
+        run.size += size
+        self.next_seq += count
+        self.queued_bytes += size
+        if not self.flush_wanted:
+            self.mesh.want_flush(self)
 
     def _full(self, kind: int) -> bool:
         """At link_max_queued_bytes: counted, logged (rate-limited), False."""

@@ -44,6 +44,7 @@ from cluster.requests import Requests
 from cluster.retainsync import RetainSync
 from cluster.routegap import UnroutedPeers, redeliver
 from cluster.routes import CACHE_MAX, RouteTable
+from cluster.sendrun import entry_items, plain_run_end
 from cluster.settings import ClusterSettings, router_id, router_sort_key
 from cluster.shares import ShareDispatch
 from commitlog.store import LogWriteError
@@ -307,16 +308,18 @@ class Mesh:
             links = self._links_for(topic)
         if not links:
             return
-        body_of = frames.c_entry_body
-        entries = None if body_of is None else [
-            body_of(topic, payload, 0, False, origin, None, -1, None, None)
-            for payload in payloads]
-        if entries is None or None in entries:  # (no compiler, or a payload not bytes: the
-            for payload in payloads:            # per-message path, as ``forward`` falls back)
+        # the run's entries made in one call, appended to each link's queue in one step
+        # (a call and a Python step per entry on each side were most of what a crossing cost
+        # the sending router: bench.costguard crossing, 2026-11-27)
+        made = (frames.c_entry_items or entry_items)(topic, payloads, 0, origin, 0)
+        if made is None:  # a payload not bytes: the per-message path, as ``forward`` does
+            for payload in payloads:
                 self.forward(Message(topic, payload, 0, False, None, None, origin))
             return
+        items, body_bytes = made
+        count = len(payloads)
         for link in links:
-            link.deliver_run(0, entries, 0)
+            link.deliver_run(0, items, count, body_bytes)
 
     def plain_runs(self) -> bool:
         """Whether a run of plain QoS 0 publishes may be routed as one: not while a peer has
@@ -444,18 +447,12 @@ class Mesh:
         of QoS 0 ones on one topic from one client (a fast publisher's, forwarded as a run:
         ``forward_run``) routed as one (``route_run``, broker/publishrun.py)."""
         route = self.router.route
+        run_end = frames.c_plain_run_end or plain_run_end  # (one call a run, not a step a msg)
         n = len(msgs)
         i = 0
         while i < n:
             msg = msgs[i]
-            j = i + 1
-            if not msg.qos and not msg.retain:
-                topic, origin = msg.topic, msg.origin
-                while j < n:
-                    m = msgs[j]
-                    if m.qos or m.retain or m.topic != topic or m.origin != origin:
-                        break
-                    j += 1
+            j = run_end(msgs, i)
             try:
                 if j - i > 1 and self.router.route_run(msgs[i:j]):
                     i = j

@@ -115,3 +115,40 @@ def encode_run(seq: int, kind: int, items: list, with_epoch: bool) -> bytes:
         parts.append(items[i + 1])
         seq += 1
     return b"".join(parts)
+
+
+def entry_items(topic: str, payloads: list, qos: int, origin: str | None, epoch: int
+                ) -> tuple[list, int] | None:
+    """The reference of ``_speedups.entry_items``: a publisher's run of plain payloads on one
+    topic (no retain, properties, device, expiry or group) as a ``Run``'s flat items
+    (``(flags, topic length), body, epoch`` each) and the bodies' total length; None when a
+    payload is not bytes (the caller forwards message by message, as ``forward`` would)."""
+    items: list = []
+    total = 0
+    for payload in payloads:
+        if type(payload) is not bytes:
+            return None
+        flags, tlen, body = frames.entry_body(frames.DELIVER, topic, payload, qos, False,
+                                              None, origin, None, 0, None)
+        items += ((flags, tlen), body, epoch)
+        total += len(body)
+    return items, total
+
+
+def plain_run_end(msgs: list, i: int) -> int:
+    """The reference of ``_speedups.plain_run_end``: with ``msgs[i]`` a QoS 0 message not
+    retained, the index after the last message from ``i`` on that is one too, with its topic
+    and origin (``i + 1`` when ``msgs[i]`` is not): a run the receiving router routes as one
+    (``Mesh.on_deliveries``)."""
+    msg = msgs[i]
+    j = i + 1
+    if msg.qos or msg.retain:
+        return j
+    topic, origin = msg.topic, msg.origin
+    n = len(msgs)
+    while j < n:
+        m = msgs[j]
+        if m.qos or m.retain or m.topic != topic or m.origin != origin:
+            break
+        j += 1
+    return j

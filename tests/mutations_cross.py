@@ -19,6 +19,11 @@ FWD = ("tests/cluster/test_cross_forward.py::"
 RUN_C = f"{RUN}::test_compiled_run_encoding_gives_the_python_bytes"
 RUN_SPLIT = f"{RUN}::test_a_run_reads_back_as_its_entries_and_splits_without_loss"
 RUN_WINDOW = f"{RUN}::test_the_window_bounds_runs_and_a_flap_resends_them_once"
+RUN_ITEMS = f"{RUN}::test_a_publishers_run_becomes_the_items_of_one_entry_each"
+RUN_END = f"{RUN}::test_the_end_of_a_peers_run_is_found_alike_compiled_and_in_python"
+RUN_CROSS = "tests/cluster/test_run_crossing.py::test_a_run_crosses_the_mesh_whole_and_in_order"
+FULL = ("tests/cluster/test_review10_crossings.py::"
+        "test_a_full_link_drops_and_counts_each_entry_of_its_runs")
 
 
 def cross_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -75,4 +80,45 @@ def cross_mutations(mutation: Any) -> tuple[Any, ...]:
           "            self._open = None  # it goes now (or its first part): later ones start "
           "a new run\n",
           "            pass\n", (GUARD, RUN_WINDOW)),
+        # a publisher's run onto each link in one step (Mesh.forward_run -> entry_items ->
+        # MeshLink.deliver_run) and a peer's run found in one call (plain_run_end)
+        m("cross-items-origin-unflagged", "cluster/_speedups.c entry_items: the origin written "
+          "but its flag not set (the peer reads the origin's bytes as the next entry: No Local "
+          "and the rest of the frame broken)",
+          "cluster/_speedups.c",
+          "            return NULL;\n        flags |= F_ORIGIN;\n    }\n    PyObject *epoch",
+          "            return NULL;\n    }\n    PyObject *epoch", (RUN_ITEMS,)),
+        m("cross-run-end-ignores-origin", "cluster/_speedups.c plain_run_end: messages of "
+          "another origin join the run (routed with the first one's origin: No Local wrong "
+          "for them)",
+          "cluster/_speedups.c",
+          "        if (same == 1)\n"
+          "            same = PyObject_RichCompareBool(mo, origin, Py_EQ);\n",
+          "", (RUN_END,)),
+        m("cross-py-run-end-ignores-topic", "cluster/sendrun.py plain_run_end (the reference, "
+          "CLUSTER_PURE_PYTHON=1): messages on another topic join the run (delivered to the "
+          "first one's subscribers)",
+          "cluster/sendrun.py",
+          "        if m.qos or m.retain or m.topic != topic or m.origin != origin:\n",
+          "        if m.qos or m.retain or m.origin != origin:\n", (RUN_END,)),
+        m("cross-link-run-seqs-short", "cluster/link.py deliver_run: a run appended whole moves "
+          "the link's next seq by one, not by its count (the next entries reuse its seqs: the "
+          "peer drops them as already processed)",
+          "cluster/link.py",
+          "        self.next_seq += count\n",
+          "        self.next_seq += 1\n", (RUN_CROSS, RUN_WINDOW)),
+        m("cross-link-run-overflow-uncounted", "cluster/link.py deliver_run: a run that does "
+          "not fit whole under link_max_queued_bytes is dropped without a count (not entry by "
+          "entry: meshmq_link_dropped_total short of what was lost)",
+          "cluster/link.py",
+          "            deliver = self.deliver\n            for k in range(0, 3 * count, 3):\n",
+          "            deliver = self.deliver\n            for k in range(0):\n", (FULL,)),
+        m("costguard-crossing-run-per-entry", "cluster/link.py deliver_run: every run queued "
+          "entry by entry through deliver (the same entries, the old cost: only the cost guard "
+          "can see it)",
+          "cluster/link.py",
+          "        size = body_bytes + ENTRY_OVERHEAD * count\n"
+          "        if self.queued_bytes + size > self._max_bytes:\n",
+          "        size = body_bytes + ENTRY_OVERHEAD * count\n"
+          "        if True:\n", (GUARD,)),
     )

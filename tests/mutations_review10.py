@@ -26,8 +26,28 @@ def review10_mutations(mutation: Any) -> tuple[Any, ...]:
           (FWD,)),
         m("review10-run-mixes-qos", "cluster/link.py deliver: a plain DELIVER of another QoS "
           "joins the open run (a QoS 1 entry in a QoS 0 run is dropped with it at a reconnect)",
-          "cluster/link.py", "        if (run is None or run.qos != qos or run.size",
-          "        if (run is None or run.size", (MIXED,)),
+          "cluster/link.py",
+          "        if (run is None or run.qos != qos or run.size >= MAX_RUN_BYTES"
+          "\n                or run.seq + run.count != self.next_seq):  # (never: a guard for "
+          "the seqs)\n            run = self._open = Run(self.next_seq, qos)\n"
+          "            self.unsent.append(run)\n        run.items += (head, body, epoch)\n",
+          "        if (run is None or run.size >= MAX_RUN_BYTES"
+          "\n                or run.seq + run.count != self.next_seq):  # (never: a guard for "
+          "the seqs)\n            run = self._open = Run(self.next_seq, qos)\n"
+          "            self.unsent.append(run)\n        run.items += (head, body, epoch)\n",
+          (MIXED,)),
+        m("review10-run-of-runs-mixes-qos", "cluster/link.py deliver_run: a publisher's QoS 0 "
+          "run joins an open run of another QoS (dropped with it at a reconnect)",
+          "cluster/link.py",
+          "        if (run is None or run.qos != qos or run.size >= MAX_RUN_BYTES"
+          "\n                or run.seq + run.count != self.next_seq):  # (never: a guard for "
+          "the seqs)\n            run = self._open = Run(self.next_seq, qos)\n"
+          "            self.unsent.append(run)\n        run.items += items\n",
+          "        if (run is None or run.size >= MAX_RUN_BYTES"
+          "\n                or run.seq + run.count != self.next_seq):  # (never: a guard for "
+          "the seqs)\n            run = self._open = Run(self.next_seq, qos)\n"
+          "            self.unsent.append(run)\n        run.items += items\n",
+          (MIXED,)),
         m("review10-pure-run-one-seq", "cluster/sendrun.py encode_run (the Python reference, "
           "CLUSTER_PURE_PYTHON=1): every entry of a run written with the run's first seq",
           "cluster/sendrun.py", "        parts.append(items[i + 1])\n        seq += 1\n",
@@ -35,8 +55,17 @@ def review10_mutations(mutation: Any) -> tuple[Any, ...]:
         m("review10-link-bound-without-overhead", "cluster/link.py deliver: the queue bound "
           "compared with the body alone while the entry counts body + 64 (main before review10: "
           "the queue ends up to 64 bytes past link_max_queued_bytes)", "cluster/link.py",
-          "        if self.queued_bytes + size > self._max_bytes:",
-          "        if self.queued_bytes + len(body) > self._max_bytes:", (FULL,)),
+          "        if self.queued_bytes + size > self._max_bytes:\n            if self._dropping "
+          "and self.stats",
+          "        if self.queued_bytes + len(body) > self._max_bytes:\n            if "
+          "self._dropping and self.stats", (FULL,)),
+        m("review10-run-bound-without-overhead", "cluster/link.py deliver_run: a run's fit "
+          "under the queue bound judged on its bodies alone while its entries count body + 64 "
+          "each (the queue ends up past link_max_queued_bytes)", "cluster/link.py",
+          "        if self.queued_bytes + size > self._max_bytes:\n            if self._dropping "
+          "and self.queued_bytes",
+          "        if self.queued_bytes + body_bytes > self._max_bytes:\n            if "
+          "self._dropping and self.queued_bytes", (FULL,)),
         m("link-full-spell-uncounted", "cluster/link.py deliver: the drops of a full spell "
           "after its first are not counted (meshmq_link_dropped_total short of what was lost)",
           "cluster/link.py",

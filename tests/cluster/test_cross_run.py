@@ -22,8 +22,9 @@ from helpers.tcpproxy import TcpProxy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.message import Message
 from cluster import frames
-from cluster.sendrun import Run, encode_run
+from cluster.sendrun import Run, encode_run, entry_items, plain_run_end
 
 text = st.text(max_size=10)
 messages = st.lists(st.tuples(text, st.binary(max_size=30), st.booleans(),
@@ -73,6 +74,57 @@ def test_a_run_reads_back_as_its_entries_and_splits_without_loss(msgs: list, seq
     assert (first.seq, first.count, run.seq, run.count) == (seq, cut, seq + cut, count - cut)
     assert first.size + run.size == size
     assert first.encode(version) + run.encode(version) == whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(text, st.lists(st.binary(max_size=30), max_size=12), st.integers(0, 2),
+       st.one_of(st.none(), text), st.integers(0, 2**32 - 1))
+def test_a_publishers_run_becomes_the_items_of_one_entry_each(
+        topic: str, payloads: list, qos: int, origin: str | None, epoch: int) -> None:
+    """``entry_items`` (Mesh.forward_run: one call for a publisher's run, appended to each
+    link's queue at once) gives, compiled and in Python, exactly the items and byte count
+    that one ``entry_body`` per message gave; a payload that is not bytes is refused whole."""
+    want = _run(0, qos, [(topic, p, False, origin, epoch) for p in payloads])
+    made = entry_items(topic, payloads, qos, origin, epoch)
+    assert made is not None
+    assert made == (want.items, want.size - 64 * len(payloads))
+    if frames.SPEEDUPS:
+        assert frames.c_entry_items(topic, payloads, qos, origin, epoch) == made
+    odd = [*payloads, bytearray(b"x")]
+    assert entry_items(topic, odd, qos, origin, epoch) is None
+    if frames.SPEEDUPS:
+        assert frames.c_entry_items(topic, odd, qos, origin, epoch) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "bench/p1"]), st.integers(0, 2),
+                          st.booleans(), st.sampled_from([None, "c1", "c2"])),
+                min_size=1, max_size=14), st.data())
+def test_the_end_of_a_peers_run_is_found_alike_compiled_and_in_python(msgs: list,
+                                                                      data: st.DataObject
+                                                                      ) -> None:
+    """``plain_run_end`` (Mesh.on_deliveries: a run of plain QoS 0 messages on one topic from
+    one origin is routed as one): the compiled one ends every run where Python does, with
+    equal topics that are distinct str objects too (decode_plain shares them only within a
+    frame)."""
+    built = [Message("".join(list(topic)), b"x", qos, retain, None, None,
+                     None if origin is None else "".join(list(origin)))
+             for topic, qos, retain, origin in msgs]
+    i = data.draw(st.integers(0, len(built) - 1))
+    first = built[i]
+
+    def joins(m: Message) -> bool:
+        return (not m.qos and not m.retain and m.topic == first.topic
+                and m.origin == first.origin)
+
+    want = i + 1
+    if joins(first):
+        while want < len(built) and joins(built[want]):
+            want += 1
+    j = plain_run_end(built, i)
+    assert j == want
+    if frames.SPEEDUPS:
+        assert frames.c_plain_run_end(built, i) == j
 
 
 def test_the_window_bounds_runs_and_a_flap_resends_them_once(tmp_path: Path,
