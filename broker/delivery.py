@@ -52,24 +52,7 @@ class DeliveryRoom:
                 self.deliver(session, msg, sub.qos, sub.retain_as_published and msg.retain, ids,
                              None, replay is not None, True)
         elif subs:
-            merged: dict[str, list] = {}
-            for cid, sub in subs:
-                if sub.no_local and cid == msg.origin:
-                    continue
-                if sub.replay is not None and not sub.replay.accept_live(msg):
-                    continue
-                entry = merged.get(cid)
-                if entry is None:
-                    merged[cid] = [sub.qos, sub.retain_as_published, [sub.sub_id],
-                                   sub.replay is not None]
-                else:  # overlapping filters: one copy, max QoS, every subscription id
-                    if sub.qos > entry[0]:
-                        entry[0] = sub.qos
-                    entry[1] = entry[1] or sub.retain_as_published
-                    if sub.sub_id not in entry[2]:  # each identifier once [MQTT-3.3.4-3]
-                        entry[2].append(sub.sub_id)
-                    entry[3] = entry[3] or sub.replay is not None
-            for cid, (qos, rap, ids, position) in merged.items():
+            for cid, (qos, rap, ids, position) in merge(subs, msg).items():
                 sub_ids = tuple(i for i in ids if i) or None
                 self.deliver(sessions[cid], msg, qos, rap and msg.retain, sub_ids, None,
                              position, True)
@@ -80,6 +63,31 @@ class DeliveryRoom:
             self.shared.deliver(group, msg)
         if forward and self.forwarder is not None:
             self.forwarder.forward(msg)
+
+    def route_again(self, msg: Message, forward: bool = True) -> None:
+        """``route`` for a record this router found stored by its previous run: a publisher's
+        resend after a restart (broker/ingest.py ``_resend_committed``), a peer's resent
+        APPEND (cluster/mesh.py), or a peer's DELIVER of either (marked ``frames.AGAIN``).
+        That run may have died before routing it, or after: only the copies a session can
+        tell from one it had go, at QoS 1/2 (its position in the device log drops a copy
+        below it, ``deliver``). A QoS 0 copy never goes: the subscriber may have had it, and
+        newer messages of the device since; QoS 0 is at most once, which allows the loss, not
+        a duplicate out of order. Shared groups get it as ``route`` gives it."""
+        match = self.trie.match(msg.topic)
+        sessions = self.sessions
+        if msg.qos:
+            for cid, (qos, rap, ids, position) in merge(match.subs, msg).items():
+                if qos:
+                    self.deliver(sessions[cid], msg, qos, rap and msg.retain,
+                                 tuple(i for i in ids if i) or None, None, position, True)
+        groups = match.groups
+        forwarder = self.forwarder
+        if forwarder is not None:
+            groups = forwarder.share(msg, groups) if forward else ()
+        for group in groups:
+            self.shared.deliver(group, msg)
+        if forward and forwarder is not None:
+            forwarder.forward_again(msg)
 
     def deliver(
         self,
@@ -285,3 +293,28 @@ class DeliveryRoom:
             self.catchup.pump(session)
         if session in self._retained_owed:
             self.retained_pacer.pump(session)
+
+
+def merge(subs: list, msg: Message) -> dict[str, list]:
+    """The subscriptions matching ``msg`` per session: one copy each, at the highest granted
+    QoS, with every subscription identifier once [MQTT-3.3.4-3], retain-as-published if any
+    asks, offsets if any replays; a No Local one of its publisher and a replay that has not
+    reached live delivery yet left out. ``cid -> [qos, retain as published, ids, position]``."""
+    merged: dict[str, list] = {}
+    for cid, sub in subs:
+        if sub.no_local and cid == msg.origin:
+            continue
+        if sub.replay is not None and not sub.replay.accept_live(msg):
+            continue
+        entry = merged.get(cid)
+        if entry is None:
+            merged[cid] = [sub.qos, sub.retain_as_published, [sub.sub_id],
+                           sub.replay is not None]
+        else:  # overlapping filters: one copy, max QoS, every subscription id
+            if sub.qos > entry[0]:
+                entry[0] = sub.qos
+            entry[1] = entry[1] or sub.retain_as_published
+            if sub.sub_id not in entry[2]:  # each identifier once [MQTT-3.3.4-3]
+                entry[2].append(sub.sub_id)
+            entry[3] = entry[3] or sub.replay is not None
+    return merged

@@ -67,6 +67,10 @@ class Forwarder(Protocol):
         """After local delivery of a message published (or stored) here: once to each peer
         router with a matching subscription; never called for a message from a peer."""
 
+    def forward_again(self, msg: Message) -> None:
+        """``forward`` for a record found stored by this router's previous run
+        (``route_again``): the peers route it without QoS 0 copies."""
+
     def forward_run(self, topic: str, payloads: list[bytes], origin: str | None) -> None:
         """``forward`` for a run of plain QoS 0 messages on one unlogged topic (no properties,
         no expiry; broker/publishrun.py), in order."""

@@ -217,9 +217,10 @@ class IngestRoom:
     def _resend_committed(self, conn: Connection, packet_id: int, msg: Message,
                           route: bool, exc: BaseException | None) -> None:
         """Answer a resend found in the log. ``route``: its copy was stored by this router's
-        previous run, which may have died before routing it: routed again (at least once for
-        subscribers; an offset subscriber drops an offset it has), as cluster/idempotence.py
-        does for a peer's resent APPEND. Stored in this run: it was routed when committed."""
+        previous run, which may have died before routing it: routed again (``route_again``:
+        at least once for QoS 1/2 subscribers, whose position drops a copy they had; never a
+        QoS 0 copy), as cluster/mesh.py does for a peer's resent APPEND. Stored in this run: it
+        was routed when committed."""
         conn.unsettled -= 1
         if msg.qos == 2 and conn.closing and conn.session is not None:
             self.remote.settle_resumed_qos2(conn.session, packet_id, exc, msg)
@@ -228,7 +229,7 @@ class IngestRoom:
                 self.not_stored(conn, packet_id, msg.qos, exc)
             else:
                 if route:
-                    self.route(msg)
+                    self.route_again(msg)
                 if not conn.closing and conn.session is not None:
                     ack_props = ({Prop.USER_PROPERTY: msg.log_position()} if conn.ack_offsets
                                  else None)

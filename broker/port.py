@@ -98,6 +98,10 @@ class RouterPort(Protocol):
     def route(self, msg: Message, forward: bool = True) -> None:
         """Deliver ``msg`` to every matching session (and peers, when ``forward``)."""
 
+    def route_again(self, msg: Message, forward: bool = True) -> None:
+        """``route`` for a record found stored by this router's previous run: no QoS 0 copy
+        (it may have been routed before that run died)."""
+
     def route_run(self, msgs: list[Message]) -> bool:
         """Route a peer's run of plain QoS 0 messages (one topic, one origin) as one; False
         when it cannot be, with nothing done (broker/publishrun.py)."""

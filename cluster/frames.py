@@ -147,6 +147,11 @@ _F_GROUP = 0x80
 # publisher dedupe (broker/pubdedupe.py), in the group's shape (two strings) so that a router
 # of the previous build reads it as a group and ignores it (it then stores resends again, as it
 # did): the ``:pub`` value as latin-1 text, and "1" when the publish may be a resend.
+# On a DELIVER (which has no group either) it marks a record routed again (``AGAIN``): one a
+# restarted router found stored by its previous run, which may have routed it before it died
+# (broker/delivery.py ``route_again``: no QoS 0 copy). A router of an earlier build reads it
+# as a group, ignores it and routes the record as any other (the duplicate this prevents).
+AGAIN = ("", "again")
 
 
 def publisher_fields(publisher: bytes, maybe_stored: bool) -> tuple[str, str]:

@@ -298,6 +298,23 @@ class Mesh:
         for link in links:  # a full link counts and logs what it drops (MeshLink.enqueue)
             link.deliver(msg.qos, head, body, epoch)
 
+    def forward_again(self, msg: Message) -> None:
+        """``forward`` for ``route_again`` (a record a restarted router found stored by its
+        previous run): each DELIVER marked ``frames.AGAIN``, so the peer routes it as
+        ``route_again`` does, without QoS 0 copies. Rare (a resend after a restart): no run,
+        no C shortcut."""
+        if self.unrouted.pending is not None and msg.device is not None:
+            self.unrouted.routed(msg.device, msg.offset)
+        links = self._forward_to.get(msg.topic)
+        if links is None:
+            links = self._links_for(msg.topic)
+        if not links:
+            return
+        head, body = self.encode(msg, frames.DELIVER, msg.device, None, frames.AGAIN)
+        epoch = 0 if msg.device is None else self.placement.epoch_of(msg.device)
+        for link in links:
+            link.deliver(msg.qos, head, body, epoch)
+
     def forward_run(self, topic: str, payloads: list[bytes], origin: str | None) -> None:
         """``forward`` for a run of plain QoS 0 messages on an unlogged topic, no properties,
         no expiry (broker/publishrun.py): the links looked up once, each entry encoded by
@@ -486,7 +503,10 @@ class Mesh:
                 msg.device = e.device
                 msg.offset = e.offset
                 msg.remote = True
-            router.route(msg, forward=False)
+            if e.group == frames.AGAIN:  # found stored by the peer's previous run
+                router.route_again(msg, False)
+            else:
+                router.route(msg, forward=False)
         elif kind == frames.APPEND:
             if e.group is not None:  # the client's identity, for a resend's lookup
                 msg.publisher, msg.maybe_stored = frames.publisher_of(e.group)
@@ -546,7 +566,7 @@ class Mesh:
         link.append_done(slot, inc, None, found)
         msg.device = e.device
         msg.offset = found
-        router.route(msg)
+        router.route_again(msg)
 
     # -- sessions across routers -------------------------------------------------------------
     def claim(self, client_id: str, clean: bool, done: Any, to: str | None = None,

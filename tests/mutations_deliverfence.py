@@ -9,6 +9,8 @@ from typing import Any
 
 T = "tests/cluster/test_leader_change_delivery.py"
 U = "tests/cluster/test_deliverfence_unit.py"
+AGAIN0 = (f"{T}::test_a_resend_routed_again_by_a_restarted_leader_is_not_delivered_below_the_"
+          "position[qos0-sub]")
 
 
 def deliverfence_mutations(mutation: Any) -> tuple[Any, ...]:
@@ -47,6 +49,27 @@ def deliverfence_mutations(mutation: Any) -> tuple[Any, ...]:
            "the_position",
            "tests/chaos/test_chaos_run.py::test_replicated_schedule",
            f"{T}::test_a_restarted_leader_s_copies_of_old_messages_are_not_delivered_again")),
+        # route_again (a record found stored by this router's previous run): no QoS 0 copy,
+        # here or, through the DELIVER's AGAIN mark, at the peers
+        m("fence-again-qos0-copies", "broker/delivery.py route_again: a QoS 0 subscriber gets "
+          "the copy a restarted leader routes again (it had it: a duplicate after newer "
+          "messages of the device)",
+          "broker/delivery.py",
+          "                if qos:\n                    self.deliver(sessions[cid], msg, qos,",
+          "                if True:\n                    self.deliver(sessions[cid], msg, qos,",
+          (AGAIN0,)),
+        m("fence-again-unmarked", "cluster/mesh.py forward_again: the copy goes to peers as a "
+          "plain DELIVER (their QoS 0 subscribers get it again)",
+          "cluster/mesh.py",
+          "msg.device, None, frames.AGAIN)\n",
+          "msg.device, None, None)\n",
+          (AGAIN0,)),
+        m("fence-again-mark-ignored", "cluster/mesh.py _apply: a DELIVER marked AGAIN routed "
+          "as any other (QoS 0 subscribers get the copy again)",
+          "cluster/mesh.py",
+          "            if e.group == frames.AGAIN:",
+          "            if False:",
+          (AGAIN0,)),
         m("fence-resend-scan-committed", "a restarted leader's resend check reads only committed "
           "records: a resent APPEND whose first copy is above the high-water mark is stored "
           "again",

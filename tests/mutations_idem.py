@@ -60,7 +60,7 @@ def idem_mutations(mutation: Any) -> tuple[Any, ...]:
         m("idem-found-not-routed", "cluster/mesh.py: a resent APPEND found in the log is "
           "answered but not routed: a subscriber elsewhere never gets what the killed owner "
           "stored and had not delivered",
-          "cluster/mesh.py", "        msg.offset = found\n        router.route(msg)\n",
+          "cluster/mesh.py", "        msg.offset = found\n        router.route_again(msg)\n",
           "        msg.offset = found\n", (KILLED,)),
         m("idem-other-incarnation-looked-up", "cluster/idempotence.py: an APPEND of another "
           "incarnation than the adopted one is looked up as the adopted one's",

@@ -22,12 +22,13 @@ def mqttfix_mutations(mutation: Any) -> tuple[Any, ...]:
     """The mutations, built with tests/mutate.py's ``Mutation`` class (passed in: no cycle)."""
     m = mutation
     return (
-        m("mqttfix-sub-id-twice", "router.route: overlapping subscriptions of one session "
+        m("mqttfix-sub-id-twice", "broker/delivery.py merge: overlapping subscriptions of one "
+          "session "
           "send an identifier they share once per subscription ([2333, 2333])",
           "broker/delivery.py",
-          "                    if sub.sub_id not in entry[2]:  # each identifier once "
-          "[MQTT-3.3.4-3]\n                        entry[2].append(sub.sub_id)\n",
-          "                    entry[2].append(sub.sub_id)\n",
+          "            if sub.sub_id not in entry[2]:  # each identifier once "
+          "[MQTT-3.3.4-3]\n                entry[2].append(sub.sub_id)\n",
+          "            entry[2].append(sub.sub_id)\n",
           (f"{D5}::test_overlapping_subscriptions_with_one_identifier_send_it_once",)),
         m("mqttfix-protocol-error-no-drain", "router.protocol_error: DISCONNECT then an "
           "immediate close, so a client still writing gets a TCP reset",

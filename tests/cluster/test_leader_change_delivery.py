@@ -216,13 +216,17 @@ def test_a_restarted_leader_s_copies_of_old_messages_are_not_delivered_again(
         cluster.stop()
 
 
+@pytest.mark.parametrize("sub_qos", [1, 0], ids=["qos1-sub", "qos0-sub"])
 def test_a_resend_routed_again_by_a_restarted_leader_is_not_delivered_below_the_position(
-        tmp_path, clients: ClientFactory, raw) -> None:
+        tmp_path, clients: ClientFactory, raw, sub_qos: int) -> None:
     """A restarted leader routes a resent publish it finds stored by its previous run again
     (broker/ingest.py ``_resend_committed``: that run may have died before routing it); the
-    subscriber had it, and newer messages of the device since: the copy is below the session's
-    position there and must not be handed on (broker/delivery.py). Node 0 leads the log
-    (static placement); the subscriber is on node 1, connected throughout."""
+    subscriber had it, and newer messages of the device since: the copy must not be handed
+    on. At QoS 1 it is below the session's position there (broker/delivery.py ``deliver``);
+    at QoS 0 (no position) no copy goes at all (``route_again``, and the DELIVER marked
+    ``frames.AGAIN`` so node 1 does the same): a5 again after b0 was the duplicate out of
+    order. Node 0 leads the log (static placement); the subscriber is on node 1, connected
+    throughout."""
     cluster = Cluster(tmp_path, n=2)
     try:
         cluster.start()
@@ -230,7 +234,7 @@ def test_a_resend_routed_again_by_a_restarted_leader_is_not_delivered_below_the_
         device = cluster.device_owned_by(0, unique("rr"))
         topic = f"devices/{device}/t"
         sub = clients.connected(n1, protocol=V5)
-        sub.subscribe(f"devices/{device}/#", 1)
+        sub.subscribe(f"devices/{device}/#", sub_qos)
         cluster.wait_routes(1, 1)
         cid = unique("rrpub")
         pub = raw(n0)
