@@ -333,4 +333,21 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "                if not conn.closing:\n"
           "                    self._route_run([entry[2] for entry in stretch])\n",
           (SETTLE_GONE,)),
+        # broker/protocol/connection.py receive_data: a batch without a packet to check passes
+        # in one C pass (issue 25, qos0 76 -> 58 instructions a message)
+        m("speed-receive-batch-unchecked", "broker/protocol/connection.py receive_data: every "
+          "batch passes unchecked (a second CONNECT, a server-only packet, DISCONNECT's "
+          "truncation and v5 topic aliases all skipped)",
+          "broker/protocol/connection.py",
+          "            if kinds.isdisjoint(_CHECKED) and (level != 5 or Publish not in kinds):\n",
+          "            if True:\n",
+          ("tests/protocol/test_protocol_connection.py::"
+           "test_a_batch_of_plain_packets_is_checked_like_one_packet",)),
+        m("speed-receive-batch-v5-aliases", "broker/protocol/connection.py receive_data: a v5 "
+          "batch of publishes passes without its properties resolved (a topic alias unset)",
+          "broker/protocol/connection.py",
+          "            if kinds.isdisjoint(_CHECKED) and (level != 5 or Publish not in kinds):\n",
+          "            if kinds.isdisjoint(_CHECKED):\n",
+          ("tests/protocol/test_protocol_connection.py::"
+           "test_a_batch_of_plain_packets_is_checked_like_one_packet",)),
     )

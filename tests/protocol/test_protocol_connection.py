@@ -199,3 +199,36 @@ def test_second_connect_error_keeps_earlier_packets() -> None:
     with pytest.raises(ProtocolError) as info:
         proto.receive_data(b"\xc0\x00" + encode(Connect("c", 4), 4))
     assert info.value.packets == [PingReq()]
+
+
+@pytest.mark.parametrize("level", [4, 5])
+@pytest.mark.parametrize("last", ["suback", "connect", "disconnect", "alias"])
+def test_a_batch_of_plain_packets_is_checked_like_one_packet(level: int, last: str) -> None:
+    """``receive_data`` passes a batch of a connected client's publishes and acks without a
+    Python step per packet; one packet that needs a check anywhere in it (a server-only one,
+    a second CONNECT, DISCONNECT, a v5 topic alias) still gets it, with the packets before it
+    kept, as when it comes alone."""
+    proto = connected(level)
+    plain = [Publish(f"t/{i}", b"x", qos=1, packet_id=i + 1) if i % 2 else PubAck(i + 1)
+             for i in range(40)]
+    wire = b"".join(encode(p, level) for p in plain)
+    assert proto.receive_data(wire) == plain
+    if last == "alias":
+        if level == 4:
+            return  # (no aliases before 5)
+        aliased = [Publish("a/b", b"1", properties={Prop.TOPIC_ALIAS: 2}),
+                   Publish("", b"2", properties={Prop.TOPIC_ALIAS: 2})]
+        out = proto.receive_data(wire + b"".join(encode(p, level) for p in aliased))
+        assert out == [*plain, Publish("a/b", b"1"), Publish("a/b", b"2")]
+        return
+    if last == "disconnect":
+        out = proto.receive_data(wire + encode(Disconnect(), level) + wire)
+        assert out == [*plain, Disconnect()]
+        assert proto.state is CLOSED
+        return
+    bad = Suback(1, [0]) if last == "suback" else Connect("c", level)
+    with pytest.raises(ProtocolError) as info:
+        proto.receive_data(wire + encode(bad, level) + wire)
+    assert info.value.reason_code == 0x82
+    assert info.value.packets == plain
+    assert proto.state is CLOSED
