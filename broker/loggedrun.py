@@ -43,7 +43,7 @@ from broker.message import Delivery, Message, new_delivery, new_message
 from broker.protocol import codec
 from broker.protocol.packets import PacketType, Publish
 from broker.pubdedupe import publisher_id
-from broker.publishrun import NO_RUN_SKIP, RUN_MAX
+from broker.publishrun import NO_RUN_SKIP, RUN_MAX, run_end
 from commitlog.store import LogWriteError
 
 if TYPE_CHECKING:
@@ -65,14 +65,7 @@ class LoggedRunRoom:
         if first.retain or first.dup or first.properties is not None:
             return -(start + 1)  # (its QoS is 1: the dispatch loop looked)
         topic = first.topic
-        end = start + 1
-        stop = min(len(packets), start + RUN_MAX)
-        while end < stop:
-            p = packets[end]
-            if p.__class__ is not Publish or p.qos != 1 or p.retain or p.dup \
-                    or p.properties is not None or p.topic != topic:
-                break
-            end += 1
+        end = run_end(packets, start, start + RUN_MAX, 1, topic)
         if end - start < 2:
             return -(start + NO_RUN_SKIP)
         key = self._logged_run_plan(conn, topic)

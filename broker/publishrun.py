@@ -41,6 +41,33 @@ _PUBLISH = PacketType.PUBLISH
 NO_RUN_SKIP = 8
 
 
+def run_end(packets: list[Any], start: int, stop: int, qos: int, topic: str) -> int:
+    """Where the run from ``packets[start]`` ends: the index (from ``start + 1``, at most
+    ``stop``) of the first packet that is not a plain publish on ``topic`` at ``qos`` (the
+    Publish class, not retained, not DUP, no properties). The scan of both kinds of run
+    (``_publish_run``, loggedrun.py ``_logged_run``), in one C call where the codec is
+    compiled (``publish_run_end``: it was a Python step a packet)."""
+    compiled = codec.c_publish_run_end  # (looked up here: tests switch it off)
+    if compiled is not None:
+        end = compiled(packets, start, stop, qos, topic)
+        if end is not None:
+            return end
+    return py_run_end(packets, start, stop, qos, topic)
+
+
+def py_run_end(packets: list[Any], start: int, stop: int, qos: int, topic: str) -> int:
+    """``run_end`` in Python: the reference of ``_speedups.publish_run_end``."""
+    end = start + 1
+    stop = min(len(packets), stop)
+    while end < stop:
+        p = packets[end]
+        if p.__class__ is not Publish or p.qos != qos or p.retain or p.dup \
+                or p.properties is not None or p.topic != topic:
+            break
+        end += 1
+    return end
+
+
 class PublishRunRoom:
     """Runs of plain QoS 0 publishes (a mixin of ``Router``; see the module docstring)."""
 
@@ -53,14 +80,7 @@ class PublishRunRoom:
         if first.retain or first.properties is not None:
             return -(start + 1)  # (its QoS is 0: the dispatch loop looked)
         topic = first.topic
-        end = start + 1
-        stop = min(len(packets), start + RUN_MAX)
-        while end < stop:
-            p = packets[end]
-            if p.__class__ is not Publish or p.qos or p.retain or p.properties is not None \
-                    or p.topic != topic:
-                break
-            end += 1
+        end = run_end(packets, start, start + RUN_MAX, 0, topic)
         if end - start < 2:
             return -(start + NO_RUN_SKIP)
         plan = self._run_plan(conn.client_id, topic)

@@ -42,6 +42,8 @@ SETTLE_TWO = ("tests/broker/test_puback_batches.py::"
               "test_two_publishers_of_one_device_each_get_all_their_acks[run]")
 SETTLE_GONE = ("tests/broker/test_review10_puback_runs.py::"
                "test_a_publisher_gone_with_acks_pending_loses_nothing_stored[run]")
+SCAN_EQ = ("tests/protocol/test_codec_speedups.py::"
+           "test_the_end_of_a_run_is_found_alike_compiled_and_in_python")
 LRUN_ALL = f"{LRUN}::test_a_logged_run_is_answered_delivered_and_stored_as_one_message_at_a_time"
 LRUN_V5 = f"{LRUN_ALL}[v5-publisher]"
 LRUN_NO_LOCAL = f"{LRUN}::test_no_local_holds_for_a_run_read_back_from_the_log"
@@ -156,12 +158,19 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "            for i in range(first, len(msgs)):\n",
           "            for i in range(first, len(msgs) - 1):\n",
           (LRUN_ALL,)),
-        m("speed-logged-run-scan-ignores-topic", "broker/loggedrun.py _logged_run: the scan does "
-          "not end a run at another topic (stored and delivered under the run's topic)",
-          "broker/loggedrun.py",
-          "                    or p.properties is not None or p.topic != topic:\n",
-          "                    or p.properties is not None:\n",
-          (LRUN_ALL,)),
+        m("speed-logged-run-scan-ignores-topic", "broker/protocol/_speedups.c publish_run_end: "
+          "the scan of a run does not end it at another topic (a logged run stored and "
+          "delivered under its first topic)",
+          "broker/protocol/_speedups.c",
+          "        r = PyObject_RichCompareBool(pt, topic, Py_EQ);\n",
+          "        r = 1;\n",
+          (LRUN_ALL, RUN_ALL)),
+        m("speed-run-py-scan-ignores-qos", "broker/publishrun.py py_run_end (the reference, "
+          "BROKER_PURE_PYTHON=1): a publish of another QoS continues a run",
+          "broker/publishrun.py",
+          "        if p.__class__ is not Publish or p.qos != qos or p.retain or p.dup \\\n",
+          "        if p.__class__ is not Publish or p.retain or p.dup \\\n",
+          (SCAN_EQ,)),
         m("speed-logged-run-first-unchecked", "broker/loggedrun.py _logged_run: the first packet "
           "of a run not checked for RETAIN or properties (a retained publish stored as a plain "
           "one, never kept; a user property lost)",
@@ -169,11 +178,12 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "        if first.retain or first.dup or first.properties is not None:\n",
           "        if first.dup:\n",
           (LRUN_ALL,)),
-        m("speed-logged-run-takes-dup", "broker/loggedrun.py _logged_run: the scan takes a DUP=1 "
-          "publish into a run (a resend is not looked up in the log: stored twice)",
-          "broker/loggedrun.py",
-          "            if p.__class__ is not Publish or p.qos != 1 or p.retain or p.dup \\\n",
-          "            if p.__class__ is not Publish or p.qos != 1 or p.retain \\\n",
+        m("speed-logged-run-takes-dup", "broker/protocol/_speedups.c publish_run_end: the scan "
+          "takes a DUP=1 publish into a run (a resend is not looked up in the log: stored "
+          "twice)",
+          "broker/protocol/_speedups.c",
+          "        r = PyObject_IsTrue(pd);\n        if (r != 0) {\n",
+          "        r = 0;\n        if (r != 0) {\n",
           (LRUN_DEDUPE,)),
         m("speed-logged-run-first-dup", "broker/loggedrun.py _logged_run: a DUP=1 publish starts "
           "a run (a resend is not looked up in the log: stored twice)",

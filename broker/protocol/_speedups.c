@@ -10,7 +10,10 @@
    the reference and raises every error, and calls parse_run again after it. So this code
    never raises a protocol error itself and can only ever produce what the Python loop
    would have produced (tests/protocol/test_codec_speedups.py checks that on generated
-   streams). BROKER_PURE_PYTHON=1, or a failed build, runs the Python loop only. */
+   streams). BROKER_PURE_PYTHON=1, or a failed build, runs the Python loop only.
+
+   publish_run_end() is the scan of the router's runs (broker/publishrun.py run_end): where
+   a run of plain publishes on one topic ends in the packets parse_run made. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -625,6 +628,77 @@ fail:
     return NULL;
 }
 
+/* publish_run_end(packets: list, start, stop, qos, topic) -> end, or None
+
+   broker/publishrun.py run_end: the index, from start + 1 up to stop, of the first packet
+   that does not continue a run of plain publishes on ``topic`` at ``qos`` (a Publish, that
+   QoS, not retained, not DUP, no properties, that topic): the scan of the dispatch loop's
+   QoS 0 and QoS 1 runs, which was a Python step per packet. None when parse_run does not fill
+   Publish's slots itself (plan not ready): the caller scans in Python. Only objects of the
+   exact Publish class continue a run, as the Python test ``p.__class__ is Publish``. */
+static PyObject *py_publish_run_end(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "publish_run_end(packets: list, start, stop, qos, "
+                        "topic)");
+        return NULL;
+    }
+    if (PublishPlan.n != 7)
+        Py_RETURN_NONE;
+    PyObject *packets = args[0], *topic = args[4];
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]);
+    long qos = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(packets);
+    if (stop > n)
+        stop = n;
+    if (start < 0)
+        start = 0;
+    Py_ssize_t end = start + 1;
+    const Py_ssize_t *off = PublishPlan.offset;  /* topic, payload, qos, retain, dup, pid, props */
+    for (; end < stop; end++) {
+        PyObject *p = PyList_GET_ITEM(packets, end);
+        if (!Py_IS_TYPE(p, (PyTypeObject *)PublishCls))
+            break;
+        PyObject *pq = *(PyObject **)((char *)p + off[2]);
+        PyObject *pr = *(PyObject **)((char *)p + off[3]);
+        PyObject *pd = *(PyObject **)((char *)p + off[4]);
+        PyObject *pp = *(PyObject **)((char *)p + off[6]);
+        PyObject *pt = *(PyObject **)((char *)p + off[0]);
+        if (pq == NULL || pr == NULL || pd == NULL || pp == NULL || pt == NULL)
+            break;  /* (an unset slot: Python would raise AttributeError; not a run) */
+        if (pp != Py_None || !PyLong_CheckExact(pq))
+            break;
+        long q = PyLong_AsLong(pq);
+        if (q != qos) {
+            if (q == -1 && PyErr_Occurred())
+                return NULL;
+            break;
+        }
+        int r = PyObject_IsTrue(pr);
+        if (r != 0) {
+            if (r < 0)
+                return NULL;
+            break;
+        }
+        r = PyObject_IsTrue(pd);
+        if (r != 0) {
+            if (r < 0)
+                return NULL;
+            break;
+        }
+        /* (parse_run hands a repeated topic the same str: identity answers almost always) */
+        r = PyObject_RichCompareBool(pt, topic, Py_EQ);
+        if (r != 1) {
+            if (r < 0)
+                return NULL;
+            break;
+        }
+    }
+    return PyLong_FromSsize_t(end < start + 1 ? start + 1 : end);
+}
+
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))py_setup, METH_FASTCALL,
      "setup(Publish, PubAck): the packet classes to build."},
@@ -636,6 +710,8 @@ static PyMethodDef methods[] = {
      "A PUBLISH's (head, tail), or QoS 0's whole packet (see the C source)."},
     {"publish_packet_pid", (PyCFunction)(void (*)(void))py_publish_packet_pid, METH_FASTCALL,
      "A whole v3.x QoS 1/2 PUBLISH with its packet identifier (see the C source)."},
+    {"publish_run_end", (PyCFunction)(void (*)(void))py_publish_run_end, METH_FASTCALL,
+     "Where a run of plain publishes on one topic ends (broker/publishrun.py run_end)."},
     {"slot_maker", (PyCFunction)(void (*)(void))py_slot_maker, METH_FASTCALL,
      "slot_maker(cls, template, fields, required): makes cls instances without __init__."},
     {NULL, NULL, 0, NULL},

@@ -83,11 +83,11 @@ if os.environ.get("BROKER_PURE_PYTHON", "").strip() in ("", "0"):
         _speedups = None
 if _speedups is not None and not all(
         hasattr(_speedups, name) for name in ("publish_packet", "publish_packet_pid",
-                                              "slot_maker")):
+                                              "slot_maker", "publish_run_end")):
     # Built from an older _speedups.c (a checkout updated without ``pip install -e .``, a .so
     # copied from another tree): set aside whole, like one never built, so the node starts on
     # the pure-Python codec and its start-up warning says to rebuild, instead of every start
-    # dying here with an AttributeError (issue 25 added these three).
+    # dying here with an AttributeError (issue 25 added these).
     _speedups = None
 if _speedups is not None:
     _speedups.setup(Publish, PubAck)
@@ -101,6 +101,9 @@ c_publish_packet = _speedups.publish_packet if _speedups else None
 c_publish_packet_pid = _speedups.publish_packet_pid if _speedups else None
 #: ``slot_maker(cls, template, fields, required)``: see broker/message.py (None: Python)
 c_slot_maker = _speedups.slot_maker if _speedups else None
+#: ``publish_run_end(packets, start, stop, qos, topic)``: where a run of plain publishes ends,
+#: or None when Publish is built by its class (broker/publishrun.py run_end; None: Python)
+c_publish_run_end = _speedups.publish_run_end if _speedups else None
 
 # --------------------------------------------------------------------------------------------------
 # Decoders: (data, body_start, end, level) -> packet. ``data[body_start:end]`` is exactly the
