@@ -271,6 +271,13 @@ if os.environ.get("CLUSTER_PURE_PYTHON", "").strip() in ("", "0"):
         from cluster import _speedups
     except ImportError:  # not built (optional extension): pure Python
         _speedups = None
+if _speedups is not None and not all(
+        hasattr(_speedups, name) for name in ("decode_run", "entry_body", "decode_plain",
+                                              "encode_run", "entry_items", "plain_run_end")):
+    # Built from an older _speedups.c (a checkout updated without ``pip install -e .``): set
+    # aside whole, as broker/protocol/codec.py does, so the router runs the Python codec
+    # instead of dying here with an AttributeError
+    _speedups = None
 if _speedups is not None:
     _speedups.setup(Entry)
     # decode_plain's messages start as copies of one made by Message's own __init__
