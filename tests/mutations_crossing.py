@@ -22,14 +22,15 @@ BENCH = ("tests/bench/test_cluster_bench.py::"
 def crossing_mutations(mutation: Any) -> tuple[Any, ...]:
     m = mutation
     return (
-        m("crossing-link-enqueue-scan", "cluster/link.py enqueue: every plain DELIVER's "
+        m("crossing-link-enqueue-scan", "cluster/link.py deliver_run: every plain DELIVER's "
           "topic scanned byte by byte in Python (a per-character check, ~20 calls more per "
           "crossing: the guard's crossing workload over its budget)",
           "cluster/link.py",
-          "        run.items += (head, body, epoch)\n",
-          "        if any(c == 0 for c in body[:head[1]]):\n"
-          "            return False\n"
-          "        run.items += (head, body, epoch)\n",
+          "        run.items += items\n",
+          "        for k in range(1, len(items), 3):\n"
+          "            if any(c == 0 for c in items[k][:items[k - 1][1]]):\n"
+          "                return\n"
+          "        run.items += items\n",
           (GUARD,)),
         m("crossing-c-epoch-mode", "cluster/frames.py: the compiled decoder told version 3's "
           "epoch rule on a version-4 link (a DELIVER's epoch read as its topic)",

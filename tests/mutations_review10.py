@@ -10,6 +10,7 @@ X = "tests/cluster/test_review10_crossings.py"
 FWD = X + "::test_the_forward_cache_follows_a_peer_subscribing_and_unsubscribing"
 MIXED = X + "::test_interleaved_qos0_and_qos1_runs_survive_a_flap"
 FULL = X + "::test_a_full_link_drops_and_counts_each_entry_of_its_runs"
+FIT = X + "::test_a_run_that_fits_only_without_its_entries_overhead_goes_entry_by_entry"
 PURE = X + "::test_a_pure_python_router_and_a_compiled_one_exchange_the_same_entries"
 P = "tests/broker/test_review10_puback_runs.py"
 GONE = P + "::test_a_publisher_gone_with_acks_pending_loses_nothing_stored[two-topics]"
@@ -36,18 +37,6 @@ def review10_mutations(mutation: Any) -> tuple[Any, ...]:
           "the seqs)\n            run = self._open = Run(self.next_seq, qos)\n"
           "            self.unsent.append(run)\n        run.items += (head, body, epoch)\n",
           (MIXED,)),
-        m("review10-run-of-runs-mixes-qos", "cluster/link.py deliver_run: a publisher's QoS 0 "
-          "run joins an open run of another QoS (dropped with it at a reconnect)",
-          "cluster/link.py",
-          "        if (run is None or run.qos != qos or run.size >= MAX_RUN_BYTES"
-          "\n                or run.seq + run.count != self.next_seq):  # (never: a guard for "
-          "the seqs)\n            run = self._open = Run(self.next_seq, qos)\n"
-          "            self.unsent.append(run)\n        run.items += items\n",
-          "        if (run is None or run.size >= MAX_RUN_BYTES"
-          "\n                or run.seq + run.count != self.next_seq):  # (never: a guard for "
-          "the seqs)\n            run = self._open = Run(self.next_seq, qos)\n"
-          "            self.unsent.append(run)\n        run.items += items\n",
-          (MIXED,)),
         m("review10-pure-run-one-seq", "cluster/sendrun.py encode_run (the Python reference, "
           "CLUSTER_PURE_PYTHON=1): every entry of a run written with the run's first seq",
           "cluster/sendrun.py", "        parts.append(items[i + 1])\n        seq += 1\n",
@@ -65,7 +54,7 @@ def review10_mutations(mutation: Any) -> tuple[Any, ...]:
           "        if self.queued_bytes + size > self._max_bytes:\n            if self._dropping "
           "and self.queued_bytes",
           "        if self.queued_bytes + body_bytes > self._max_bytes:\n            if "
-          "self._dropping and self.queued_bytes", (FULL,)),
+          "self._dropping and self.queued_bytes", (FIT,)),
         m("link-full-spell-uncounted", "cluster/link.py deliver: the drops of a full spell "
           "after its first are not counted (meshmq_link_dropped_total short of what was lost)",
           "cluster/link.py",

@@ -259,3 +259,43 @@ def test_a_full_link_drops_and_counts_each_entry_of_its_runs(tmp_path: Path,
         clients.close_all()
         mesh.stop()
         proxy.close()
+
+
+def test_a_run_that_fits_only_without_its_entries_overhead_goes_entry_by_entry(
+        tmp_path: Path, clients: ClientFactory) -> None:
+    """A publisher's run onto a link (``MeshLink.deliver_run``) is admitted whole only when
+    its entries fit under ``link_max_queued_bytes`` with the 64 bytes each counts besides its
+    body. The bound here lies between the 64 bodies alone and the bodies with their overhead:
+    as many as fit are queued and the rest dropped and counted, and the queue never holds
+    more than the bound (a run judged on its bodies would hold 2 KiB past it)."""
+    topic = f"u/{unique('fit')}/t"
+    cid = unique("fit-pub")
+    body = len(topic.encode()) + 4 + 100 + 2 + len(cid.encode())  # (sendrun.entry_items)
+    bound = 64 * body + 32 * 64
+    mesh = Cluster(tmp_path, n=2, overrides={"cluster": {"link_window": 1,
+                                                         "link_max_queued_bytes": bound}})
+    proxy = TcpProxy(mesh.mesh_ports[1])
+    mesh.dial_via(0, 1, proxy.port)
+    pub = None
+    try:
+        mesh.start()
+        sub = clients.connected(mesh.nodes[1], protocol=V5, clean=True)
+        sub.subscribe(topic, 0)
+        mesh.wait_routes(1, 1)
+        wait_for(lambda: mesh.link(0, 1)["queued_bytes"] == 0, 30,
+                 message="the link's start-up entries acknowledged")
+        pub = R.RawClient(mesh.nodes[0].host, mesh.nodes[0].port, timeout=30)
+        pub.send(R.connect(cid))
+        pub.expect(R.CONNACK)
+        proxy.blackhole()
+        pub.send(b"".join(R.publish(topic, f"{i:04d}" + "x" * 96, qos=0) for i in range(64)))
+        _publish_acked(pub, f"u/{unique('sentinel')}/t", ["s"], 1)  # the run routed by now
+        link = mesh.link(0, 1)
+        assert link["queued_bytes"] <= bound, (bound, link)
+        assert link["msgs_out"] + link["queued"] + link["dropped_full"] == 64, link
+        assert 0 < link["dropped_full"] < 64, link
+    finally:
+        if pub is not None:
+            pub.sock.close()
+        clients.close_all()
+        mesh.stop()
