@@ -168,14 +168,20 @@ def _failover(raw, cluster: Cluster, victim: int, label: str) -> tuple[str, dict
     assert ack.reason_code == 0, ack  # forwarded to the leader before the kill
     killed = _kill_node(cluster, victim)
     moved: list[float] = []
+    first: list[dict] = []
 
     def elected() -> bool:
         rec = _record(cluster, other, device)
         if rec and rec["leader"] != f"n{victim}/0":
             moved.append(time.monotonic())
+            first.append(rec)
             return True
         return False
     wait_for(elected, 60, interval=0.01, message=f"{device}'s leadership moved off n{victim}")
+    # the election itself leaves the dead router out of the ISR: kept there, the new leader's
+    # high-water mark (and every PUBACK) would wait for the ISR shrink's lag time
+    assert f"n{victim}/0" not in first[0]["isr"], f"elected with the dead router in the ISR: " \
+        f"{first[0]}"
     acked = _until_acked(raw, cluster, other, device, time.monotonic() + 60)
     rec = _record(cluster, other, device)
     assert rec is not None
