@@ -231,8 +231,9 @@ class Mesh:
             self.routes.replace(link.peer, [(f, g) for op, f, g in changes
                                             if op == frames.ROUTE_ADD])
             if self.unrouted.pending is not None:
-                self.unrouted.routes_known(
-                    link.peer, lambda rec: redeliver(self.routes, self.encode, link, rec))
+                unrouted = self.unrouted
+                unrouted.routes_known(link.peer, lambda rec: redeliver(
+                    self.routes, self.encode, link, rec, unrouted.again(rec)))
             return
         for op, flt, group in changes:
             if op == frames.ROUTE_ADD:
@@ -304,7 +305,7 @@ class Mesh:
         ``route_again`` does, without QoS 0 copies. Rare (a resend after a restart): no run,
         no C shortcut."""
         if self.unrouted.pending is not None and msg.device is not None:
-            self.unrouted.routed(msg.device, msg.offset)
+            self.unrouted.routed_again(msg.device, msg.offset)
         links = self._forward_to.get(msg.topic)
         if links is None:
             links = self._links_for(msg.topic)

@@ -69,6 +69,9 @@ class UnroutedPeers:
         self._clock = clock
         self._deadline = clock() + GAP_MAX_S
         self._scan_max = scan_max
+        # (device, offset) of the records routed again meanwhile (``routed_again``): sent
+        # marked ``frames.AGAIN`` when a peer's routes arrive, as they would have gone live
+        self._again: set[tuple[str, int]] = set()
 
     def _past_deadline(self) -> bool:
         """``GAP_MAX_S`` since our start: stop waiting for the peers still unheard of."""
@@ -76,6 +79,7 @@ class UnroutedPeers:
             return False
         peers = sorted(self.pending or ())
         self.pending = None
+        self._again = set()
         log.warning("routes of router(s) %s did not arrive within %g s of this router's start: "
                     "what was routed here before is not sent to them; their sessions read it "
                     "back from their log positions (a device new to a session there is not)",
@@ -99,6 +103,20 @@ class UnroutedPeers:
                 continue
             devices[device] = offset
 
+    def routed_again(self, device: str, offset: int) -> None:
+        """``routed`` for a record routed again (broker/delivery.py ``route_again``: one this
+        router's previous run stored, and may have routed): the peers whose routes are not
+        known yet get it marked as such (``again``), without QoS 0 copies, as they would
+        have live. At most ``scan_max`` remembered (a resend burst after a restart is
+        thousands): past it, one goes as a plain DELIVER, as before ``route_again``."""
+        self.routed(device, offset)
+        if self.pending is not None and len(self._again) < self._scan_max:
+            self._again.add((device, offset))
+
+    def again(self, rec: Any) -> bool:
+        """Whether the stored record ``rec`` was routed again here (``routed_again``)."""
+        return (rec.key, rec.offset) in self._again
+
     def routes_known(self, peer: str, send: Callable[[Any], bool]) -> int:
         """``peer``'s full route set arrived (its first since this router started): ``send``
         each stored record routed before it (``send`` filters by the peer's routes and says
@@ -107,10 +125,14 @@ class UnroutedPeers:
         if self.pending is None or self._past_deadline():
             return 0
         devices = self.pending.pop(peer, None)
-        if not self.pending:
-            self.pending = None
-        if not devices:
-            return 0
+        try:
+            return self._send(peer, devices, send) if devices else 0
+        finally:
+            if not self.pending:
+                self.pending = None
+                self._again = set()
+
+    def _send(self, peer: str, devices: dict[str, int], send: Callable[[Any], bool]) -> int:
         store = self._store
         sent = 0
         budget = self._scan_max
@@ -147,15 +169,18 @@ class UnroutedPeers:
         return sent
 
 
-def redeliver(routes: Any, encode: Callable, link: Any, rec: Any) -> bool | None:
+def redeliver(routes: Any, encode: Callable, link: Any, rec: Any,
+              again: bool = False) -> bool | None:
     """A stored record routed before ``link``'s peer's routes were known: a DELIVER to that
     peer if one of its routes matches now, encoded (``encode``: ``Mesh.encode``) as
-    ``Mesh.forward`` would have sent it. True: sent; False: not for that peer; None: the link
-    is full (it counted and logged the drop; nothing more should be tried)."""
+    ``Mesh.forward`` would have sent it (``again``: as ``Mesh.forward_again`` would, marked
+    ``frames.AGAIN``). True: sent; False: not for that peer; None: the link is full (it
+    counted and logged the drop; nothing more should be tried)."""
     if rec.topic.startswith("$") or link.peer not in routes.peers_for(rec.topic):
         return False
     msg = record_message(rec, Message)
     if msg.expiry_at is not None and msg.expired(time.monotonic()):
         return False
-    head, body = encode(msg, frames.DELIVER, msg.device)
+    head, body = encode(msg, frames.DELIVER, msg.device, None,
+                        frames.AGAIN if again else None)
     return True if link.enqueue(frames.DELIVER, msg.qos, head, body) else None
