@@ -708,19 +708,21 @@ static PyObject *py_entry_items(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     PyObject *payloads = args[1];
-    Py_ssize_t n = PyList_GET_SIZE(payloads);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyBytes_Check(PyList_GET_ITEM(payloads, i)))
-            Py_RETURN_NONE;  /* a bytearray or memoryview payload: frames.entry_body does it */
-    }
     const char *topic, *origin = NULL;
     Py_ssize_t tlen, olen = 0;
+    /* (before the payloads are read: a qos that is not an int runs its __index__, which
+       could change the list under the loops below) */
     long qos = PyLong_AsLong(args[2]);
     if (qos == -1 && PyErr_Occurred())
         return NULL;
     if (qos < 0 || qos > 2) {
         PyErr_SetString(PyExc_ValueError, "entry_items: qos is 0, 1 or 2");
         return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(payloads);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_Check(PyList_GET_ITEM(payloads, i)))
+            Py_RETURN_NONE;  /* a bytearray or memoryview payload: frames.entry_body does it */
     }
     if (utf8_of(args[0], &topic, &tlen, 65535) < 0)
         return NULL;

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +26,8 @@ from helpers.broker import wait_for
 from helpers.clients import V5, ClientFactory, unique
 from helpers.cluster import Cluster
 from helpers.tcpproxy import TcpProxy
+
+from cluster import frames
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -157,3 +161,27 @@ def test_a_publishers_run_crosses_to_two_peers_each_split_by_its_window(
         for c in made:
             c.sock.close()
         mesh.stop()
+
+
+_MUTATING_QOS = """
+from cluster import frames
+payloads = [b"x" * 10 for _ in range(2000)]
+class Qos:
+    def __index__(self):
+        payloads.clear()
+        return 0
+made = frames.c_entry_items("t", payloads, Qos(), "c", 0)
+assert made is None or made[0] == [] or len(made[0]) == 3 * 2000, made
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not frames.SPEEDUPS, reason="cluster._speedups not built")
+def test_entry_items_reads_no_payload_a_qos_conversion_removed() -> None:
+    """``_speedups.entry_items`` converts its arguments before it reads the payload list: a
+    qos that is not an int runs Python code (``__index__``) that may empty the list; read
+    after it, the C walked 2,000 freed slots (a segfault). In a child process: a crash fails
+    this test, not the worker."""
+    run = subprocess.run([sys.executable, "-c", _MUTATING_QOS], capture_output=True,
+                         text=True, timeout=30, cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr)
