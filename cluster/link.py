@@ -257,13 +257,14 @@ class MeshLink:
                 else:
                     stats["dropped_full"] = end
                 return
-            deliver = self.deliver
-            for k in range(0, 3 * count, 3):
-                deliver(qos, items[k], items[k + 1], items[k + 2])
+            self._deliver_each(qos, items, count)
+            return
+        if size > MAX_RUN_BYTES:  # (a frame never splits a run: each entry then, so no run
+            self._deliver_each(qos, items, count)  # grows past the bound by more than one)
             return
         self._dropping = False
         run = self._open
-        if (run is None or run.qos != qos or run.size >= MAX_RUN_BYTES
+        if (run is None or run.qos != qos or run.size + size > MAX_RUN_BYTES
                 or run.seq + run.count != self.next_seq):  # (never: a guard for the seqs)
             run = self._open = Run(self.next_seq, qos)
             self.unsent.append(run)
@@ -274,6 +275,12 @@ class MeshLink:
         self.queued_bytes += size
         if not self.flush_wanted:
             self.mesh.want_flush(self)
+
+    def _deliver_each(self, qos: int, items: list, count: int) -> None:
+        """``deliver_run``'s entries one ``deliver`` each (as many as fit the bound)."""
+        deliver = self.deliver
+        for k in range(0, 3 * count, 3):
+            deliver(qos, items[k], items[k + 1], items[k + 2])
 
     def _full(self, kind: int) -> bool:
         """At link_max_queued_bytes: counted, logged (rate-limited), False."""

@@ -111,8 +111,8 @@ def cross_mutations(mutation: Any) -> tuple[Any, ...]:
           "not fit whole under link_max_queued_bytes is dropped without a count (not entry by "
           "entry: meshmq_link_dropped_total short of what was lost)",
           "cluster/link.py",
-          "            deliver = self.deliver\n            for k in range(0, 3 * count, 3):\n",
-          "            deliver = self.deliver\n            for k in range(0):\n", (FULL,)),
+          "        deliver = self.deliver\n        for k in range(0, 3 * count, 3):\n",
+          "        deliver = self.deliver\n        for k in range(0):\n", (FULL,)),
         m("costguard-crossing-run-per-entry", "cluster/link.py deliver_run: every run queued "
           "entry by entry through deliver (the same entries, the old cost: only the cost guard "
           "can see it)",
