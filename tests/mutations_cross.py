@@ -104,19 +104,19 @@ def cross_mutations(mutation: Any) -> tuple[Any, ...]:
         m("cross-link-run-seqs-short", "cluster/link.py deliver_run: a run appended whole moves "
           "the link's next seq by one, not by its count (the next entries reuse its seqs: the "
           "peer drops them as already processed)",
-          "cluster/link.py",
+          "cluster/linkqueue.py",
           "        self.next_seq += count\n",
           "        self.next_seq += 1\n", (RUN_CROSS, RUN_WINDOW)),
         m("cross-link-run-overflow-uncounted", "cluster/link.py deliver_run: a run that does "
           "not fit whole under link_max_queued_bytes is dropped without a count (not entry by "
           "entry: meshmq_link_dropped_total short of what was lost)",
-          "cluster/link.py",
+          "cluster/linkqueue.py",
           "        deliver = self.deliver\n        for k in range(0, 3 * count, 3):\n",
           "        deliver = self.deliver\n        for k in range(0):\n", (FULL,)),
         m("costguard-crossing-run-per-entry", "cluster/link.py deliver_run: every run queued "
           "entry by entry through deliver (the same entries, the old cost: only the cost guard "
           "can see it)",
-          "cluster/link.py",
+          "cluster/linkqueue.py",
           "        size = body_bytes + ENTRY_OVERHEAD * count\n"
           "        if self.queued_bytes + size > self._max_bytes:\n",
           "        size = body_bytes + ENTRY_OVERHEAD * count\n"

@@ -25,7 +25,7 @@ def crossing_mutations(mutation: Any) -> tuple[Any, ...]:
         m("crossing-link-enqueue-scan", "cluster/link.py deliver_run: every plain DELIVER's "
           "topic scanned byte by byte in Python (a per-character check, ~20 calls more per "
           "crossing: the guard's crossing workload over its budget)",
-          "cluster/link.py",
+          "cluster/linkqueue.py",
           "        run.items += items\n",
           "        for k in range(1, len(items), 3):\n"
           "            if any(c == 0 for c in items[k][:items[k - 1][1]]):\n"

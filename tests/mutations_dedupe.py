@@ -38,7 +38,7 @@ def dedupe_mutations(mutation: Any) -> tuple[Any, ...]:
           "broker/forwarding.py", "        if msg.maybe_stored and logs.dedupe is not None:\n",
           "        if False:\n", (MESH,)),
         m("dedupe-wire", "publisher dedupe: an APPEND's publisher identity is not read",
-          "cluster/mesh.py", "            if e.group is not None:  # the client's identity",
+          "cluster/peerentries.py", "            if e.group is not None:  # the client's identity",
           "            if False:  # the client's identity", (MESH,)),
         m("dedupe-uncommitted-scan", "publisher dedupe: the scan stops at the high-water "
           "mark (a first copy not yet committed is missed)", "commitlog/store.py",

@@ -66,7 +66,7 @@ def deliverfence_mutations(mutation: Any) -> tuple[Any, ...]:
           (AGAIN0,)),
         m("fence-again-mark-ignored", "cluster/mesh.py _apply: a DELIVER marked AGAIN routed "
           "as any other (QoS 0 subscribers get the copy again)",
-          "cluster/mesh.py",
+          "cluster/peerentries.py",
           "            if e.group == frames.AGAIN:",
           "            if False:",
           (AGAIN0,)),

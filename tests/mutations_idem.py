@@ -29,7 +29,7 @@ def idem_mutations(mutation: Any) -> tuple[Any, ...]:
           "        return None\n", (KILLED,)),
         m("idem-no-source-header", "cluster/mesh.py: a peer's record is stored without its "
           "':src' header, so nothing names it after a restart",
-          "cluster/mesh.py",
+          "cluster/peerentries.py",
           "                                              source_value(inc, e.seq, self.rid))\n",
           "                                              None)\n", (KILLED,)),
         m("idem-never-adopted", "cluster/link.py: a peer incarnation first heard after our "
@@ -60,7 +60,7 @@ def idem_mutations(mutation: Any) -> tuple[Any, ...]:
         m("idem-found-not-routed", "cluster/mesh.py: a resent APPEND found in the log is "
           "answered but not routed: a subscriber elsewhere never gets what the killed owner "
           "stored and had not delivered",
-          "cluster/mesh.py", "        msg.offset = found\n        router.route_again(msg)\n",
+          "cluster/peerentries.py", "        msg.offset = found\n        router.route_again(msg)\n",
           "        msg.offset = found\n", (KILLED,)),
         m("idem-other-incarnation-looked-up", "cluster/idempotence.py: an APPEND of another "
           "incarnation than the adopted one is looked up as the adopted one's",

@@ -45,7 +45,7 @@ def raftplace_mutations(mutation: Any) -> tuple[Any, ...]:
         m("raftplace-peer-append-not-waited", "cluster/mesh.py _apply: a peer's APPEND for a "
           "log this router has not heard placed yet is fenced at once (the first publishes of "
           "a raced device refused, though the compare-and-set placed it here)",
-          "cluster/mesh.py",
+          "cluster/peerentries.py",
           "            if placer is not None and (e.epoch > self.placement.epoch_of(e.device)\n",
           "            if False and (e.epoch > self.placement.epoch_of(e.device)\n",
           (LATE, RACE)),

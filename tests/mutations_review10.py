@@ -27,7 +27,7 @@ def review10_mutations(mutation: Any) -> tuple[Any, ...]:
           (FWD,)),
         m("review10-run-mixes-qos", "cluster/link.py deliver: a plain DELIVER of another QoS "
           "joins the open run (a QoS 1 entry in a QoS 0 run is dropped with it at a reconnect)",
-          "cluster/link.py",
+          "cluster/linkqueue.py",
           "        if (run is None or run.qos != qos or run.size >= MAX_RUN_BYTES"
           "\n                or run.seq + run.count != self.next_seq):  # (never: a guard for "
           "the seqs)\n            run = self._open = Run(self.next_seq, qos)\n"
@@ -43,28 +43,28 @@ def review10_mutations(mutation: Any) -> tuple[Any, ...]:
           "        parts.append(items[i + 1])\n", (PURE,)),
         m("review10-link-bound-without-overhead", "cluster/link.py deliver: the queue bound "
           "compared with the body alone while the entry counts body + 64 (main before review10: "
-          "the queue ends up to 64 bytes past link_max_queued_bytes)", "cluster/link.py",
+          "the queue ends up to 64 bytes past link_max_queued_bytes)", "cluster/linkqueue.py",
           "        if self.queued_bytes + size > self._max_bytes:\n            if self._dropping "
           "and self.stats",
           "        if self.queued_bytes + len(body) > self._max_bytes:\n            if "
           "self._dropping and self.stats", (FULL,)),
         m("review10-run-bound-without-overhead", "cluster/link.py deliver_run: a run's fit "
           "under the queue bound judged on its bodies alone while its entries count body + 64 "
-          "each (the queue ends up past link_max_queued_bytes)", "cluster/link.py",
+          "each (the queue ends up past link_max_queued_bytes)", "cluster/linkqueue.py",
           "        if self.queued_bytes + size > self._max_bytes:\n            if self._dropping "
           "and self.queued_bytes",
           "        if self.queued_bytes + body_bytes > self._max_bytes:\n            if "
           "self._dropping and self.queued_bytes", (FIT,)),
         m("link-full-spell-uncounted", "cluster/link.py deliver: the drops of a full spell "
           "after its first are not counted (meshmq_link_dropped_total short of what was lost)",
-          "cluster/link.py",
+          "cluster/linkqueue.py",
           "            if self._dropping and self.stats[\"dropped_full\"] & 1023:\n"
           "                self.stats[\"dropped_full\"] += 1\n",
           "            if self._dropping and self.stats[\"dropped_full\"] & 1023:\n"
           "                pass\n", (FULL,)),
         m("link-full-run-uncounted", "cluster/link.py deliver_run: a run dropped whole by a "
           "full link counts one drop, not each of its entries",
-          "cluster/link.py",
+          "cluster/linkqueue.py",
           "                stats[\"dropped_full\"] = end\n",
           "                stats[\"dropped_full\"] = count + 1\n", (FULL,)),
         m("review10-gone-publisher-unrouted", "broker/ingest.py _on_durable: a stored "

@@ -28,7 +28,7 @@ def review12_mutations(mutation: Any) -> tuple[Any, ...]:
         m("review12-run-items-shared", "cluster/link.py deliver_run: a new run takes the "
           "items list itself (shared by every link the run goes to: one link's window split "
           "cuts the others' entries)",
-          "cluster/link.py",
+          "cluster/linkqueue.py",
           "        run.items += items\n",
           "        run.items = items if not run.items else run.items + items\n", (TWO,)),
     )

@@ -125,7 +125,7 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           (CROSS, f"{RUN_CROSS}[runs]")),
         m("speed-peer-run-loses-its-last", "cluster/mesh.py on_deliveries: a peer's run of "
           "plain DELIVERs routed without its last message",
-          "cluster/mesh.py",
+          "cluster/peerentries.py",
           "                if j - i > 1 and self.router.route_run(msgs[i:j]):\n",
           "                if j - i > 1 and self.router.route_run(msgs[i:j - 1]):\n",
           (f"{RUN_CROSS}[runs]",)),
