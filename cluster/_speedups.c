@@ -483,6 +483,21 @@ static unsigned char *put_text(unsigned char *w, const char *raw, Py_ssize_t len
     return w + 2 + len;
 }
 
+/* An entry body's start at w: the topic's UTF-8, then the payload with its u32 length (what
+   entry_body and entry_items write first); returns where the rest goes. */
+static unsigned char *put_topic_payload(unsigned char *w, const char *topic, Py_ssize_t tlen,
+                                        const char *payload, Py_ssize_t plen)
+{
+    memcpy(w, topic, tlen);
+    w += tlen;
+    w[0] = (unsigned char)(plen >> 24);
+    w[1] = (unsigned char)(plen >> 16);
+    w[2] = (unsigned char)(plen >> 8);
+    w[3] = (unsigned char)plen;
+    memcpy(w + 4, payload, plen);
+    return w + 4 + plen;
+}
+
 static int utf8_of(PyObject *s, const char **raw, Py_ssize_t *len, Py_ssize_t max)
 {
     if (!PyUnicode_Check(s)) {
@@ -570,15 +585,8 @@ static PyObject *py_entry_body(PyObject *self, PyObject *const *args, Py_ssize_t
     PyObject *body = PyBytes_FromStringAndSize(NULL, size);
     if (body == NULL)
         return NULL;
-    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(body);
-    memcpy(w, topic, tlen);
-    w += tlen;
-    w[0] = (unsigned char)(plen >> 24);
-    w[1] = (unsigned char)(plen >> 16);
-    w[2] = (unsigned char)(plen >> 8);
-    w[3] = (unsigned char)plen;
-    memcpy(w + 4, PyBytes_AS_STRING(args[1]), plen);
-    w += 4 + plen;
+    unsigned char *w = put_topic_payload((unsigned char *)PyBytes_AS_STRING(body), topic, tlen,
+                                         PyBytes_AS_STRING(args[1]), plen);
     if (origin != NULL)
         w = put_text(w, origin, olen);
     if (device != NULL) {
@@ -755,15 +763,8 @@ static PyObject *py_entry_items(PyObject *self, PyObject *const *args, Py_ssize_
         PyObject *body = PyBytes_FromStringAndSize(NULL, size);
         if (body == NULL)
             goto fail;
-        unsigned char *w = (unsigned char *)PyBytes_AS_STRING(body);
-        memcpy(w, topic, tlen);
-        w += tlen;
-        w[0] = (unsigned char)(plen >> 24);
-        w[1] = (unsigned char)(plen >> 16);
-        w[2] = (unsigned char)(plen >> 8);
-        w[3] = (unsigned char)plen;
-        memcpy(w + 4, PyBytes_AS_STRING(payload), plen);
-        w += 4 + plen;
+        unsigned char *w = put_topic_payload((unsigned char *)PyBytes_AS_STRING(body), topic,
+                                             tlen, PyBytes_AS_STRING(payload), plen);
         if (origin != NULL)
             put_text(w, origin, olen);
         PyList_SET_ITEM(items, 3 * i, Py_NewRef(head));

@@ -37,6 +37,7 @@ from helpers import raw as R
 from helpers.broker import wait_for
 from helpers.clients import V5, ClientFactory, unique
 from helpers.cluster import Cluster, signal_all
+from helpers.stream import check_stream, collect
 from helpers.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(240)
@@ -68,29 +69,6 @@ def _publish_until_acked(raw, cluster: Cluster, i: int, topic: str, deadline: fl
             pub = None
         time.sleep(0.1)
     raise AssertionError(f"no publish to {topic} acknowledged at n{i} in time")
-
-
-def _collect(sub, want: list[str], timeout: float = 60.0, settle: float = 1.5) -> list[str]:
-    """What the subscriber gets (probes left out) until it holds all of ``want``, then for
-    ``settle`` seconds more (a late copy must show)."""
-    got: list[str] = []
-    deadline = time.monotonic() + timeout
-    while not set(want) <= set(got) and time.monotonic() < deadline:
-        got.extend(p for p in (m.payload.decode() for m in sub.drain())
-                   if not p.startswith("probe"))
-        time.sleep(0.05)
-    time.sleep(settle)
-    got.extend(p for p in (m.payload.decode() for m in sub.drain()) if not p.startswith("probe"))
-    return got
-
-
-def _check_stream(want: list[str], got: list[str]) -> None:
-    index = {p: i for i, p in enumerate(want)}
-    missing = [p for p in want if p not in got]
-    assert not missing, f"committed, never delivered: {missing[:12]} (got {got[-12:]})"
-    back = [(a, b) for a, b in zip(got, got[1:], strict=False) if index[b] <= index[a]]
-    assert not back, (f"an older message after a newer one (or again): {back[:6]}; "
-                      f"stream tail {got[-30:]}")
 
 
 def _isr(cluster: Cluster, i: int, device: str) -> list[str]:
@@ -134,7 +112,7 @@ def test_a_frozen_leader_s_queued_deliveries_are_read_from_the_log_in_order(
     want = [f"a{i}" for i in range(10)]
     for p in want[1:]:
         pub.publish(topic, p, 1)
-    got = _collect(sub, want, settle=0)
+    got = collect(sub, want, settle=0)
     assert set(want) <= set(got), got
 
     pids = cluster.node_pids(0)
@@ -153,15 +131,15 @@ def test_a_frozen_leader_s_queued_deliveries_are_read_from_the_log_in_order(
         pub2 = clients.connected(cluster.nodes[at], protocol=V5)
         for p in after:
             assert pub2.puback_code(pub2.publish(topic, p, 1)) == 0
-        got += _collect(sub, held + after)
+        got += collect(sub, held + after)
     finally:
         signal_all(pids, signal.SIGCONT)
     proxy.heal()  # node 0's late DELIVERs (its old epoch) reach node 2 now
     cluster.wait_links_up(60)
     last = ["c0"]
     assert pub2.puback_code(pub2.publish(topic, "c0", 1)) == 0
-    got += _collect(sub, last, settle=2.0)
-    _check_stream(want + held + after + last, got)
+    got += collect(sub, last, settle=2.0)
+    check_stream(want + held + after + last, got)
 
 
 def test_a_restarted_leader_s_copies_of_old_messages_are_not_delivered_again(
@@ -195,7 +173,7 @@ def test_a_restarted_leader_s_copies_of_old_messages_are_not_delivered_again(
         pub = clients.connected(n0, device, protocol=V5)
         for p in want[10:]:
             assert pub.puback_code(pub.publish(topic, p, 1)) == 0
-        got = _collect(sub, want, settle=0)
+        got = collect(sub, want, settle=0)
         _kill_node(cluster, 1)
         wait_for(lambda: _leader(cluster, 2, device)[0] == "n0/0", 60,
                  message="node 0 elected leader")
@@ -210,8 +188,8 @@ def test_a_restarted_leader_s_copies_of_old_messages_are_not_delivered_again(
         after = [f"b{i}" for i in range(10)]
         for p in after:
             assert pub.puback_code(pub.publish(topic, p, 1)) == 0
-        got += _collect(sub, after, settle=2.0)
-        _check_stream(want + after, got)
+        got += collect(sub, after, settle=2.0)
+        check_stream(want + after, got)
     finally:
         cluster.stop()
 
@@ -245,7 +223,7 @@ def test_a_resend_routed_again_by_a_restarted_leader_is_not_delivered_below_the_
         # a5: stored, committed and routed (the subscriber gets it), its PUBACK never read:
         # the router is killed -9 as if between routing it and acknowledging it
         pub.send(R.publish(topic, "a5", qos=1, packet_id=6))
-        got = _collect(sub, want, settle=0)
+        got = collect(sub, want, settle=0)
         pub.abort()
         since = cluster.link(1, 0)["since"]
         old = cluster.router_pid(0)
@@ -263,7 +241,7 @@ def test_a_resend_routed_again_by_a_restarted_leader_is_not_delivered_below_the_
         other = raw(n0)
         other.connect(unique("rrother"))
         assert other.publish(topic, "b0", 1, packet_id=1).reason_code in (None, 0)
-        got += _collect(sub, ["b0"], settle=0)
+        got += collect(sub, ["b0"], settle=0)
         arrived = cluster.link(1, 0)["msgs_in"]
         # the publisher resends a5 (DUP=1, same packet id): found in the log, acknowledged
         # with its offset, and routed again (stored before this router started)
@@ -277,9 +255,9 @@ def test_a_resend_routed_again_by_a_restarted_leader_is_not_delivered_below_the_
         # b1 goes on the same link after the copy of a5: once it is in, the copy has been
         # decided on node 1
         assert other.publish(topic, "b1", 1, packet_id=2).reason_code in (None, 0)
-        got += _collect(sub, ["b1"], settle=1.0)
+        got += collect(sub, ["b1"], settle=1.0)
         # the copy of a5 did reach node 1 (else this test would check nothing)
         assert cluster.link(1, 0)["msgs_in"] == arrived + 2, cluster.link(1, 0)
-        _check_stream(want + ["b0", "b1"], got)
+        check_stream(want + ["b0", "b1"], got)
     finally:
         cluster.stop()

@@ -25,31 +25,12 @@ from helpers import raw as R
 from helpers.broker import wait_for
 from helpers.clients import V5, ClientFactory, unique
 from helpers.cluster import Cluster
+from helpers.stream import check_stream, collect
 from helpers.tcpproxy import TcpProxy
 
 from cluster import frames
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _collect(sub, want: list[str], timeout: float = 30.0, settle: float = 1.0) -> list[str]:
-    """What the subscriber gets until it holds all of ``want``, then ``settle`` s more."""
-    got: list[str] = []
-    deadline = time.monotonic() + timeout
-    while not set(want) <= set(got) and time.monotonic() < deadline:
-        got.extend(m.payload.decode() for m in sub.drain())
-        time.sleep(0.05)
-    time.sleep(settle)
-    got.extend(m.payload.decode() for m in sub.drain())
-    return got
-
-
-def _check_stream(want: list[str], got: list[str]) -> None:
-    index = {p: i for i, p in enumerate(want)}
-    missing = [p for p in want if p not in got]
-    assert not missing, f"committed, never delivered: {missing} (got {got})"
-    back = [(a, b) for a, b in zip(got, got[1:], strict=False) if index[b] <= index[a]]
-    assert not back, f"an older message after a newer one (or again): {back}; stream {got}"
 
 
 @pytest.mark.parametrize("version", [4, 2], ids=["v4", "subscriber-router-v2"])
@@ -81,7 +62,7 @@ def test_a_resend_routed_again_before_the_peers_routes_are_known_is_no_qos0_copy
         for i, p in enumerate(want[:-1]):
             assert pub.publish(topic, p, 1, packet_id=1 + i).reason_code in (None, 0)
         pub.send(R.publish(topic, "a5", qos=1, packet_id=6))  # its PUBACK never read
-        got = _collect(sub, want, settle=0)
+        got = collect(sub, want, timeout=30.0, settle=0, skip="")
         assert got == want, got
         pub.abort()
         proxy.cut()  # node 0's next run cannot reach node 1: node 1's routes unknown there
@@ -100,8 +81,8 @@ def test_a_resend_routed_again_before_the_peers_routes_are_known_is_no_qos0_copy
         assert other.publish(topic, "b0", 1, packet_id=1).reason_code in (None, 0)
         assert cluster.link(0, 1)["state"] != "up"
         proxy.heal()
-        got += _collect(sub, ["b0"], settle=1.5)
-        _check_stream(want + ["b0"], got)
+        got += collect(sub, ["b0"], timeout=30.0, settle=1.5, skip="")
+        check_stream(want + ["b0"], got)
         assert cluster.link(0, 1)["protocol_version"] == version
     finally:
         proxy.close()
