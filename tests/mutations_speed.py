@@ -44,6 +44,10 @@ SETTLE_GONE = ("tests/broker/test_review10_puback_runs.py::"
                "test_a_publisher_gone_with_acks_pending_loses_nothing_stored[run]")
 SCAN_EQ = ("tests/protocol/test_codec_speedups.py::"
            "test_the_end_of_a_run_is_found_alike_compiled_and_in_python")
+SCAN_ODD = ("tests/protocol/test_codec_speedups.py::"
+            "test_the_end_of_a_run_of_odd_values_is_found_as_python_finds_it")
+SCAN_SAFE = ("tests/protocol/test_codec_speedups.py::"
+             "test_the_compiled_run_scan_survives_python_code_that_empties_the_list")
 LRUN_ALL = f"{LRUN}::test_a_logged_run_is_answered_delivered_and_stored_as_one_message_at_a_time"
 LRUN_V5 = f"{LRUN_ALL}[v5-publisher]"
 LRUN_NO_LOCAL = f"{LRUN}::test_no_local_holds_for_a_run_read_back_from_the_log"
@@ -162,8 +166,8 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "the scan of a run does not end it at another topic (a logged run stored and "
           "delivered under its first topic)",
           "broker/protocol/_speedups.c",
-          "        r = PyObject_RichCompareBool(pt, topic, Py_EQ);\n",
-          "        r = 1;\n",
+          "        if (pt != topic && PyUnicode_Compare(pt, topic) != 0)\n",
+          "        if (0)\n",
           (LRUN_ALL, RUN_ALL)),
         m("speed-run-py-scan-ignores-qos", "broker/publishrun.py py_run_end (the reference, "
           "BROKER_PURE_PYTHON=1): a publish of another QoS continues a run",
@@ -182,9 +186,29 @@ def speed_mutations(mutation: Any) -> tuple[Any, ...]:
           "takes a DUP=1 publish into a run (a resend is not looked up in the log: stored "
           "twice)",
           "broker/protocol/_speedups.c",
-          "        r = PyObject_IsTrue(pd);\n        if (r != 0) {\n",
-          "        r = 0;\n        if (r != 0) {\n",
+          "        if (pp != Py_None || pr == Py_True || pd == Py_True)\n",
+          "        if (pp != Py_None || pr == Py_True)\n",
           (LRUN_DEDUPE,)),
+        m("speed-run-scan-judges-odd-values", "broker/protocol/_speedups.c publish_run_end: a "
+          "slot value parse_run never makes (a bool QoS, an int RETAIN, a str subclass topic) "
+          "ends the run instead of going to the Python reference (review2)",
+          "broker/protocol/_speedups.c",
+          "            Py_RETURN_NONE;  /* (not what parse_run makes: Python judges it) */\n",
+          "            break;  /* (not what parse_run makes: Python judges it) */\n",
+          (SCAN_ODD,)),
+        m("speed-run-scan-runs-python", "broker/protocol/_speedups.c publish_run_end: RETAIN "
+          "judged by PyObject_IsTrue on a borrowed packet (a __bool__ that empties the list: "
+          "freed packets read, segfault; review2)",
+          "broker/protocol/_speedups.c",
+          "        if (!PyLong_CheckExact(pq) || (pr != Py_False && pr != Py_True)\n"
+          "                || (pd != Py_False && pd != Py_True) || !PyUnicode_CheckExact(pt))\n"
+          "            Py_RETURN_NONE;  /* (not what parse_run makes: Python judges it) */\n"
+          "        if (pp != Py_None || pr == Py_True || pd == Py_True)\n",
+          "        if (!PyLong_CheckExact(pq)\n"
+          "                || (pd != Py_False && pd != Py_True) || !PyUnicode_CheckExact(pt))\n"
+          "            Py_RETURN_NONE;  /* (not what parse_run makes: Python judges it) */\n"
+          "        if (pp != Py_None || PyObject_IsTrue(pr) || pd == Py_True)\n",
+          (SCAN_SAFE,)),
         m("speed-logged-run-first-dup", "broker/loggedrun.py _logged_run: a DUP=1 publish starts "
           "a run (a resend is not looked up in the log: stored twice)",
           "broker/loggedrun.py",

@@ -646,15 +646,31 @@ static PyObject *py_publish_run_end(PyObject *self, PyObject *const *args, Py_ss
     if (PublishPlan.n != 7)
         Py_RETURN_NONE;
     PyObject *packets = args[0], *topic = args[4];
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]);
-    long qos = PyLong_AsLong(args[3]);
-    if (PyErr_Occurred())
-        return NULL;
+    /* Nothing in this scan may run Python code: the packets and their slots are borrowed,
+       and a __bool__ or __eq__ that emptied the list or reset a slot would leave them
+       dangling (a segfault). So only what parse_run makes is judged here (an exact int QoS,
+       the bools, an exact str topic); anything else, or arguments out of the ordinary
+       (a start outside the list, a huge QoS), hands the whole scan to py_run_end (None). */
+    if (!PyLong_CheckExact(args[1]) || !PyLong_CheckExact(args[2])
+            || !PyLong_CheckExact(args[3]) || !PyUnicode_CheckExact(topic))
+        Py_RETURN_NONE;
+    int overflow = 0;
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t stop = PyLong_AsSsize_t(args[2]);
+    if (stop == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    long qos = PyLong_AsLongAndOverflow(args[3], &overflow);
     Py_ssize_t n = PyList_GET_SIZE(packets);
+    if (overflow || start < 0 || start >= n)
+        Py_RETURN_NONE;
     if (stop > n)
         stop = n;
-    if (start < 0)
-        start = 0;
     Py_ssize_t end = start + 1;
     const Py_ssize_t *off = PublishPlan.offset;  /* topic, payload, qos, retain, dup, pid, props */
     for (; end < stop; end++) {
@@ -667,36 +683,21 @@ static PyObject *py_publish_run_end(PyObject *self, PyObject *const *args, Py_ss
         PyObject *pp = *(PyObject **)((char *)p + off[6]);
         PyObject *pt = *(PyObject **)((char *)p + off[0]);
         if (pq == NULL || pr == NULL || pd == NULL || pp == NULL || pt == NULL)
-            break;  /* (an unset slot: Python would raise AttributeError; not a run) */
-        if (pp != Py_None || !PyLong_CheckExact(pq))
+            Py_RETURN_NONE;  /* (an unset slot: Python raises AttributeError) */
+        if (!PyLong_CheckExact(pq) || (pr != Py_False && pr != Py_True)
+                || (pd != Py_False && pd != Py_True) || !PyUnicode_CheckExact(pt))
+            Py_RETURN_NONE;  /* (not what parse_run makes: Python judges it) */
+        if (pp != Py_None || pr == Py_True || pd == Py_True)
             break;
-        long q = PyLong_AsLong(pq);
-        if (q != qos) {
-            if (q == -1 && PyErr_Occurred())
-                return NULL;
+        long q = PyLong_AsLongAndOverflow(pq, &overflow);
+        if (overflow || q != qos)
             break;
-        }
-        int r = PyObject_IsTrue(pr);
-        if (r != 0) {
-            if (r < 0)
-                return NULL;
+        /* (parse_run hands a repeated topic the same str: identity answers almost always;
+           two exact str compare without Python code) */
+        if (pt != topic && PyUnicode_Compare(pt, topic) != 0)
             break;
-        }
-        r = PyObject_IsTrue(pd);
-        if (r != 0) {
-            if (r < 0)
-                return NULL;
-            break;
-        }
-        /* (parse_run hands a repeated topic the same str: identity answers almost always) */
-        r = PyObject_RichCompareBool(pt, topic, Py_EQ);
-        if (r != 1) {
-            if (r < 0)
-                return NULL;
-            break;
-        }
     }
-    return PyLong_FromSsize_t(end < start + 1 ? start + 1 : end);
+    return PyLong_FromSsize_t(end);
 }
 
 static PyMethodDef methods[] = {

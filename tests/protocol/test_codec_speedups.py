@@ -267,3 +267,78 @@ def test_the_end_of_a_run_is_found_alike_compiled_and_in_python(pkts: list, qos:
         b"".join(encode(p, 4) for p in valid))
     assert codec.c_publish_run_end(parsed, start, stop, qos, topic) == py_run_end(
         parsed, start, stop, qos, topic)
+
+
+def _odd_runs() -> list[tuple[str, list, int, int, int, str]]:
+    def pub(topic: str = "a", qos: Any = 0, retain: Any = False, dup: Any = False,
+            props: Any = None) -> Publish:
+        return Publish(topic, b"x", qos, retain, dup, 7 if qos else None, props)
+
+    class Topic(str):
+        pass
+
+    ack = PubAck(3)
+    return [
+        ("qos-true", [pub(qos=1), pub(qos=True), pub(qos=1)], 0, 9, 1, "a"),
+        ("qos-huge", [pub(qos=1), pub(qos=2**70), pub(qos=1)], 0, 9, 1, "a"),
+        ("qos-arg-huge", [pub(), pub(), pub()], 0, 9, 2**70, "a"),
+        ("flags-as-ints", [pub(), pub(retain=0, dup=0), pub(retain=1)], 0, 9, 0, "a"),
+        ("dup-empty-str", [pub(), pub(dup=""), pub(dup="y")], 0, 9, 0, "a"),
+        ("props-empty", [pub(), pub(props={}), pub()], 0, 9, 0, "a"),
+        ("topic-subclass", [pub(), pub(Topic("a")), pub()], 0, 9, 0, "a"),
+        ("topic-arg-subclass", [pub(), pub(), pub("b")], 0, 9, 0, Topic("a")),
+        ("start-negative", [ack, pub(), pub()], -1, 9, 0, "a"),
+        ("start-past-end", [pub(), pub()], 5, 9, 0, "a"),
+        ("start-maxsize", [pub(), pub()], sys.maxsize, sys.maxsize, 0, "a"),
+        ("stop-huge", [pub(), pub(), pub("b")], 0, 2**70, 0, "a"),
+        ("stop-before-start", [pub(), pub(), pub()], 2, 1, 0, "a"),
+        ("empty", [], 0, 9, 0, "a"),
+    ]
+
+
+@pytest.mark.parametrize("case", _odd_runs(), ids=lambda c: c[0])
+def test_the_end_of_a_run_of_odd_values_is_found_as_python_finds_it(case: tuple) -> None:
+    """``run_end`` (``_speedups.publish_run_end``, then ``py_run_end`` when the C declines)
+    answers as the Python reference for what parse_run never makes: a QoS that is a bool or
+    too big for a C long, RETAIN/DUP that are not bools, a str subclass topic, a start or stop
+    outside the list. (The C raised OverflowError for a huge QoS or stop, ended a QoS 1 run at
+    ``qos=True``, and read a negative start as 0.)"""
+    from broker.publishrun import py_run_end, run_end
+
+    _, pkts, start, stop, qos, topic = case
+    assert run_end(pkts, start, stop, qos, topic) == py_run_end(pkts, start, stop, qos, topic)
+
+
+_RUN_END_RUNS_PYTHON = """
+from broker.protocol import codec
+from broker.protocol.packets import Publish
+packets = []
+class Topic(str):
+    def __eq__(self, other):
+        packets.clear()
+        return True
+    __hash__ = str.__hash__
+class Flag:
+    def __bool__(self):
+        packets.clear()
+        return False
+first = Publish("t" * 40, b"x", 0, False, False, None, None)
+for odd in ({"topic": Topic("t" * 40)}, {"retain": Flag()}, {"dup": Flag()}):
+    packets[:] = [first] + [Publish(**{"topic": "t" * 40, "payload": b"x" * 100, "qos": 0,
+                                       "retain": False, "dup": False, **odd})
+                            for _ in range(2000)]
+    odd = None
+    end = codec.c_publish_run_end(packets, 0, 2001, 0, "t" * 40)
+    assert end is None or type(end) is int, end
+print("ok")
+"""
+
+
+def test_the_compiled_run_scan_survives_python_code_that_empties_the_list() -> None:
+    """``publish_run_end`` reads borrowed packets and slots: a topic's ``__eq__`` or a flag's
+    ``__bool__`` that empties the list freed them under the scan (a segfault). It runs no
+    Python code (such values go to the Python reference). In a child process: a crash fails
+    this test, not the worker."""
+    run = subprocess.run([sys.executable, "-c", _RUN_END_RUNS_PYTHON], capture_output=True,
+                         text=True, timeout=30, cwd=ROOT)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode, run.stderr)
