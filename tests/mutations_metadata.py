@@ -32,7 +32,8 @@ def metadata_mutations(mutation: Any) -> tuple[Any, ...]:
           "leader is accepted (the leader acks writes no ISR member holds)",
           "cluster/metastate.py",
           '                or rec["leader"] not in isr or not set(isr) <= set(rec["replicas"]):\n',
-          '                or not set(isr) <= set(rec["replicas"]):\n', (UNIT,)),
+          '                or not set(isr) <= set(rec["replicas"]):\n',
+          (f"{UNIT}::test_set_isr_keeps_the_leader_in_and_adds_no_stranger", UNIT)),
         m("metadata-elect-ignores-epoch", "cluster/metastate.py _elect: a stale epoch still "
           "moves the leader (two leaders for one log in one epoch)", "cluster/metastate.py",
           '        if rec["epoch"] != expected_epoch or leader not in rec["isr"]:\n',

@@ -156,3 +156,16 @@ def test_a_router_back_with_an_empty_disk_leaves_every_isr_it_followed_in() -> N
     assert s.logs["d1"]["isr"] == ["a/0", "c/0"] and s.logs["d1"]["isr_version"] == 1
     assert s.logs["d2"]["isr"] == ["b/0", "a/0"]  # led by it: the controller's to move
     assert [c[:2] for c in change[1]] == [("router", "b/0"), ("log", "d1")], change
+
+
+def test_set_isr_keeps_the_leader_in_and_adds_no_stranger() -> None:
+    """The leader's ISR change (Kafka's AlterPartition) is refused when it leaves the leader
+    out (it would ack writes no ISR member holds) or names a router outside the replicas; a
+    shrink that keeps the leader is taken. Spelled out because the random sequences above find
+    such a command only now and then (a plant of the first was once not caught)."""
+    s = MetadataState()
+    s.apply(["create_log", "d1", "a/0", ["a/0", "b/0", "c/0"], "aa01"])
+    assert s.apply(["set_isr", "d1", 0, 0, ["b/0", "c/0"]])[0] is False
+    assert s.apply(["set_isr", "d1", 0, 0, ["a/0", "x/0"]])[0] is False
+    applied, rec, _ = s.apply(["set_isr", "d1", 0, 0, ["a/0", "b/0"]])
+    assert applied and rec["isr"] == ["a/0", "b/0"] and rec["isr_version"] == 1
