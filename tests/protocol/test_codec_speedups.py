@@ -242,31 +242,33 @@ run_packets = st.lists(st.one_of(
 
 
 @HYP
-@given(run_packets, st.integers(0, 1), st.data())
+@given(run_packets, st.integers(0, 1), st.sampled_from(["d/1", "d/2"]), st.integers(0, 3))
 def test_the_end_of_a_run_is_found_alike_compiled_and_in_python(pkts: list, qos: int,
-                                                                data: st.DataObject) -> None:
+                                                                topic: str, over: int) -> None:
     """``publish_run_end`` (broker/publishrun.py ``run_end``: the scan of the router's QoS 0
-    and QoS 1 runs) ends every run where the Python reference does: at another class, QoS,
-    RETAIN, DUP, properties (even empty), another topic (an equal str that is another object
-    continues it), or ``stop``; parsed packets too (their slots filled by parse_run)."""
+    and QoS 1 runs) ends every run, from every start, where the Python reference does and
+    where the rule says: at another class, QoS, RETAIN, DUP, properties (even empty), another
+    topic (an equal str that is another object continues it), or ``stop``; parsed packets too
+    (their slots filled by parse_run)."""
     from broker.publishrun import py_run_end
 
-    start = data.draw(st.integers(0, len(pkts) - 1))
-    stop = data.draw(st.integers(start, len(pkts) + 3))
-    topic = "".join(list(data.draw(st.sampled_from(["d/1", "d/2"]))))  # (a new str object)
-    want = py_run_end(pkts, start, stop, qos, topic)
-    assert want == start + 1 + next(
-        (k for k, p in enumerate(pkts[start + 1:min(stop, len(pkts))])
-         if not (type(p) is Publish and p.qos == qos and not p.retain and not p.dup
-                 and p.properties is None and p.topic == topic)),
-        max(0, min(stop, len(pkts)) - start - 1))
-    assert codec.c_publish_run_end(pkts, start, stop, qos, topic) == want
+    topic = "".join(list(topic))  # (a new str object)
     valid = [Publish(p.topic, p.payload, p.qos, p.retain, p.dup and p.qos > 0, p.packet_id)
              if type(p) is Publish else p for p in pkts]  # (QoS 0 with DUP is malformed)
     parsed = PacketParser(max_packet_size=4096, protocol_level=4).feed(
         b"".join(encode(p, 4) for p in valid))
-    assert codec.c_publish_run_end(parsed, start, stop, qos, topic) == py_run_end(
-        parsed, start, stop, qos, topic)
+    for start in range(len(pkts)):
+        for stop in (start, start + 2, len(pkts) + over):
+            end = min(stop, len(pkts))
+            want = start + 1 + next(
+                (k for k, p in enumerate(pkts[start + 1:end])
+                 if not (type(p) is Publish and p.qos == qos and not p.retain and not p.dup
+                         and p.properties is None and p.topic == topic)),
+                max(0, end - start - 1))
+            assert py_run_end(pkts, start, stop, qos, topic) == want, (start, stop)
+            assert codec.c_publish_run_end(pkts, start, stop, qos, topic) == want, (start, stop)
+            assert codec.c_publish_run_end(parsed, start, stop, qos, topic) == py_run_end(
+                parsed, start, stop, qos, topic), (start, stop)
 
 
 def _odd_runs() -> list[tuple[str, list, int, int, int, str]]:
