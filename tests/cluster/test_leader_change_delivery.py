@@ -37,7 +37,7 @@ from helpers import raw as R
 from helpers.broker import wait_for
 from helpers.clients import V5, ClientFactory, unique
 from helpers.cluster import Cluster, signal_all
-from helpers.stream import check_stream, collect
+from helpers.stream import check_stream, collect, last_unacked_on_a_peer
 from helpers.tcpproxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(240)
@@ -209,20 +209,10 @@ def test_a_resend_routed_again_by_a_restarted_leader_is_not_delivered_below_the_
     try:
         cluster.start()
         n0, n1 = cluster.nodes
-        device = cluster.device_owned_by(0, unique("rr"))
-        topic = f"devices/{device}/t"
-        sub = clients.connected(n1, protocol=V5)
-        sub.subscribe(f"devices/{device}/#", sub_qos)
-        cluster.wait_routes(1, 1)
-        cid = unique("rrpub")
-        pub = raw(n0)
-        pub.connect(cid, clean=False)
-        want = [f"a{i}" for i in range(6)]
-        for i, p in enumerate(want[:-1]):
-            assert pub.publish(topic, p, 1, packet_id=1 + i).reason_code in (None, 0)
         # a5: stored, committed and routed (the subscriber gets it), its PUBACK never read:
         # the router is killed -9 as if between routing it and acknowledging it
-        pub.send(R.publish(topic, "a5", qos=1, packet_id=6))
+        topic, sub, pub, cid, want = last_unacked_on_a_peer(cluster, clients, raw, "rr",
+                                                            sub_qos)
         got = collect(sub, want, settle=0)
         pub.abort()
         since = cluster.link(1, 0)["since"]

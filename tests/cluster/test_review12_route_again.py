@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from helpers import raw as R
 from helpers.broker import wait_for
-from helpers.clients import V5, ClientFactory, unique
+from helpers.clients import ClientFactory, unique
 from helpers.cluster import Cluster
-from helpers.stream import check_stream, collect
+from helpers.stream import check_stream, collect, last_unacked_on_a_peer
 from helpers.tcpproxy import TcpProxy
 
 from cluster import frames
@@ -50,18 +50,7 @@ def test_a_resend_routed_again_before_the_peers_routes_are_known_is_no_qos0_copy
     try:
         cluster.start()
         n0, n1 = cluster.nodes
-        device = cluster.device_owned_by(0, unique("gap"))
-        topic = f"devices/{device}/t"
-        sub = clients.connected(n1, protocol=V5)
-        sub.subscribe(f"devices/{device}/#", 0)
-        cluster.wait_routes(1, 1)
-        cid = unique("gappub")
-        pub = raw(n0)
-        pub.connect(cid, clean=False)
-        want = [f"a{i}" for i in range(6)]
-        for i, p in enumerate(want[:-1]):
-            assert pub.publish(topic, p, 1, packet_id=1 + i).reason_code in (None, 0)
-        pub.send(R.publish(topic, "a5", qos=1, packet_id=6))  # its PUBACK never read
+        topic, sub, pub, cid, want = last_unacked_on_a_peer(cluster, clients, raw, "gap", 0)
         got = collect(sub, want, timeout=30.0, settle=0, skip="")
         assert got == want, got
         pub.abort()

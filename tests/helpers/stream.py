@@ -31,3 +31,28 @@ def check_stream(want: list[str], got: list[str]) -> None:
     back = [(a, b) for a, b in zip(got, got[1:], strict=False) if index[b] <= index[a]]
     assert not back, (f"an older message after a newer one (or again): {back[:6]}; "
                       f"stream tail {got[-30:]}")
+
+
+def last_unacked_on_a_peer(cluster, clients, raw, tag: str, sub_qos: int) -> tuple:
+    """The start of the "routed again" scenarios: node 0 leads a new device's log (static
+    placement), a v5 subscriber on node 1 takes ``devices/<device>/#`` at ``sub_qos``, and a
+    persistent publisher on node 0 publishes a0..a4 (each acked) then a5, whose PUBACK it
+    never reads (as if node 0's router died between routing a5 and acknowledging it: the
+    caller kills it). Returns (topic, sub, pub, client id, ["a0".."a5"])."""
+    from helpers import raw as R
+    from helpers.clients import V5, unique
+
+    n0, n1 = cluster.nodes
+    device = cluster.device_owned_by(0, unique(tag))
+    topic = f"devices/{device}/t"
+    sub = clients.connected(n1, protocol=V5)
+    sub.subscribe(f"devices/{device}/#", sub_qos)
+    cluster.wait_routes(1, 1)
+    cid = unique(f"{tag}pub")
+    pub = raw(n0)
+    pub.connect(cid, clean=False)
+    want = [f"a{i}" for i in range(6)]
+    for i, p in enumerate(want[:-1]):
+        assert pub.publish(topic, p, 1, packet_id=1 + i).reason_code in (None, 0)
+    pub.send(R.publish(topic, "a5", qos=1, packet_id=6))
+    return topic, sub, pub, cid, want
