@@ -222,18 +222,23 @@ def _publisher(raw, b, version: int = 4) -> R.RawClient:
     return c
 
 
+def _in_thread(fn: Callable[[], object]) -> concurrent.futures.Future:
+    """``fn`` run in a thread of its own (a publisher writing and reading its PUBACKs while
+    the test reads its subscribers): its future."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    fut = pool.submit(fn)
+    pool.shutdown(wait=False)
+    return fut
+
+
 def _publish_all(pub: R.RawClient, data: bytes, n: int) -> concurrent.futures.Future:
     """Write ``data`` (``n`` QoS 1 publishes) and read their ``n`` PUBACKs, in a thread (the
     test reads its subscribers meanwhile): the future's result is the acked packet ids."""
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-
     def go() -> list[int]:
         pub.send(data)
         return _read_acks(pub, n)
 
-    fut = pool.submit(go)
-    pool.shutdown(wait=False)
-    return fut
+    return _in_thread(go)
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,16 +295,13 @@ def test_a_lagging_subscriber_whose_window_has_room_is_still_fed_in_log_order(st
     topic = f"devices/{unique('room')}/t"
     sub = Sub(_subscriber(raw, b, "room", topic), 16)
     pub = _publisher(raw, b)
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-
     def publish() -> int:
         for first in range(0, n, chunk):
             pub.send(_stream(topic, first, chunk, pid0=first + 1))
             assert sorted(_read_acks(pub, chunk)) == list(range(first + 1, first + chunk + 1))
         return n
 
-    acks = pool.submit(publish)
-    pool.shutdown(wait=False)
+    acks = _in_thread(publish)
     sub.take(n, delay=0.001)
     assert acks.result(60) == n
     _in_order_once(sub.payloads(), list(range(n)), "lagging subscriber")
@@ -321,8 +323,6 @@ def test_packet_ids_wrap_past_65535_around_ids_still_in_flight(start_broker, raw
     sub = Sub(_subscriber(raw, b, "wrap", topic), window,
               hold=lambda pid, seen: seen < 60_000 and pid in held_ids)
     pub = _publisher(raw, b)
-    pool = concurrent.futures.ThreadPoolExecutor(1)
-
     def publish() -> int:
         pub.send(_stream(topic, 0, first))
         assert sorted(_read_acks(pub, first)) == list(range(1, first + 1))
@@ -330,8 +330,7 @@ def test_packet_ids_wrap_past_65535_around_ids_still_in_flight(start_broker, raw
         assert sorted(_read_acks(pub, second)) == list(range(1, second + 1))
         return n
 
-    acks = pool.submit(publish)
-    pool.shutdown(wait=False)
+    acks = _in_thread(publish)
     sub.take(n, timeout=90)
     assert acks.result(60) == n
     _in_order_once(sub.payloads(), list(range(n)), "wrapping subscriber")
