@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from broker.connection import Connection, fail_client
+from broker.delivery import merge
 from broker.devicelogs import PendingPublish
 from broker.ingest import HELD_LIMIT
 from broker.message import Delivery, Message, new_delivery, new_message
@@ -209,24 +210,14 @@ class LoggedRunRoom:
                 self._deliver_run(sessions[cid], msgs, sub.qos,
                                   (sub.sub_id,) if sub.sub_id else None)
             return
-        merged: dict[str, list] = {}
-        for cid, sub in subs:  # route's merge: one copy a session, max QoS, every id
-            if sub.replay is not None:
-                for msg in msgs:
-                    self.route(msg)
-                return
-            if sub.no_local and cid == origin:
-                continue
-            entry = merged.get(cid)
-            if entry is None:
-                merged[cid] = [sub.qos, [sub.sub_id]]
-            else:
-                if sub.qos > entry[0]:
-                    entry[0] = sub.qos
-                if sub.sub_id not in entry[1]:  # each identifier once [MQTT-3.3.4-3]
-                    entry[1].append(sub.sub_id)
+        if any(sub.replay is not None for _, sub in subs):
+            for msg in msgs:
+                self.route(msg)
+            return
         failed: Exception | None = None
-        for cid, (qos, ids) in merged.items():
+        # route's merge (one copy a session, max QoS, every id once, No Local), the same
+        # function; no replay among them, and a run is never retained
+        for cid, (qos, _rap, ids, _position) in merge(subs, msgs[0]).items():
             try:
                 self._deliver_run(sessions[cid], msgs, qos, tuple(i for i in ids if i) or None)
             except Exception as err:  # noqa: BLE001 - one session's failure must not cost
